@@ -1,0 +1,448 @@
+"""One loaded GGUF model over llama-cpp-python's low-level API.
+
+``Model`` is the only place in localspec that touches llama.cpp's KV cache.
+It keeps a record of exactly which tokens the cache holds (``tokens``), so
+callers reason about the cache as a token list:
+
+* ``eval(tokens)`` appends tokens and returns logits rows only for the
+  positions asked for (the last one, or all of them for verification);
+* ``truncate(n)`` drops every cached position from n on (llama.cpp's memory
+  ``seq_rm``), checked for success;
+* ``sync(tokens)`` reuses the longest cached prefix of ``tokens`` and
+  evaluates only the rest.
+
+If an evaluation is interrupted (Ctrl-C between llama.cpp returning and the
+bookkeeping), the next call first removes whatever the cache holds beyond the
+recorded tokens, so the cache and the record never disagree for long.
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections
+import ctypes
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Literal, Optional, Sequence, Union
+
+import llama_cpp as ll
+import numpy as np
+
+from .errors import BackendError, ConfigError, ContextOverflowError, ModelFileError
+
+GGUF_MAGIC = b"GGUF"
+#: KV cache element types by name (ggml_type values).
+CACHE_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}
+LogitsWanted = Literal["last", "all", "none"]
+
+_backend_ready = False
+_verbose = False
+#: The last warnings and errors llama.cpp logged, to explain a failed load.
+_log_tail: collections.deque[str] = collections.deque(maxlen=8)
+_GGML_WARN, _GGML_ERROR, _GGML_CONT = 3, 4, 5  # ggml_log_level values in the pinned llama.cpp
+
+
+@ll.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama-cpp-python's own callback maps these levels off by one and prints
+    # warnings even when asked to be quiet; this one prints only when verbose.
+    msg = text.decode("utf-8", errors="replace")
+    if _verbose:
+        sys.stderr.write(msg)
+    if level in (_GGML_WARN, _GGML_ERROR) and msg.strip():
+        _log_tail.append(msg.strip())
+
+
+def check_gguf(path: Union[str, os.PathLike]) -> Path:
+    """Return ``path`` as a Path if it is a readable GGUF file, else raise ModelFileError."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelFileError(f"Model file {p} does not exist; check the path or download it first.")
+    if not p.is_file():
+        raise ModelFileError(f"Model path {p} is not a file; pass the .gguf file itself.")
+    try:
+        with open(p, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise ModelFileError(f"Model file {p} cannot be read ({exc.strerror}); check its permissions.") from exc
+    if magic != GGUF_MAGIC:
+        raise ModelFileError(
+            f"Model file {p} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); "
+            "localspec needs llama.cpp GGUF models."
+        )
+    return p
+
+
+def default_threads() -> int:
+    """Threads for generation: every core this process may run on.
+
+    llama-cpp-python's high-level ``Llama`` uses half the cores; for a
+    single-stream decoder on a small machine all cores are faster, and plain
+    and speculative runs must use the same number to be comparable.
+    """
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def gpu_offload_supported() -> bool:
+    """True when this llama-cpp-python build can put layers on a GPU (CUDA, Metal...)."""
+    return bool(ll.llama_supports_gpu_offload())
+
+
+def _init_backend(verbose: bool) -> None:
+    global _backend_ready, _verbose
+    _verbose = verbose
+    if not _backend_ready:
+        ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        ll.llama_backend_init()
+        _backend_ready = True
+
+
+class Model:
+    """A GGUF model with one context and one sequence, and a record of its cache.
+
+    Args:
+        path: the .gguf file.
+        n_ctx: context length in tokens (0: the model's training context).
+        n_threads: CPU threads for decoding and prompt processing
+            (default: all available cores, see ``default_threads``).
+        n_gpu_layers: layers to offload; -1 for all. Default: all on a GPU
+            build, none on a CPU-only build.
+        n_batch: most tokens sent to llama.cpp in one decode call.
+        cache_type: KV cache element type, "f16" (llama.cpp's default), "f32" or "q8_0".
+        flash_attn: force flash attention on or off; None lets llama.cpp decide.
+            On CPU it rounds attention through f16, so logits depend slightly
+            more on how tokens were batched.
+        verbose: let llama.cpp print its log to stderr.
+
+    Raises:
+        ModelFileError: the file is missing, not a GGUF, or llama.cpp cannot load it.
+        BackendError: the context cannot be created (e.g. too large for memory).
+    """
+
+    def __init__(
+        self,
+        path: Union[str, os.PathLike],
+        *,
+        n_ctx: int = 4096,
+        n_threads: Optional[int] = None,
+        n_gpu_layers: Optional[int] = None,
+        n_batch: int = 512,
+        cache_type: str = "f16",
+        flash_attn: Optional[bool] = None,
+        verbose: bool = False,
+    ):
+        self.path = check_gguf(path)
+        if n_ctx < 0:
+            raise ConfigError(f"Context length must be >= 0 (0 = the model's own), got {n_ctx}.")
+        if cache_type not in CACHE_TYPES:
+            raise ConfigError(f"Unknown KV cache type {cache_type!r}; choose one of {', '.join(CACHE_TYPES)}.")
+        _init_backend(verbose)
+        self.n_threads = n_threads if n_threads else default_threads()
+        if n_gpu_layers is None:
+            n_gpu_layers = -1 if gpu_offload_supported() else 0
+        self.n_gpu_layers = n_gpu_layers
+        self._model = None
+        self._ctx = None
+        self._batch: Optional[ll.llama_batch] = None
+
+        mparams = ll.llama_model_default_params()
+        mparams.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+        _log_tail.clear()
+        self._model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._model:
+            reason = next((m for m in reversed(_log_tail) if "error" in m.lower()), "")
+            raise ModelFileError(
+                f"llama.cpp could not load {self.path}" + (f" ({reason})" if reason else "")
+                + ": the GGUF is truncated, corrupt, or of an architecture this llama-cpp-python build "
+                "does not support; re-download it."
+            )
+        if n_ctx == 0:
+            n_ctx = int(ll.llama_model_n_ctx_train(self._model))
+        cparams = ll.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = cparams.n_ubatch = min(n_batch, n_ctx)
+        cparams.n_seq_max = 1
+        cparams.n_threads = cparams.n_threads_batch = self.n_threads
+        cparams.type_k = cparams.type_v = CACHE_TYPES[cache_type]
+        if flash_attn is not None:  # None keeps llama.cpp's automatic choice
+            cparams.flash_attn_type = 1 if flash_attn else 0
+        self._ctx = ll.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            self.close()
+            raise BackendError(
+                f"llama.cpp could not create a {n_ctx}-token context for {self.path.name}; "
+                "try a smaller context length."
+            )
+        self.n_ctx = int(ll.llama_n_ctx(self._ctx))
+        self.n_batch = min(n_batch, n_ctx)
+        self._vocab = ll.llama_model_get_vocab(self._model)
+        self._mem = ll.llama_get_memory(self._ctx)
+        self.n_vocab = int(ll.llama_vocab_n_tokens(self._vocab))
+        self.bos = int(ll.llama_vocab_bos(self._vocab))
+        self.eos = int(ll.llama_vocab_eos(self._vocab))
+
+        # One batch reused for every decode; numpy views over its arrays make
+        # filling it a handful of vectorised writes.
+        self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
+        nb = self.n_batch
+        self._b_token = np.ctypeslib.as_array(self._batch.token, shape=(nb,))
+        self._b_pos = np.ctypeslib.as_array(self._batch.pos, shape=(nb,))
+        self._b_logits = np.ctypeslib.as_array(self._batch.logits, shape=(nb,))
+        np.ctypeslib.as_array(self._batch.n_seq_id, shape=(nb,))[:] = 1
+        for i in range(nb):
+            self._batch.seq_id[i][0] = 0  # every token belongs to sequence 0
+
+        self._tokens = np.zeros(self.n_ctx, dtype=np.int32)
+        self._n = 0
+        self._dirty = False
+        self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
+        #: Seconds spent inside llama.cpp decode calls (and reading their logits).
+        self.busy_seconds = 0.0
+        #: Number of decode calls made.
+        self.decode_calls = 0
+
+    # -- lifetime -----------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the context and the model. The object cannot be used afterwards."""
+        if self._batch is not None:
+            ll.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            ll.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            ll.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- vocabulary ---------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Text to token ids.
+
+        Args:
+            text: the text.
+            add_special: add BOS (and EOS) if the model is configured to.
+            parse_special: turn special-token text such as ``<|im_start|>`` into its id.
+        """
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        while True:
+            buf = (ll.llama_token * cap)()
+            n = ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+            if n >= 0:
+                return list(buf[:n])
+            cap = -n  # too small: llama.cpp says how many it needs
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for (special tokens give b'')."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = ll.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+            piece = buf.raw[:n]
+            self._pieces[token] = piece
+        return piece
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """Token ids to text (invalid UTF-8 replaced)."""
+        return b"".join(self.token_bytes(int(t)) for t in tokens).decode("utf-8", errors="replace")
+
+    def token_text(self, token: int) -> bytes:
+        """The vocabulary's stored text of a token (as in the GGUF), for comparisons."""
+        return ll.llama_vocab_get_text(self._vocab, token) or b""
+
+    def vocab_type(self) -> int:
+        """llama.cpp's vocabulary type code (SPM, BPE, WPM...)."""
+        return int(ll.llama_vocab_type(self._vocab))
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, EOT, <|im_end|>...)."""
+        r = self._eog.get(token)
+        if r is None:
+            r = self._eog[token] = bool(ll.llama_vocab_is_eog(self._vocab, token))
+        return r
+
+    def chat_template(self) -> Optional[str]:
+        """The Jinja2 chat template stored in the GGUF, if any."""
+        raw = ll.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8") if raw else None
+
+    def special_text(self, token: int) -> str:
+        """A special token's text as templates spell it (e.g. ``<|endoftext|>``)."""
+        if token < 0:
+            return ""
+        return self.token_text(token).decode("utf-8", errors="replace")
+
+    # -- the cache ------------------------------------------------------------
+
+    @property
+    def n_past(self) -> int:
+        """Number of positions the cache holds."""
+        return self._n
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The tokens the cache holds, in order (a read-only view)."""
+        view = self._tokens[: self._n]
+        view.flags.writeable = False
+        return view
+
+    def eval(self, tokens: Sequence[int], *, logits: LogitsWanted = "last") -> np.ndarray:
+        """Append ``tokens`` to the cache and return logits rows.
+
+        Args:
+            tokens: token ids to evaluate after what the cache holds.
+            logits: "last" for the row after the last token, "all" for one
+                row per token (row i predicts the token after tokens[i]),
+                "none" for no rows.
+
+        Returns:
+            float32 array of shape (rows, n_vocab). Rows from the final decode
+            call are a read-only view of llama.cpp's buffer, valid until the
+            next call on this model; copy them to keep them.
+
+        Raises:
+            ContextOverflowError: the tokens do not fit in the context.
+            BackendError: llama.cpp failed to decode (the cache is left as before).
+        """
+        n = len(tokens)
+        if n == 0:
+            return np.zeros((0, self.n_vocab), dtype=np.float32)
+        self._repair()
+        if self._n + n > self.n_ctx:
+            raise ContextOverflowError(
+                f"{self._n + n} tokens do not fit in the {self.n_ctx}-token context of {self.path.name}; "
+                "shorten the input or raise the context length."
+            )
+        arr = np.asarray(tokens, dtype=np.int32)
+        earlier: list[np.ndarray] = []
+        out = np.zeros((0, self.n_vocab), dtype=np.float32)
+        for start in range(0, n, self.n_batch):
+            chunk = arr[start : start + self.n_batch]
+            m = len(chunk)
+            final = start + m == n
+            self._b_token[:m] = chunk
+            self._b_pos[:m] = np.arange(self._n, self._n + m, dtype=np.int32)
+            self._b_logits[:m] = 1 if logits == "all" else 0
+            if logits == "last" and final:
+                self._b_logits[m - 1] = 1
+            self._batch.n_tokens = m  # type: ignore[union-attr]
+            t0 = time.perf_counter()
+            self._dirty = True  # until the record below matches the cache again
+            rc = ll.llama_decode(self._ctx, self._batch)
+            if rc != 0:
+                self._repair()
+                raise BackendError(
+                    f"llama.cpp decode failed with code {rc} on {self.path.name} "
+                    f"({m} tokens at position {self._n}); the cache was restored."
+                )
+            self._tokens[self._n : self._n + m] = chunk
+            self._n += m
+            self._dirty = False
+            rows = m if logits == "all" else (1 if logits == "last" and final else 0)
+            if rows:
+                ptr = ll.llama_get_logits(self._ctx)
+                out = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+                if not final:
+                    earlier.append(out.copy())  # the next decode overwrites the buffer
+            self.busy_seconds += time.perf_counter() - t0
+            self.decode_calls += 1
+        if earlier:
+            return np.concatenate(earlier + [out])
+        out.flags.writeable = False
+        return out
+
+    def truncate(self, n: int) -> None:
+        """Drop every cached position from ``n`` on (keep the first n tokens).
+
+        Raises:
+            BackendError: llama.cpp refused to remove the positions.
+        """
+        self._repair()
+        if n < 0:
+            raise ValueError(f"cannot truncate to {n} tokens")
+        if n >= self._n:
+            return
+        if not ll.llama_memory_seq_rm(self._mem, 0, n, -1):
+            raise BackendError(
+                f"llama.cpp could not remove cache positions {n}.. of {self.path.name} "
+                "(this model's cache cannot be partially truncated)."
+            )
+        self._n = n
+
+    def reset(self) -> None:
+        """Empty the cache."""
+        ll.llama_memory_clear(self._mem, True)
+        self._n = 0
+        self._dirty = False
+
+    def common_prefix(self, tokens: np.ndarray) -> int:
+        """Length of the longest common prefix of the cache and ``tokens``."""
+        m = min(self._n, len(tokens))
+        diff = np.flatnonzero(self._tokens[:m] != tokens[:m])
+        return int(diff[0]) if diff.size else m
+
+    def sync(self, tokens: Sequence[int]) -> np.ndarray:
+        """Make the cache hold exactly ``tokens`` and return the last token's logits.
+
+        The longest cached prefix is kept; only the rest is evaluated. At
+        least the last token is evaluated again, since its logits are needed.
+
+        Returns:
+            the logits row after the last token (a view, see ``eval``).
+        """
+        arr = np.asarray(tokens, dtype=np.int32)
+        if len(arr) == 0:
+            raise ValueError("cannot sync to an empty token list")
+        self._repair()
+        keep = min(self.common_prefix(arr), len(arr) - 1)
+        self.truncate(keep)
+        return self.eval(arr[keep:], logits="last")[0]
+
+    def _repair(self) -> None:
+        """Drop cache positions beyond the record after an interrupted decode."""
+        if self._dirty:
+            ll.llama_memory_seq_rm(self._mem, 0, self._n, -1)
+            self._dirty = False
+
+
+class Detokenizer:
+    """Turns a stream of token ids into text, holding back split UTF-8 sequences.
+
+    A multi-byte character can be spread over several byte-level tokens; the
+    incremental decoder emits it only once it is complete.
+    """
+
+    def __init__(self, model: Model):
+        self._model = model
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, token: int) -> str:
+        """Text completed by this token (may be empty)."""
+        return self._decoder.decode(self._model.token_bytes(token))
+
+    def flush(self) -> str:
+        """Whatever is still held back (an incomplete sequence becomes U+FFFD)."""
+        return self._decoder.decode(b"", final=True)

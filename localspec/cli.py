@@ -1,0 +1,140 @@
+"""The ``localspec`` command line.
+
+Thin by design: it parses options, calls the Python API, prints. It is the
+only place where library errors become messages: a ``LocalspecError`` is
+printed as one sentence (``error: ...``) with exit status 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from typing import Any, Callable, Optional
+
+import click
+
+from . import __version__
+from .errors import LocalspecError
+
+METHOD_CHOICES = ["plain", "draft", "lookup"]
+
+
+def _friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn library errors into one-line messages and Ctrl-C into a clean exit."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except LocalspecError as exc:
+            raise click.ClickException(str(exc)) from None
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Options shared by every command that loads models."""
+    for opt in reversed([
+        click.option("--target", "-t", "target", type=click.Path(dir_okay=False), required=True,
+                     help="Target model (.gguf): its output is what you get."),
+        click.option("--draft", "-d", "draft", type=click.Path(dir_okay=False), default=None,
+                     help="Draft model (.gguf) of the same family, for --method draft."),
+        click.option("--ctx", "n_ctx", type=click.IntRange(min=0), default=4096, show_default=True,
+                     help="Context length in tokens (0: the model's own)."),
+        click.option("--threads", "n_threads", type=click.IntRange(min=1), default=None,
+                     help="CPU threads (default: all available cores)."),
+        click.option("--gpu-layers", "n_gpu_layers", type=int, default=None,
+                     help="Layers to offload to the GPU; -1 all (default on GPU builds), 0 none."),
+        click.option("--verbose", is_flag=True, help="Show llama.cpp's log."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Options that shape one generation."""
+    for opt in reversed([
+        click.option("--max-tokens", "-n", type=int, default=256, show_default=True,
+                     help="Most tokens to generate."),
+        click.option("--temperature", "--temp", type=float, default=0.0, show_default=True,
+                     help="0 for greedy decoding; above 0 samples."),
+        click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling mass (1: off)."),
+        click.option("--top-k", type=int, default=0, show_default=True, help="Keep the k likeliest tokens (0: off)."),
+        click.option("--min-p", type=float, default=0.0, show_default=True,
+                     help="Drop tokens below min-p times the top probability (0: off)."),
+        click.option("--seed", type=int, default=None, help="Sampling seed (default: random)."),
+        click.option("--method", "-m", type=click.Choice(METHOD_CHOICES), default=None,
+                     help="How to draft: a draft model, prompt lookup, or plain decoding. "
+                          "Default: draft if --draft is given, else lookup."),
+        click.option("--k", "-k", type=int, default=None,
+                     help="Tokens drafted per round (default: 4 for draft, 8 for lookup)."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="localspec")
+def cli() -> None:
+    """Fast local generation with speculative decoding over llama.cpp.
+
+    The output is exactly what the target model would produce alone; a draft
+    model or prompt lookup only changes how fast it comes.
+    """
+
+
+@cli.command()
+@model_options
+@sampling_options
+@click.option("--prompt", "-p", default=None, help="Raw prompt text, sent as is.")
+@click.option("--message", default=None, help="One user message, formatted with the model's chat template.")
+@click.option("--system", default=None, help="System message to go with --message.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, finish_reason, stats.")
+@_friendly_errors
+def generate(
+    target: str, draft: Optional[str], n_ctx: int, n_threads: Optional[int], n_gpu_layers: Optional[int],
+    verbose: bool, max_tokens: int, temperature: float, top_p: float, top_k: int, min_p: float,
+    seed: Optional[int], method: Optional[str], k: Optional[int], prompt: Optional[str],
+    message: Optional[str], system: Optional[str], as_json: bool,
+) -> None:
+    """Generate a continuation of --prompt, or a reply to --message."""
+    from .api import load
+
+    if (prompt is None) == (message is None):
+        raise click.UsageError("Give exactly one of --prompt (raw text) or --message (a chat turn).")
+    if system is not None and message is None:
+        raise click.UsageError("--system goes with --message, not with a raw --prompt.")
+    options = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                   min_p=min_p, seed=seed, method=method, k=k)
+    with load(target, draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, verbose=verbose) as pair:
+        if message is not None:
+            messages = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": message}]
+            stream = pair.stream_chat(messages, **options)
+        else:
+            stream = pair.stream(prompt or "", **options)
+        if as_json:
+            for _ in stream:
+                pass
+            click.echo(json.dumps(stream.result.to_dict(), ensure_ascii=False))
+            return
+        for ev in stream:
+            click.echo(ev.text, nl=False)
+        r = stream.result
+        click.echo()
+        s = r.stats
+        click.echo(
+            f"[{s.generated_tokens} tokens, {s.decode_tokens_per_second:.1f} tok/s, {s.method}"
+            + (f" k={s.k}, accepted {s.accepted}/{s.drafted} ({100 * s.acceptance_rate:.0f}%)" if s.k else "")
+            + f", finish: {r.finish_reason}]",
+            err=True,
+        )
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="localspec")

@@ -1,0 +1,144 @@
+"""Drafters: cheap guesses at the target's next K tokens.
+
+A drafter looks at the whole context (prompt plus everything generated so
+far, as an int32 array) and proposes up to K tokens, with the probabilities it
+drew them from when it sampled (``probs``), or ``None`` when its guess is a
+single token per position (one-hot: prompt lookup, a greedy draft model).
+
+* ``ModelDrafter`` runs a small model of the same family for K steps. Its
+  cache follows the context: each call keeps the longest cached prefix and
+  evaluates only what changed, in one batch.
+* ``PromptLookupDrafter`` finds the newest earlier occurrence of the
+  context's last n tokens (n from ``max_ngram`` down to ``min_ngram``) and
+  proposes what followed it. Nothing to run, so it pays on copy-heavy text.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Protocol
+
+import numpy as np
+
+from .acceptance import SamplingParams, probabilities, sample
+from .backend import Model
+
+
+class Draft(NamedTuple):
+    """A proposal: token ids and, for a sampled draft, one probability row per token."""
+
+    tokens: list[int]
+    probs: Optional[np.ndarray]
+
+
+EMPTY_DRAFT = Draft([], None)
+
+
+class Drafter(Protocol):
+    """What the engine needs from a drafter."""
+
+    name: str
+
+    def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
+        """Up to ``k`` guessed tokens that continue ``context``."""
+        ...
+
+    def settle(self, context: np.ndarray) -> None:
+        """Generation ended at ``context``: drop any state past it."""
+        ...
+
+
+class ModelDrafter:
+    """Drafts with a small model that shares the target's vocabulary.
+
+    Args:
+        model: the loaded draft model (its own context and cache).
+        params: sampling parameters; greedy parameters give greedy drafts
+            (one-hot q), otherwise each token is sampled and q is returned.
+    """
+
+    name = "draft"
+
+    def __init__(self, model: Model, params: SamplingParams):
+        self.model = model
+        self.params = params
+
+    def prefill(self, context: np.ndarray) -> None:
+        """Bring the draft cache up to ``context`` (done during prompt processing)."""
+        if len(context) > 1:
+            m = self.model
+            m.truncate(m.common_prefix(context[:-1]))
+            m.eval(context[m.n_past : len(context) - 1], logits="none")
+
+    def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
+        """K draft-model steps after ``context``; stops early at an end-of-generation token."""
+        m = self.model
+        room = m.n_ctx - len(context)  # the draft context may be smaller than the target's
+        k = min(k, room + 1)
+        if k <= 0:
+            return EMPTY_DRAFT
+        logits = m.sync(context)
+        tokens: list[int] = []
+        rows: list[np.ndarray] = []
+        for i in range(k):
+            if self.params.greedy:
+                tok = int(np.argmax(logits))
+            else:
+                q = probabilities(logits, self.params)
+                tok = sample(q, rng)
+                rows.append(q)
+            tokens.append(tok)
+            if i == k - 1 or m.is_eog(tok):
+                break
+            logits = m.eval([tok], logits="last")[0]
+        return Draft(tokens, np.stack(rows) if rows else None)
+
+    def settle(self, context: np.ndarray) -> None:
+        """Keep only the cached prefix shared with ``context``."""
+        self.model.truncate(self.model.common_prefix(context))
+
+
+class PromptLookupDrafter:
+    """Copies what followed the newest earlier match of the context's last n-gram.
+
+    Args:
+        max_ngram: longest suffix tried first.
+        min_ngram: shortest suffix accepted as a match.
+    """
+
+    name = "lookup"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        #: Length of the n-gram behind the last proposal (0: no match).
+        self.last_match = 0
+
+    def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
+        """The ``k`` tokens after the newest match, or none when nothing matches."""
+        self.last_match = 0
+        n_ctx = len(context)
+        if k <= 0 or n_ctx < 2:
+            return EMPTY_DRAFT
+        # Every earlier position holding the last token ends a 1-gram match;
+        # excluding the final position guarantees something follows each match.
+        ends = np.flatnonzero(context[: n_ctx - 1] == context[n_ctx - 1])
+        best: Optional[int] = None
+        n = 1
+        while ends.size and n <= self.max_ngram:
+            if n >= self.min_ngram:
+                best = int(ends[-1])  # newest match of the longest n-gram so far
+                self.last_match = n
+            if n == self.max_ngram or n >= n_ctx - 1:
+                break
+            # Extend every surviving match one token to the left.
+            ends = ends[ends >= n]
+            ends = ends[context[ends - n] == context[n_ctx - 1 - n]]
+            n += 1
+        if best is None:
+            return EMPTY_DRAFT
+        return Draft([int(t) for t in context[best + 1 : best + 1 + k]], None)
+
+    def settle(self, context: np.ndarray) -> None:
+        """Nothing to do: lookup keeps no state between calls."""

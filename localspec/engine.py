@@ -1,0 +1,276 @@
+"""The speculative decoding loop, and plain decoding on the same path.
+
+One round:
+
+1. draft    - the drafter proposes up to K tokens after the context;
+2. verify   - the target evaluates [last token] + draft in one pass, getting
+              K + 1 logits rows;
+3. accept   - greedy or sampled acceptance keeps a prefix of the draft and
+              picks the next token (a correction, or a bonus if all passed);
+4. truncate - the target's cache is cut back to the context it accepted
+              (the draft model's cache follows at its next proposal);
+5. emit     - the kept tokens and the next token, stopping at EOS or
+              max_tokens even mid-round.
+
+The target's cache always holds the context minus its last token, whose
+logits come out of the next verification. Plain decoding is the same loop
+with an empty draft, so the baseline pays exactly the same overheads.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+
+from .acceptance import ProbRows, SamplingParams, accept_greedy, accept_sampled, probabilities, sample
+from .backend import Detokenizer, Model
+from .drafters import EMPTY_DRAFT, Draft, Drafter, ModelDrafter
+from .errors import ConfigError, ContextOverflowError
+
+#: Where an emitted token came from.
+SOURCE_TARGET = "target"  # a plain step of the target (or the first token, from prefill)
+SOURCE_DRAFT = "draft"  # a drafted token the target accepted
+SOURCE_CORRECTION = "correction"  # the target's token where a drafted one was rejected
+SOURCE_BONUS = "bonus"  # the target's extra token after a fully accepted draft
+
+
+@dataclass
+class TokenEvent:
+    """One generated token.
+
+    Attributes:
+        token: the token id.
+        text: text completed by this token (may be empty mid-character).
+        source: "draft", "target", "correction" or "bonus" (see the SOURCE_* names).
+    """
+
+    token: int
+    text: str
+    source: str
+
+    @property
+    def from_draft(self) -> bool:
+        """True when the drafter guessed this token and the target agreed."""
+        return self.source == SOURCE_DRAFT
+
+
+@dataclass
+class GenerationStats:
+    """Counts and timings of one generation."""
+
+    method: str
+    k: int
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    #: proposed_at[i] / accepted_at[i]: drafted tokens at draft position i, and how many were kept.
+    proposed_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    #: Part of decode_seconds spent inside llama.cpp (target and draft decode calls).
+    llama_seconds: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafted tokens over drafted tokens."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        """Acceptance rate at each draft position."""
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
+
+    @property
+    def tokens_per_round(self) -> float:
+        """Mean tokens emitted per verification round."""
+        return (self.generated_tokens - 1) / self.rounds if self.rounds else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Tokens after the first over the time spent producing them."""
+        return (self.generated_tokens - 1) / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def overhead_ms_per_round(self) -> float:
+        """Decode time outside llama.cpp per round, in milliseconds (Python and numpy)."""
+        return 1000 * (self.decode_seconds - self.llama_seconds) / self.rounds if self.rounds else 0.0
+
+    def to_dict(self) -> dict:
+        """Plain dict for JSON, with the derived figures included."""
+        d = asdict(self)
+        for name in ("acceptance_rate", "acceptance_by_position", "tokens_per_round",
+                     "decode_tokens_per_second", "overhead_ms_per_round"):
+            d[name] = getattr(self, name)
+        return d
+
+
+class Generation:
+    """Iterates over TokenEvents; afterwards ``finish_reason`` and ``stats`` are final.
+
+    Created by ``generate_events``; closing it early (``break`` out of a loop,
+    an exception, Ctrl-C) leaves both caches holding a prefix of the emitted
+    context, so the next generation is exact.
+    """
+
+    def __init__(self, gen: Iterator[TokenEvent], stats: GenerationStats):
+        self._gen = gen
+        self.stats = stats
+        #: "stop" (end-of-generation token), "length" (max_tokens or context full), or None while running.
+        self.finish_reason: Optional[str] = None
+        #: Generated token ids emitted so far.
+        self.tokens: list[int] = []
+        #: Text of a final incomplete UTF-8 sequence, set when generation ends.
+        self.tail_text = ""
+
+    def __iter__(self) -> "Generation":
+        return self
+
+    def __next__(self) -> TokenEvent:
+        ev = next(self._gen)
+        self.tokens.append(ev.token)
+        return ev
+
+    def close(self) -> None:
+        """Stop generating and leave the caches consistent."""
+        self._gen.close()
+
+
+def generate_events(
+    target: Model,
+    prompt: Sequence[int],
+    *,
+    drafter: Optional[Drafter] = None,
+    k: int = 0,
+    params: SamplingParams = SamplingParams(),
+    max_tokens: int = 256,
+    rng: Optional[np.random.Generator] = None,
+) -> Generation:
+    """Start a generation after ``prompt`` (token ids) on ``target``.
+
+    Args:
+        target: the target model; its output distribution is what comes out.
+        prompt: prompt token ids; the cached prefix they share is reused.
+        drafter: the drafter, or None for plain decoding.
+        k: draft length per round (0 with a drafter also means plain decoding).
+        params: sampling parameters for the target (and the draft model).
+        max_tokens: most tokens to generate.
+        rng: source of randomness for sampling (default: a fresh unseeded one).
+
+    Raises:
+        ContextOverflowError: the prompt leaves no room in the context.
+        ConfigError: bad max_tokens or k.
+    """
+    if max_tokens < 1:
+        raise ConfigError(f"max_tokens must be at least 1, got {max_tokens}.")
+    if k < 0:
+        raise ConfigError(f"The draft length k must be >= 0, got {k}.")
+    if len(prompt) == 0:
+        raise ConfigError("The prompt is empty; give at least one token of text.")
+    if len(prompt) >= target.n_ctx:
+        raise ContextOverflowError(
+            f"The prompt is {len(prompt)} tokens but the context holds {target.n_ctx}; "
+            "shorten the prompt or raise the context length (--ctx)."
+        )
+    if drafter is None or k == 0:
+        drafter, k = None, 0
+    stats = GenerationStats(method=drafter.name if drafter else "plain", k=k,
+                            proposed_at=[0] * k, accepted_at=[0] * k)
+    generation = Generation(iter(()), stats)
+    generation._gen = _run(generation, target, np.asarray(prompt, dtype=np.int32), drafter, k,
+                           params, max_tokens, rng or np.random.default_rng())
+    return generation
+
+
+def _cut_at_unknown(draft: Draft, n_vocab: int) -> Draft:
+    """The draft up to its first token id the target does not have (it could never be accepted)."""
+    cut = next(i for i, t in enumerate(draft.tokens) if t >= n_vocab)
+    return Draft(draft.tokens[:cut], None if draft.probs is None else draft.probs[:cut])
+
+
+def _run(  # noqa: C901 - the round loop reads best in one piece
+    g: Generation,
+    target: Model,
+    prompt: np.ndarray,
+    drafter: Optional[Drafter],
+    k: int,
+    params: SamplingParams,
+    max_tokens: int,
+    rng: np.random.Generator,
+) -> Iterator[TokenEvent]:
+    stats = g.stats
+    stats.prompt_tokens = len(prompt)
+    detok = Detokenizer(target)
+    draft_model = drafter.model if isinstance(drafter, ModelDrafter) else None
+    context = np.zeros(target.n_ctx + 1, dtype=np.int32)  # prompt + generated tokens
+    n = len(prompt)
+    context[:n] = prompt
+
+    def llama_busy() -> float:
+        return target.busy_seconds + (draft_model.busy_seconds if draft_model else 0.0)
+
+    t_start = time.perf_counter()
+    busy0 = llama_busy()
+    try:
+        logits = target.sync(prompt)  # reuses the cached prefix (e.g. earlier chat turns)
+        if isinstance(drafter, ModelDrafter):
+            drafter.prefill(prompt)
+        first = int(np.argmax(logits)) if params.greedy else sample(probabilities(logits, params), rng)
+        stats.prefill_seconds = time.perf_counter() - t_start
+        busy0, t_mark = llama_busy(), time.perf_counter()  # decode timing starts here
+        pending = [(first, SOURCE_TARGET)]
+        while True:
+            # emit: stop at an end-of-generation token (never shown) or at max_tokens.
+            for tok, source in pending:
+                context[n] = tok
+                n += 1
+                if target.is_eog(tok):
+                    g.finish_reason = "stop"
+                    return
+                stats.generated_tokens += 1
+                stats.decode_seconds += time.perf_counter() - t_mark
+                yield TokenEvent(tok, detok.feed(tok), source)
+                t_mark = time.perf_counter()
+                if stats.generated_tokens >= max_tokens:
+                    g.finish_reason = "length"
+                    return
+            room = target.n_ctx - n - 1  # a round adds up to len(draft) + 1 tokens to the context
+            if room < 0:
+                g.finish_reason = "length"
+                return
+            # 1. draft
+            draft = drafter.propose(context[:n], min(k, room), rng) if drafter else EMPTY_DRAFT
+            if draft.tokens and max(draft.tokens) >= target.n_vocab:
+                draft = _cut_at_unknown(draft, target.n_vocab)  # a padded draft vocabulary
+            # 2. verify: row i is the target's prediction after context + draft[:i].
+            rows = target.eval([int(context[n - 1])] + draft.tokens, logits="all")
+            # 3. accept
+            if params.greedy:
+                kept, nxt = accept_greedy(draft.tokens, rows)
+            else:
+                kept, nxt = accept_sampled(draft.tokens, draft.probs, ProbRows(rows, params), rng)
+            # 4. truncate: keep the context's last token and the accepted draft tokens.
+            target.truncate(n + kept)
+            stats.rounds += 1
+            stats.drafted += len(draft.tokens)
+            stats.accepted += kept
+            for i in range(len(draft.tokens)):
+                stats.proposed_at[i] += 1
+                stats.accepted_at[i] += i < kept
+            # 5. emit next round: accepted tokens, then the correction or bonus.
+            tail = SOURCE_TARGET if not draft.tokens else (SOURCE_BONUS if kept == len(draft.tokens) else SOURCE_CORRECTION)
+            pending = [(t, SOURCE_DRAFT) for t in draft.tokens[:kept]] + [(nxt, tail)]
+    finally:
+        # Whatever ended the loop (a stop, an exception, Ctrl-C, the consumer
+        # closing us), leave each cache holding a prefix of the emitted context.
+        emitted = context[:n]
+        target.truncate(target.common_prefix(emitted))
+        if drafter is not None:
+            drafter.settle(emitted)
+        stats.llama_seconds = llama_busy() - busy0
+        g.tail_text = detok.flush()

@@ -1,0 +1,36 @@
+"""Typed errors raised by the localspec library.
+
+Every error carries one sentence meant for a person: which file or value is
+wrong and what to do about it. The CLI prints ``str(error)`` and nothing else;
+library users can catch the specific classes.
+"""
+
+from __future__ import annotations
+
+
+class LocalspecError(Exception):
+    """Base class of every error localspec raises on purpose."""
+
+
+class ModelFileError(LocalspecError):
+    """A model file is missing, unreadable, not a GGUF, or failed to load."""
+
+
+class VocabMismatchError(LocalspecError):
+    """Draft and target models do not share a vocabulary."""
+
+
+class ContextOverflowError(LocalspecError):
+    """A prompt does not fit in the model's context window."""
+
+
+class SamplingError(LocalspecError, ValueError):
+    """A sampling parameter is out of range."""
+
+
+class ConfigError(LocalspecError, ValueError):
+    """An option value (method, draft length, threads...) is invalid."""
+
+
+class BackendError(LocalspecError):
+    """llama.cpp reported a failure (decode or cache edit)."""

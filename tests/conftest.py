@@ -1,0 +1,55 @@
+"""Shared fixtures: tiny random models written once per session, and the real pair."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tinymodel import write_tiny_model  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("tiny")
+    write_tiny_model(d / "target.gguf", seed=0)
+    write_tiny_model(d / "draft.gguf", seed=0, noise=0.35)  # agrees often, not always
+    write_tiny_model(d / "other.gguf", seed=7)  # same vocabulary, unrelated weights
+    write_tiny_model(d / "renamed.gguf", seed=0, rename={100: "XYZ"})  # vocabulary differs at id 100
+    return d
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tiny_dir: Path):
+    import localspec
+
+    pair = localspec.load(tiny_dir / "target.gguf", tiny_dir / "draft.gguf", n_ctx=1024)
+    yield pair
+    pair.close()
+
+
+def real_models_dir() -> Path:
+    env = os.environ.get("LOCALSPEC_TEST_MODELS")
+    if env:
+        return Path(env)
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "localspec" / "test-models"
+
+
+@pytest.fixture(scope="session")
+def real_pair():
+    import localspec
+
+    d = real_models_dir()
+    if not (d / "target.gguf").is_file() or not (d / "draft.gguf").is_file():
+        pytest.fail(f"The real model pair is not in {d}; run `python scripts/fetch_test_models.py` first "
+                    "(or deselect these tests with -m 'not real').")
+    pair = localspec.load(d / "target.gguf", d / "draft.gguf", n_ctx=2048)
+    yield pair
+    pair.close()

@@ -1,0 +1,167 @@
+"""The acceptance rules and sampling filters, on hand-made vectors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from localspec.acceptance import (
+    ProbRows,
+    SamplingParams,
+    accept_greedy,
+    accept_sampled,
+    probabilities,
+    residual,
+    sample,
+)
+from localspec.errors import SamplingError
+
+ALPHA = 1e-3  # seeded tests: a failure means a wrong distribution, not bad luck
+
+
+def goodness_of_fit(counts: np.ndarray, p: np.ndarray) -> float:
+    """p-value of observed counts against probabilities p (zero-probability cells must be empty)."""
+    assert counts[p == 0].sum() == 0, "sampled a token with zero probability"
+    keep = p > 0
+    return float(stats.chisquare(counts[keep], p[keep] * counts.sum()).pvalue)
+
+
+def test_greedy_params_give_one_hot_argmax():
+    p = probabilities(np.array([0.1, 3.0, -1.0, 2.9]), SamplingParams())
+    assert p.tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+def test_temperature_is_a_scaled_softmax():
+    logits = np.array([1.0, 2.0, 0.5, -1.0])
+    p = probabilities(logits, SamplingParams(temperature=0.7))
+    expected = np.exp(logits / 0.7) / np.exp(logits / 0.7).sum()
+    np.testing.assert_allclose(p, expected, rtol=1e-12)
+
+
+def test_top_k_top_p_min_p_filter_then_renormalise():
+    logits = np.log(np.array([0.4, 0.3, 0.2, 0.06, 0.04]))
+    assert np.count_nonzero(probabilities(logits, SamplingParams(temperature=1, top_k=2))) == 2
+    # 0.4 + 0.3 = 0.7 < 0.75, so the nucleus needs the third token.
+    p = probabilities(logits, SamplingParams(temperature=1, top_p=0.75))
+    np.testing.assert_allclose(p, [0.4 / 0.9, 0.3 / 0.9, 0.2 / 0.9, 0, 0])
+    p = probabilities(logits, SamplingParams(temperature=1, min_p=0.6))  # keeps p >= 0.24
+    np.testing.assert_allclose(p, [0.4 / 0.7, 0.3 / 0.7, 0, 0, 0])
+
+
+def test_top_p_beyond_the_candidate_window_falls_back_to_a_full_sort():
+    logits = -np.arange(5000) * 1e-4  # nearly flat: the nucleus holds thousands of tokens
+    p = probabilities(logits, SamplingParams(temperature=1, top_p=0.9))
+    full = np.exp(logits) / np.exp(logits).sum()
+    expected = int(np.searchsorted(np.cumsum(full), 0.9)) + 1  # smallest prefix reaching 0.9
+    assert expected > 1024
+    assert np.count_nonzero(p) == expected
+    np.testing.assert_allclose(p[:expected], full[:expected] / full[:expected].sum())
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(temperature=-0.1), dict(temperature=float("nan")), dict(temperature=float("inf")),
+    dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1), dict(top_k=2.5), dict(min_p=-0.1), dict(min_p=1.1),
+])
+def test_out_of_range_sampling_values_are_refused(kwargs):
+    with pytest.raises(SamplingError) as err:
+        SamplingParams(**kwargs)
+    name = next(iter(kwargs))
+    assert name in str(err.value)
+
+
+def test_accept_greedy_keeps_the_agreeing_prefix_then_corrects():
+    rows = np.eye(6)[[1, 2, 3, 4, 5]]  # the target's argmax: 1, 2, 3, 4, 5
+    assert accept_greedy([1, 2, 9, 4], rows) == (2, 3)
+    assert accept_greedy([7], rows[:2]) == (0, 1)
+
+
+def test_accept_greedy_all_accepted_takes_the_bonus_from_the_last_row():
+    rows = np.eye(6)[[1, 2, 3, 4]]
+    assert accept_greedy([1, 2, 3], rows) == (3, 4)
+    assert accept_greedy([], rows[:1]) == (0, 1)
+
+
+def test_residual_is_the_positive_part_of_p_minus_q():
+    p = np.array([0.5, 0.2, 0.2, 0.1])
+    q = np.array([0.1, 0.6, 0.2, 0.1])
+    np.testing.assert_allclose(residual(p, q, 1), [0.4, 0, 0, 0])
+    np.testing.assert_allclose(residual(p, None, 0), [0, 0.2, 0.2, 0.1])  # one-hot q: p without x
+
+
+def test_sample_never_picks_zero_weight_tokens():
+    rng = np.random.default_rng(0)
+    w = np.array([0.0, 2.0, 0.0, 1.0, 0.0])
+    counts = np.bincount([sample(w, rng) for _ in range(3000)], minlength=5)
+    assert goodness_of_fit(counts, w / w.sum()) > ALPHA
+
+
+def _first_token_counts(p_rows, q_rows, n, rng, *, one_hot_x=None):
+    """Counts of the first emitted token over n speculative steps, drafts drawn from q."""
+    v = p_rows.shape[1]
+    counts = np.zeros(v, dtype=int)
+    kept_total = 0
+    for _ in range(n):
+        if one_hot_x is None:
+            draft = [sample(q, rng) for q in q_rows]
+            kept, nxt = accept_sampled(draft, q_rows, p_rows, rng)
+        else:
+            draft = list(one_hot_x)
+            kept, nxt = accept_sampled(draft, None, p_rows, rng)
+        first = draft[0] if kept > 0 else nxt
+        counts[first] += 1
+        kept_total += kept
+    return counts, kept_total
+
+
+def test_sampled_acceptance_reproduces_p_with_a_sampled_draft():
+    rng = np.random.default_rng(1)
+    p = np.array([[0.5, 0.2, 0.2, 0.1, 0.0], [0.1, 0.1, 0.1, 0.1, 0.6]])
+    q = np.array([[0.1, 0.5, 0.1, 0.1, 0.2], [0.2, 0.2, 0.2, 0.2, 0.2]])
+    counts, _ = _first_token_counts(p, q[:1], 20000, rng)
+    assert goodness_of_fit(counts, p[0]) > ALPHA
+
+
+def test_sampled_acceptance_with_a_one_hot_draft_reproduces_p():
+    rng = np.random.default_rng(2)
+    p = np.array([[0.3, 0.5, 0.15, 0.05], [0.25, 0.25, 0.25, 0.25]])
+    counts, kept = _first_token_counts(p, None, 20000, rng, one_hot_x=[1])
+    assert goodness_of_fit(counts, p[0]) > ALPHA
+    # x is kept with probability p(x) = 0.5
+    assert stats.binomtest(kept, 20000, 0.5).pvalue > ALPHA
+
+
+def test_a_draft_equal_to_the_target_is_always_kept_and_the_bonus_follows_the_last_row():
+    rng = np.random.default_rng(3)
+    p = np.array([[0.6, 0.4, 0.0], [0.0, 0.5, 0.5], [0.2, 0.3, 0.5]])
+    bonus = np.zeros(3, dtype=int)
+    for _ in range(6000):
+        draft = [sample(p[0], rng), sample(p[1], rng)]
+        kept, nxt = accept_sampled(draft, p[:2], p, rng)
+        assert kept == 2
+        bonus[nxt] += 1
+    assert goodness_of_fit(bonus, p[2]) > ALPHA
+
+
+def test_second_position_keeps_the_joint_distribution():
+    # Two-token drafts: the pair (first, second) must follow p0(a) * p1(b);
+    # here p1 does not depend on a, so the marginal of the second is p1.
+    rng = np.random.default_rng(4)
+    p = np.array([[0.7, 0.3, 0.0], [0.1, 0.2, 0.7], [1 / 3, 1 / 3, 1 / 3]])
+    q = np.array([[0.2, 0.2, 0.6], [0.6, 0.3, 0.1]])
+    seconds = np.zeros(3, dtype=int)
+    for _ in range(20000):
+        draft = [sample(q[0], rng), sample(q[1], rng)]
+        kept, nxt = accept_sampled(draft, q, p, rng)
+        if kept >= 1:  # the second token is the kept draft[1] or the correction at position 1
+            seconds[draft[1] if kept == 2 else nxt] += 1
+    assert goodness_of_fit(seconds, p[1]) > ALPHA
+
+
+def test_prob_rows_are_computed_lazily_and_once():
+    logits = np.array([[0.0, 1.0], [2.0, 0.0]])
+    rows = ProbRows(logits, SamplingParams(temperature=1.0))
+    assert len(rows) == 2
+    first = rows[0]
+    assert rows[0] is first
+    np.testing.assert_allclose(rows[1], probabilities(logits[1], SamplingParams(temperature=1.0)))

@@ -1,0 +1,248 @@
+"""The engine on tiny random models: exactness, cache truncation, stops, distributions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import localspec
+from localspec.backend import Model
+from localspec.engine import SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, SOURCE_TARGET
+
+PROMPTS = [
+    "The cat sat on the mat and the dog sat on the",
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n",
+    "in the end, in the end, in the",
+    "Zebra quartz fjord vex nymph",
+]
+CONFIGS = [("draft", 1), ("draft", 4), ("draft", 8), ("lookup", 2), ("lookup", 8)]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_speculation_matches_plain_decoding(tiny_pair, prompt):
+    plain = tiny_pair.generate(prompt, max_tokens=96, method="plain")
+    assert plain.stats.rounds > 0
+    for method, k in CONFIGS:
+        r = tiny_pair.generate(prompt, max_tokens=96, method=method, k=k)
+        assert r.tokens == plain.tokens, f"{method} k={k} diverged from plain decoding"
+        assert r.text == plain.text
+        assert r.finish_reason == plain.finish_reason
+
+
+def test_the_tests_exercise_both_acceptance_and_rejection(tiny_pair):
+    r = tiny_pair.generate(PROMPTS[0], max_tokens=96, method="draft", k=4)
+    assert 0 < r.stats.accepted < r.stats.drafted
+    r = tiny_pair.generate(PROMPTS[2], max_tokens=96, method="lookup", k=4)
+    assert r.stats.drafted > 0 and r.stats.accepted > 0
+
+
+def test_events_say_where_each_token_came_from(tiny_pair):
+    events = list(tiny_pair.stream(PROMPTS[0], max_tokens=64, method="draft", k=4))
+    sources = {ev.source for ev in events}
+    assert events[0].source == SOURCE_TARGET
+    assert {SOURCE_DRAFT, SOURCE_CORRECTION} <= sources
+    assert sources <= {SOURCE_TARGET, SOURCE_DRAFT, SOURCE_CORRECTION, SOURCE_BONUS}
+
+
+def test_a_model_used_as_its_own_draft_accepts_every_guess(tiny_dir):
+    with localspec.load(tiny_dir / "target.gguf", tiny_dir / "target.gguf") as pair:
+        plain = pair.generate(PROMPTS[1], max_tokens=60, method="plain")
+        r = pair.generate(PROMPTS[1], max_tokens=60, method="draft", k=5)
+    assert r.tokens == plain.tokens
+    assert r.stats.drafted > 0 and r.stats.accepted == r.stats.drafted
+    assert r.stats.acceptance_by_position == [1.0] * 5
+
+
+def _next_logits_match_fresh(model: Model, path, extra: int) -> None:
+    """The cached model's logits for one more token equal a fresh context fed the same tokens."""
+    cached = model.tokens.copy()
+    got = model.eval([extra], logits="last")[0].copy()
+    model.truncate(len(cached))
+    with Model(path, n_ctx=model.n_ctx, **EXACT) as fresh:
+        want = fresh.eval(list(cached) + [extra], logits="last")[0]
+        # Only summation order differs between batch shapes here (about 1e-4);
+        # a cache holding a wrong or stale token moves logits by far more.
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-3)
+
+
+EXACT = dict(cache_type="f32", flash_attn=False)  # no f16 rounding in the cache or attention
+
+
+@pytest.fixture(scope="module")
+def f32_pair(tiny_dir):
+    t = Model(tiny_dir / "target.gguf", n_ctx=1024, **EXACT)
+    d = Model(tiny_dir / "draft.gguf", n_ctx=1024, **EXACT)
+    pair = localspec.Pair(t, d)
+    yield pair
+    pair.close()
+
+
+def test_the_fresh_context_check_notices_a_wrong_cache(tiny_dir):
+    with Model(tiny_dir / "target.gguf", n_ctx=256, **EXACT) as m:
+        tokens = m.tokenize(PROMPTS[0])
+        m.eval(tokens[:5] + [7] + tokens[6:], logits="none")  # one token differs from the record below
+        m._tokens[5] = tokens[5]
+        with pytest.raises(AssertionError):
+            _next_logits_match_fresh(m, tiny_dir / "target.gguf", extra=42)
+
+
+@pytest.mark.parametrize("max_tokens", [7, 23, 50, 90])
+def test_after_rejections_both_caches_equal_a_fresh_context(tiny_dir, f32_pair, max_tokens):
+    pair = f32_pair
+    r = pair.generate(PROMPTS[0], max_tokens=max_tokens, method="draft", k=6)
+    assert r.stats.drafted > r.stats.accepted  # there were rejections to truncate after
+    full = r.prompt_tokens + r.tokens
+    for model, path in ((pair.target, tiny_dir / "target.gguf"), (pair.draft, tiny_dir / "draft.gguf")):
+        assert list(model.tokens) == full[: model.n_past]  # the record is a prefix of the context
+        assert model.n_past >= len(full) - 2
+        _next_logits_match_fresh(model, path, extra=42)
+
+
+def test_eos_mid_round_stops_with_nothing_after_it(tmp_path):
+    from tinymodel import write_tiny_model
+
+    write_tiny_model(tmp_path / "t.gguf", seed=0)
+    with localspec.load(tmp_path / "t.gguf") as pair:
+        plain = pair.generate(PROMPTS[0], max_tokens=40, method="plain").tokens
+    stop_at = 12
+    eos = plain[stop_at]
+    assert eos not in plain[:stop_at]
+    write_tiny_model(tmp_path / "e.gguf", seed=0, eos=eos)  # same weights, that token ends generation
+    with localspec.load(tmp_path / "e.gguf", tmp_path / "e.gguf") as pair:
+        ref = pair.generate(PROMPTS[0], max_tokens=40, method="plain")
+        r = pair.generate(PROMPTS[0], max_tokens=40, method="draft", k=8)  # self-draft: EOS inside a round
+    assert ref.tokens == plain[:stop_at] and ref.finish_reason == "stop"
+    assert r.tokens == ref.tokens and r.finish_reason == "stop"
+    assert r.text == ref.text
+
+
+def test_max_tokens_mid_round_emits_exactly_that_many(tiny_dir):
+    with localspec.load(tiny_dir / "target.gguf", tiny_dir / "target.gguf") as pair:
+        plain = pair.generate(PROMPTS[0], max_tokens=30, method="plain")
+        for n in (1, 2, 5, 13):
+            r = pair.generate(PROMPTS[0], max_tokens=n, method="draft", k=8)
+            assert r.tokens == plain.tokens[:n] and r.finish_reason == "length"
+
+
+def test_generation_stops_when_the_context_is_full(tiny_dir):
+    with localspec.load(tiny_dir / "target.gguf", tiny_dir / "draft.gguf", n_ctx=256) as pair:
+        prompt = pair.tokenize(PROMPTS[1] * 4)
+        plain = pair.generate(prompt, max_tokens=500, method="plain")
+        assert plain.finish_reason == "length" and len(plain.tokens) < 500
+        assert len(prompt) + len(plain.tokens) == pair.target.n_ctx
+        for method, k in CONFIGS:
+            r = pair.generate(prompt, max_tokens=500, method=method, k=k)
+            assert r.tokens == plain.tokens and r.finish_reason == "length"
+
+
+def test_breaking_out_of_a_stream_leaves_caches_consistent(tiny_pair):
+    fresh = tiny_pair.generate(PROMPTS[3], max_tokens=40, method="draft", k=4)
+    for stop_after in (1, 3, 6):
+        for i, _ in enumerate(tiny_pair.stream(PROMPTS[0], max_tokens=60, method="draft", k=5)):
+            if i == stop_after:
+                break
+        again = tiny_pair.generate(PROMPTS[3], max_tokens=40, method="draft", k=4)
+        assert again.tokens == fresh.tokens
+
+
+def test_ctrl_c_inside_a_decode_call_leaves_caches_consistent(tiny_pair, monkeypatch):
+    """KeyboardInterrupt right after llama.cpp returned, before the record was updated."""
+    import llama_cpp
+
+    fresh = tiny_pair.generate(PROMPTS[1], max_tokens=40, method="draft", k=4)
+    real_decode = llama_cpp.llama_decode
+    calls = {"n": 0}
+
+    def decode_then_interrupt(ctx, batch):
+        rc = real_decode(ctx, batch)
+        calls["n"] += 1
+        if calls["n"] == 9:
+            raise KeyboardInterrupt
+        return rc
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", decode_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        tiny_pair.generate(PROMPTS[0], max_tokens=60, method="draft", k=5)
+    monkeypatch.setattr(llama_cpp, "llama_decode", real_decode)
+    again = tiny_pair.generate(PROMPTS[1], max_tokens=40, method="draft", k=4)
+    assert again.tokens == fresh.tokens
+
+
+def test_unicode_split_across_byte_tokens_streams_correctly(tiny_pair):
+    text = "naïve café — 東京 ✓"
+    tokens = tiny_pair.tokenize(text)
+    assert len(tokens) > len(text)  # multi-byte characters are several tokens
+    from localspec.backend import Detokenizer
+
+    d = Detokenizer(tiny_pair.target)
+    pieces = [d.feed(t) for t in tokens] + [d.flush()]
+    assert "".join(pieces) == text
+    assert "\ufffd" not in "".join(pieces)
+
+
+def test_stats_are_consistent(tiny_pair):
+    r = tiny_pair.generate(PROMPTS[0], max_tokens=50, method="draft", k=4)
+    s = r.stats
+    assert s.method == "draft" and s.k == 4 and s.generated_tokens == len(r.tokens)
+    assert s.drafted == sum(s.proposed_at) and s.accepted == sum(s.accepted_at)
+    # every round emits its kept tokens plus one, except a last round cut short by max_tokens
+    assert s.rounds + s.accepted - s.k <= s.generated_tokens - 1 <= s.rounds + s.accepted
+    assert s.prefill_seconds > 0 and s.decode_seconds > 0 and 0 < s.llama_seconds < s.decode_seconds + s.prefill_seconds
+    d = r.to_dict()
+    assert set(d) == {"text", "tokens", "finish_reason", "stats"}
+    for key in ("method", "k", "rounds", "drafted", "accepted", "prefill_seconds", "decode_seconds",
+                "decode_tokens_per_second", "acceptance_by_position", "tokens_per_round"):
+        assert key in d["stats"]
+
+
+# -- sampling: the distribution must be the target's ----------------------------------------------
+
+
+def _token_counts(pair, prompt, n_runs, position, **options):
+    counts: dict[int, int] = {}
+    for seed in range(n_runs):
+        r = pair.generate(prompt, max_tokens=position + 1, temperature=1.0, seed=seed, **options)
+        if len(r.tokens) > position:
+            counts[r.tokens[position]] = counts.get(r.tokens[position], 0) + 1
+    return counts
+
+
+def _same_distribution(a: dict[int, int], b: dict[int, int]) -> float:
+    """Chi-square test of homogeneity; rare tokens are pooled so every expected count is >= 5."""
+    keys = sorted(set(a) | set(b), key=lambda t: -(a.get(t, 0) + b.get(t, 0)))
+    table = [[a.get(t, 0) for t in keys], [b.get(t, 0) for t in keys]]
+    table = np.array(table)
+    common = table.sum(axis=0) >= 20
+    pooled = np.column_stack([table[:, common], table[:, ~common].sum(axis=1)])
+    pooled = pooled[:, pooled.sum(axis=0) > 0]
+    return float(stats.chi2_contingency(pooled).pvalue)
+
+
+@pytest.mark.parametrize("method,k,options", [
+    ("draft", 3, {}),
+    ("lookup", 3, {}),
+    ("draft", 2, {"top_k": 20, "top_p": 0.9}),
+])
+def test_sampled_speculation_has_the_plain_distribution(tiny_pair, method, k, options):
+    prompt = "in the end, in the end, in the end, in the"  # lookup finds matches
+    n = 2500
+    for position in (1, 3):  # tokens decided by speculative rounds
+        plain = _token_counts(tiny_pair, prompt, n, position, method="plain", **options)
+        spec = _token_counts(tiny_pair, prompt, n, position, method=method, k=k, **options)
+        p = _same_distribution(plain, spec)
+        assert p > 1e-3, f"{method} position {position}: chi-square p = {p:.2e}"
+
+
+def test_sampled_runs_really_speculate(tiny_pair):
+    prompt = "in the end, in the end, in the end, in the"
+    r = tiny_pair.generate(prompt, max_tokens=40, temperature=1.0, seed=0, method="lookup", k=3)
+    assert r.stats.drafted > 0 and r.stats.accepted > 0
+    r = tiny_pair.generate(prompt, max_tokens=40, temperature=1.0, seed=0, method="draft", k=3)
+    assert 0 < r.stats.accepted < r.stats.drafted
+
+
+def test_same_seed_same_sample(tiny_pair):
+    a = tiny_pair.generate(PROMPTS[0], max_tokens=30, temperature=0.9, seed=5, method="draft", k=3)
+    b = tiny_pair.generate(PROMPTS[0], max_tokens=30, temperature=0.9, seed=5, method="draft", k=3)
+    assert a.tokens == b.tokens

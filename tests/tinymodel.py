@@ -1,0 +1,136 @@
+"""Write tiny llama-architecture GGUFs with random weights for fast tests.
+
+The vocabulary is byte-level BPE like GPT-2's: the 256 byte tokens, a few
+merges, and special tokens for a ChatML template. llama.cpp loads such a
+file in milliseconds and runs it in well under a millisecond per token.
+
+A draft for a target is the same model with noise added to its weights
+(``noise``): it agrees with the target often but not always, which is what
+acceptance tests need. ``noise=0`` gives an identical copy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import gguf
+import numpy as np
+
+MERGES = ["Ġ t", "h e", "i n", "Ġ a", "e r", "o n", "Ġt he", "r e", "Ġ s", "a t", "e n", "o r"]
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def byte_tokens() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 byte values, in byte order."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = {b: chr(b) for b in keep}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def vocabulary(pad_to: int = 0, rename: Optional[dict[int, str]] = None) -> tuple[list[str], list[int]]:
+    """Token texts and types; ``pad_to`` appends padding tokens, ``rename`` alters texts."""
+    tokens = byte_tokens() + [m.replace(" ", "") for m in MERGES] + SPECIALS
+    types = [1] * (len(tokens) - len(SPECIALS)) + [3] * len(SPECIALS)
+    while len(tokens) < pad_to:
+        tokens.append(f"[PAD{len(tokens)}]")
+        types.append(5)  # unused
+    for i, text in (rename or {}).items():
+        tokens[i] = text
+    return tokens, types
+
+
+def write_tiny_model(
+    path: Path,
+    *,
+    seed: int = 0,
+    noise: float = 0.0,
+    noise_seed: int = 1,
+    n_embd: int = 64,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 128,
+    n_ctx: int = 1024,
+    pad_to: int = 0,
+    rename: Optional[dict[int, str]] = None,
+    tokenizer: str = "gpt2",
+    chat_template: Optional[str] = CHAT_TEMPLATE,
+    eos: Optional[int] = None,
+) -> Path:
+    """Write a tiny llama GGUF and return its path.
+
+    Args:
+        path: where to write.
+        seed: weights seed (same seed, same model).
+        noise: std of Gaussian noise added to every weight, relative to its scale.
+        noise_seed: seed of that noise.
+        pad_to: pad the vocabulary with unused tokens up to this size.
+        rename: token id -> text changes, to make a mismatching vocabulary.
+        tokenizer: GGUF tokenizer model name ("gpt2" for byte-level BPE).
+        chat_template: Jinja2 chat template stored in the file (None for none).
+        eos: end-of-generation token id (default ``<|im_end|>``); pointing it at
+            an ordinary token makes a model that stops where a test wants.
+    """
+    tokens, types = vocabulary(pad_to, rename)
+    n_vocab = len(tokens)
+    rng = np.random.default_rng(seed)
+    noise_rng = np.random.default_rng(noise_seed)
+    head_dim = n_embd // n_head
+
+    def weight(*shape: int, scale: float) -> np.ndarray:
+        w = rng.standard_normal(shape) * scale
+        if noise:
+            w += noise_rng.standard_normal(shape) * scale * noise
+        return w.astype(np.float32)  # GGUF F32; numpy scalars would otherwise make it f64
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny")
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(head_dim)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model(tokenizer)
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(MERGES)
+    w.add_bos_token_id(tokens.index("<|endoftext|>"))
+    w.add_eos_token_id(tokens.index("<|im_end|>") if eos is None else eos)
+    w.add_add_bos_token(False)
+    if chat_template:
+        w.add_chat_template(chat_template)
+
+    s = 1.0 / np.sqrt(n_embd)
+    w.add_tensor("token_embd.weight", weight(n_vocab, n_embd, scale=1.0))
+    for i in range(n_layer):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.attn_q.weight", weight(n_embd, n_embd, scale=s))
+        w.add_tensor(f"blk.{i}.attn_k.weight", weight(n_head_kv * head_dim, n_embd, scale=s))
+        w.add_tensor(f"blk.{i}.attn_v.weight", weight(n_head_kv * head_dim, n_embd, scale=s))
+        w.add_tensor(f"blk.{i}.attn_output.weight", weight(n_embd, n_embd, scale=s))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", weight(n_ff, n_embd, scale=s))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", weight(n_ff, n_embd, scale=s))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", weight(n_embd, n_ff, scale=1.0 / np.sqrt(n_ff)))
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    w.add_tensor("output.weight", weight(n_vocab, n_embd, scale=0.5))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
