@@ -114,9 +114,9 @@ class Model:
             build, none on a CPU-only build.
         n_batch: most tokens sent to llama.cpp in one decode call.
         cache_type: KV cache element type, "f16" (llama.cpp's default), "f32" or "q8_0".
-        flash_attn: force flash attention on or off; None lets llama.cpp decide.
-            On CPU it rounds attention through f16, so logits depend slightly
-            more on how tokens were batched.
+        flash_attn: force flash attention on or off. Default: off when running
+            on the CPU (its f16 rounding makes logits depend on batch shape),
+            llama.cpp's automatic choice when layers are on a GPU.
         verbose: let llama.cpp print its log to stderr.
 
     Raises:
@@ -169,8 +169,14 @@ class Model:
         cparams.n_seq_max = 1
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.type_k = cparams.type_v = CACHE_TYPES[cache_type]
-        if flash_attn is not None:  # None keeps llama.cpp's automatic choice
+        if flash_attn is None:
+            # On CPU, flash attention rounds through f16 and moves logits by up to ~0.4
+            # between batch shapes, enough to flip near-greedy choices between plain
+            # decoding and batched verification; GPU builds keep llama.cpp's choice.
+            flash_attn = None if n_gpu_layers != 0 and gpu_offload_supported() else False
+        if flash_attn is not None:
             cparams.flash_attn_type = 1 if flash_attn else 0
+        self.flash_attn = flash_attn
         self._ctx = ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             self.close()

@@ -22,7 +22,11 @@ REWRITE_MESSAGES = [{"role": "user", "content": (
     "The speculative decodeing technique lets a small draft modle propose several tokens, and the large "
     "target model checks them all in one pass. When the draft is right, many tokens are accepted at once, "
     "wich makes generation faster without changing the output. When it is wrong, the target corrects it "
-    "and the work on the rejected tokens is thrown away.")}]
+    "and the work on the rejected tokens is thrown away. On a laptop GPU the target is limited by memory "
+    "bandwith, so checking eight tokens costs about as much as checking one; on a small CPU every token "
+    "costs nearly the same amount of arithmetic, and the gain mostly dissapears. A good runner therefore "
+    "measures its own machine before it decides how much to speculate, and it falls back to plain "
+    "decoding whenever speculation would not pay.")}]
 CONFIGS = [("draft", 1), ("draft", 4), ("draft", 8), ("lookup", 2), ("lookup", 8)]
 N_TOKENS = 96
 
