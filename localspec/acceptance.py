@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Protocol, Sequence, Union
 
 import numpy as np
 
@@ -116,6 +116,14 @@ def _nucleus_threshold(p: np.ndarray, top_p: float) -> float:
     return float(cand[cut])
 
 
+class Rows(Protocol):
+    """Indexable rows of probabilities (an array, a list of rows, or ProbRows)."""
+
+    def __getitem__(self, i: int) -> np.ndarray: ...
+
+    def __len__(self) -> int: ...
+
+
 class ProbRows:
     """Rows of target probabilities computed only when first read.
 
@@ -156,11 +164,13 @@ def accept_greedy(draft: Sequence[int], target_logits: np.ndarray) -> tuple[int,
     Returns:
         (number of drafted tokens kept, the target's next token after them).
     """
-    best = np.argmax(target_logits[: len(draft) + 1], axis=-1)
-    n = 0
-    while n < len(draft) and draft[n] == best[n]:
-        n += 1
-    return n, int(best[n])
+    # Row by row, stopping at the first disagreement: each row is a 150k-wide
+    # argmax, and numpy's per-row argmax is much faster than axis=-1 on 2-D.
+    for n, x in enumerate(draft):
+        best = int(np.argmax(target_logits[n]))
+        if best != x:
+            return n, best
+    return len(draft), int(np.argmax(target_logits[len(draft)]))
 
 
 def residual(p: np.ndarray, q: Optional[np.ndarray], x: int) -> np.ndarray:
@@ -181,7 +191,7 @@ def residual(p: np.ndarray, q: Optional[np.ndarray], x: int) -> np.ndarray:
 def accept_sampled(
     draft: Sequence[int],
     draft_probs: Optional[np.ndarray],
-    target_probs: Sequence[np.ndarray],
+    target_probs: Union[Rows, np.ndarray],
     rng: np.random.Generator,
 ) -> tuple[int, int]:
     """Speculative sampling acceptance (the rule in the module docstring).

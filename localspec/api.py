@@ -103,7 +103,7 @@ class Pair:
         if self.draft is not None:
             self.draft.close()
 
-    def __enter__(self) -> "Pair":
+    def __enter__(self) -> Pair:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -36,6 +36,8 @@ GGUF_MAGIC = b"GGUF"
 #: KV cache element types by name (ggml_type values).
 CACHE_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}
 LogitsWanted = Literal["last", "all", "none"]
+#: Token ids as a list or a 1-D integer array.
+Tokens = Union[Sequence[int], np.ndarray]
 
 _backend_ready = False
 _verbose = False
@@ -227,7 +229,7 @@ class Model:
             ll.llama_model_free(self._model)
             self._model = None
 
-    def __enter__(self) -> "Model":
+    def __enter__(self) -> Model:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -271,7 +273,7 @@ class Model:
             self._pieces[token] = piece
         return piece
 
-    def detokenize(self, tokens: Sequence[int]) -> str:
+    def detokenize(self, tokens: Tokens) -> str:
         """Token ids to text (invalid UTF-8 replaced)."""
         return b"".join(self.token_bytes(int(t)) for t in tokens).decode("utf-8", errors="replace")
 
@@ -315,7 +317,7 @@ class Model:
         view.flags.writeable = False
         return view
 
-    def eval(self, tokens: Sequence[int], *, logits: LogitsWanted = "last") -> np.ndarray:
+    def eval(self, tokens: Tokens, *, logits: LogitsWanted = "last") -> np.ndarray:
         """Append ``tokens`` to the cache and return logits rows.
 
         Args:
@@ -410,7 +412,7 @@ class Model:
         diff = np.flatnonzero(self._tokens[:m] != tokens[:m])
         return int(diff[0]) if diff.size else m
 
-    def sync(self, tokens: Sequence[int]) -> np.ndarray:
+    def sync(self, tokens: Tokens) -> np.ndarray:
         """Make the cache hold exactly ``tokens`` and return the last token's logits.
 
         The longest cached prefix is kept; only the rest is evaluated. At

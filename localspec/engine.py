@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Iterator, Optional, Sequence
+from typing import Generator, Optional, Sequence
 
 import numpy as np
 
@@ -84,7 +84,7 @@ class GenerationStats:
     @property
     def acceptance_by_position(self) -> list[float]:
         """Acceptance rate at each draft position."""
-        return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at, strict=True)]
 
     @property
     def tokens_per_round(self) -> float:
@@ -118,7 +118,7 @@ class Generation:
     context, so the next generation is exact.
     """
 
-    def __init__(self, gen: Iterator[TokenEvent], stats: GenerationStats):
+    def __init__(self, gen: Generator[TokenEvent, None, None], stats: GenerationStats):
         self._gen = gen
         self.stats = stats
         #: "stop" (end-of-generation token), "length" (max_tokens or context full), or None while running.
@@ -128,7 +128,7 @@ class Generation:
         #: Text of a final incomplete UTF-8 sequence, set when generation ends.
         self.tail_text = ""
 
-    def __iter__(self) -> "Generation":
+    def __iter__(self) -> Generation:
         return self
 
     def __next__(self) -> TokenEvent:
@@ -147,7 +147,7 @@ def generate_events(
     *,
     drafter: Optional[Drafter] = None,
     k: int = 0,
-    params: SamplingParams = SamplingParams(),
+    params: Optional[SamplingParams] = None,
     max_tokens: int = 256,
     rng: Optional[np.random.Generator] = None,
 ) -> Generation:
@@ -158,7 +158,7 @@ def generate_events(
         prompt: prompt token ids; the cached prefix they share is reused.
         drafter: the drafter, or None for plain decoding.
         k: draft length per round (0 with a drafter also means plain decoding).
-        params: sampling parameters for the target (and the draft model).
+        params: sampling parameters for the target (and the draft model); default greedy.
         max_tokens: most tokens to generate.
         rng: source of randomness for sampling (default: a fresh unseeded one).
 
@@ -179,12 +179,17 @@ def generate_events(
         )
     if drafter is None or k == 0:
         drafter, k = None, 0
+    params = params or SamplingParams()
     stats = GenerationStats(method=drafter.name if drafter else "plain", k=k,
                             proposed_at=[0] * k, accepted_at=[0] * k)
-    generation = Generation(iter(()), stats)
+    generation = Generation(_nothing(), stats)
     generation._gen = _run(generation, target, np.asarray(prompt, dtype=np.int32), drafter, k,
                            params, max_tokens, rng or np.random.default_rng())
     return generation
+
+
+def _nothing() -> Generator[TokenEvent, None, None]:
+    yield from ()
 
 
 def _cut_at_unknown(draft: Draft, n_vocab: int) -> Draft:
@@ -202,7 +207,7 @@ def _run(  # noqa: C901 - the round loop reads best in one piece
     params: SamplingParams,
     max_tokens: int,
     rng: np.random.Generator,
-) -> Iterator[TokenEvent]:
+) -> Generator[TokenEvent, None, None]:
     stats = g.stats
     stats.prompt_tokens = len(prompt)
     detok = Detokenizer(target)
@@ -263,7 +268,8 @@ def _run(  # noqa: C901 - the round loop reads best in one piece
                 stats.proposed_at[i] += 1
                 stats.accepted_at[i] += i < kept
             # 5. emit next round: accepted tokens, then the correction or bonus.
-            tail = SOURCE_TARGET if not draft.tokens else (SOURCE_BONUS if kept == len(draft.tokens) else SOURCE_CORRECTION)
+            tail = (SOURCE_TARGET if not draft.tokens
+                    else SOURCE_BONUS if kept == len(draft.tokens) else SOURCE_CORRECTION)
             pending = [(t, SOURCE_DRAFT) for t in draft.tokens[:kept]] + [(nxt, tail)]
     finally:
         # Whatever ended the loop (a stop, an exception, Ctrl-C, the consumer

@@ -68,7 +68,7 @@ def test_greedy_speculation_matches_plain_up_to_numeric_ties(real_pair, referenc
     r = real_pair.generate(prompt, max_tokens=N_TOKENS, method=method, k=k)
     if r.tokens == tokens:
         return
-    i = next(i for i, (a, b) in enumerate(zip(r.tokens, tokens)) if a != b)
+    i = next(i for i, (a, b) in enumerate(zip(r.tokens, tokens, strict=False)) if a != b)
     print(f"{name} {method} k={k}: diverged at token {i}; plain's top-two margin there is {margins[i]:.4f}")
     assert margins[i] < TIE_MARGIN, (
         f"{name} {method} k={k}: token {i} is {r.tokens[i]} but plain decoding gives {tokens[i]}, "

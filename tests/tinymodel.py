@@ -27,7 +27,7 @@ CHAT_TEMPLATE = (
 
 def byte_tokens() -> list[str]:
     """GPT-2's printable stand-ins for the 256 byte values, in byte order."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars = {b: chr(b) for b in keep}
     extra = 0
     for b in range(256):
