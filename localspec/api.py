@@ -20,6 +20,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from .acceptance import SamplingParams
+from .auto import KMAX, CostProfile, auto_drafter, calibrate
 from .backend import Model
 from .compat import check_vocab
 from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
@@ -27,9 +28,9 @@ from .engine import Generation, GenerationStats, TokenEvent, generate_events
 from .errors import ConfigError
 
 PathLike = Union[str, os.PathLike]
-METHODS = ("plain", "draft", "lookup")
-#: Draft length used when ``k`` is not given.
-DEFAULT_K = {"plain": 0, "draft": 4, "lookup": 8}
+METHODS = ("auto", "plain", "draft", "lookup")
+#: Draft length used when ``k`` is not given (for auto: the longest it considers).
+DEFAULT_K = {"auto": KMAX, "plain": 0, "draft": 4, "lookup": 8}
 
 
 @dataclass
@@ -96,6 +97,21 @@ class Pair:
     def __init__(self, target: Model, draft: Optional[Model] = None):
         self.target = target
         self.draft = draft
+        self._profile: Optional[CostProfile] = None
+
+    def calibrate(self, refresh: bool = False) -> CostProfile:
+        """The machine's cost profile for auto mode (cached on disk; measured on first use).
+
+        Args:
+            refresh: measure again instead of reusing the cached profile.
+        """
+        if self._profile is None or refresh:
+            self._profile = calibrate(self.target, self.draft, KMAX, refresh=refresh)
+        return self._profile
+
+    def set_profile(self, profile: CostProfile) -> None:
+        """Use this cost profile for auto mode instead of measuring (e.g. to simulate a GPU)."""
+        self._profile = profile
 
     def close(self) -> None:
         """Free both models."""
@@ -153,8 +169,10 @@ class Pair:
             prompt: raw text (tokenized with BOS if the model wants it) or token ids.
             **options: see ``generate``.
         """
-        tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        return self._start(tokens, **options)
+        if isinstance(prompt, str):
+            return self._start(self.tokenize(prompt), prompt, **options)
+        tokens = [int(t) for t in prompt]
+        return self._start(tokens, None, **options)
 
     def generate(self, prompt: Union[str, Sequence[int]], **options: Any) -> Result:
         """Generate after a raw prompt and return the finished result.
@@ -165,9 +183,11 @@ class Pair:
             temperature: 0 for greedy decoding (default), otherwise sampling.
             top_k, top_p, min_p: sampling filters (defaults 0, 1.0, 0.0: off).
             seed: seed for sampling (default: random).
-            method: "draft" (needs a draft model), "lookup" or "plain";
-                default "draft" when a draft is loaded, else "lookup".
-            k: tokens drafted per round (defaults: draft 4, lookup 8).
+            method: "auto" (default: picks lookup, the draft model or plain
+                decoding and K each round from measured costs), "draft"
+                (needs a draft model), "lookup" or "plain".
+            k: tokens drafted per round (defaults: draft 4, lookup 8; for auto
+                the most it may draft, 8).
             ngram: (min, max) n-gram lengths for lookup (default (1, 3)).
 
         Returns:
@@ -187,11 +207,13 @@ class Pair:
 
     def stream_chat(self, messages: Sequence[Mapping[str, str]], **options: Any) -> Stream:
         """Like ``chat``, yielding TokenEvents."""
-        return self._start(self.chat_tokens(messages), **options)
+        text = self.format_chat(messages)
+        return self._start(self.target.tokenize(text, add_special=False), text, **options)
 
     def _start(
         self,
         prompt_tokens: list[int],
+        prompt_text: Optional[str],
         *,
         max_tokens: int = 256,
         temperature: float = 0.0,
@@ -204,17 +226,27 @@ class Pair:
         ngram: tuple[int, int] = (1, 3),
     ) -> Stream:
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-        drafter, k = self.drafter(method, k, params, ngram)
+        text = prompt_text if prompt_text is not None else self.target.detokenize(prompt_tokens)
+        drafter, k = self.drafter(method, k, params, ngram, text, prompt_tokens)
         g = generate_events(self.target, prompt_tokens, drafter=drafter, k=k, params=params,
                             max_tokens=max_tokens, rng=np.random.default_rng(seed))
         return Stream(g, prompt_tokens)
 
     def drafter(
-        self, method: Optional[str], k: Optional[int], params: SamplingParams, ngram: tuple[int, int] = (1, 3)
+        self,
+        method: Optional[str],
+        k: Optional[int],
+        params: SamplingParams,
+        ngram: tuple[int, int] = (1, 3),
+        prompt_text: str = "",
+        prompt_tokens: Sequence[int] = (),
     ) -> tuple[Optional[Drafter], int]:
-        """The drafter and draft length for a method name (None means the default method)."""
+        """The drafter and draft length for a method name (None means auto).
+
+        Auto calibrates on first use and reads the prompt to set its priors.
+        """
         if method is None:
-            method = "draft" if self.draft is not None else "lookup"
+            method = "auto"
         if method not in METHODS:
             raise ConfigError(f"Unknown method {method!r}; choose one of {', '.join(METHODS)}.")
         if k is None:
@@ -223,6 +255,12 @@ class Pair:
             raise ConfigError(f"The draft length k must be a whole number from 0 to 64, got {k!r}.")
         if method == "plain":
             return None, 0
+        if method == "auto":
+            if k == 0:
+                return None, 0
+            drafter = auto_drafter(self.calibrate(), self.draft, params, prompt_text,
+                                   np.asarray(prompt_tokens, dtype=np.int32), k)
+            return drafter, k
         if method == "draft":
             if self.draft is None:
                 raise ConfigError("Method 'draft' needs a draft model; load one (--draft) or use 'lookup'.")

@@ -10,14 +10,17 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import click
 
 from . import __version__
 from .errors import LocalspecError
 
-METHOD_CHOICES = ["plain", "draft", "lookup"]
+if TYPE_CHECKING:
+    from .api import Result
+
+METHOD_CHOICES = ["auto", "plain", "draft", "lookup"]
 
 
 def _friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -67,11 +70,12 @@ def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--min-p", type=float, default=0.0, show_default=True,
                      help="Drop tokens below min-p times the top probability (0: off)."),
         click.option("--seed", type=int, default=None, help="Sampling seed (default: random)."),
-        click.option("--method", "-m", type=click.Choice(METHOD_CHOICES), default=None,
-                     help="How to draft: a draft model, prompt lookup, or plain decoding. "
-                          "Default: draft if --draft is given, else lookup."),
+        click.option("--method", "-m", type=click.Choice(METHOD_CHOICES), default="auto", show_default=True,
+                     help="How to draft: auto picks prompt lookup, the draft model or plain decoding "
+                          "(and K) each round from this machine's measured costs."),
         click.option("--k", "-k", type=int, default=None,
-                     help="Tokens drafted per round (default: 4 for draft, 8 for lookup)."),
+                     help="Tokens drafted per round (default: 4 for draft, 8 for lookup; for auto the most, 8)."),
+        click.option("--recalibrate", is_flag=True, help="Measure this machine's costs again for auto."),
     ]):
         fn = opt(fn)
     return fn
@@ -98,7 +102,7 @@ def cli() -> None:
 def generate(
     target: str, draft: Optional[str], n_ctx: int, n_threads: Optional[int], n_gpu_layers: Optional[int],
     verbose: bool, max_tokens: int, temperature: float, top_p: float, top_k: int, min_p: float,
-    seed: Optional[int], method: Optional[str], k: Optional[int], prompt: Optional[str],
+    seed: Optional[int], method: Optional[str], k: Optional[int], recalibrate: bool, prompt: Optional[str],
     message: Optional[str], system: Optional[str], as_json: bool,
 ) -> None:
     """Generate a continuation of --prompt, or a reply to --message."""
@@ -111,6 +115,8 @@ def generate(
     options = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                    min_p=min_p, seed=seed, method=method, k=k)
     with load(target, draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, verbose=verbose) as pair:
+        if recalibrate:
+            pair.calibrate(refresh=True)
         if message is not None:
             messages = ([{"role": "system", "content": system}] if system else []) + [
                 {"role": "user", "content": message}]
@@ -126,13 +132,42 @@ def generate(
             click.echo(ev.text, nl=False)
         r = stream.result
         click.echo()
-        s = r.stats
-        click.echo(
-            f"[{s.generated_tokens} tokens, {s.decode_tokens_per_second:.1f} tok/s, {s.method}"
-            + (f" k={s.k}, accepted {s.accepted}/{s.drafted} ({100 * s.acceptance_rate:.0f}%)" if s.k else "")
-            + f", finish: {r.finish_reason}]",
-            err=True,
-        )
+        click.echo(summary_line(r), err=True)
+
+
+def summary_line(r: Result) -> str:
+    """One line after a reply: tokens, speed, method and K, acceptance."""
+    s = r.stats
+    how = s.method
+    if s.auto:
+        used = ", ".join(f"{m} {n}" for m, n in s.auto["rounds"].items() if n)
+        how = f"auto ({used} rounds)"
+    elif s.k:
+        how += f" k={s.k}"
+    acc = f", accepted {s.accepted}/{s.drafted} ({100 * s.acceptance_rate:.0f}%)" if s.drafted else ""
+    return (f"[{s.generated_tokens} tokens, {s.decode_tokens_per_second:.1f} tok/s, {how}{acc}, "
+            f"finish: {r.finish_reason}]")
+
+
+@cli.command()
+@model_options
+@click.option("--recalibrate", is_flag=True, help="Measure again even if a calibration is cached.")
+@click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
+@_friendly_errors
+def calibrate(target: str, draft: Optional[str], n_ctx: int, n_threads: Optional[int],
+              n_gpu_layers: Optional[int], verbose: bool, recalibrate: bool, as_json: bool) -> None:
+    """Measure what verification and drafting cost on this machine (used by auto)."""
+    from .api import load
+    from .auto import predicted_table
+
+    with load(target, draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, verbose=verbose) as pair:
+        profile = pair.calibrate(refresh=recalibrate)
+        if as_json:
+            click.echo(json.dumps({"source": profile.source, "verify_seconds": profile.verify,
+                                   "draft_step_seconds": profile.draft_step, "lookup_seconds": profile.lookup,
+                                   "relative": profile.relative()}))
+            return
+        click.echo(predicted_table(profile, pair.draft is not None))
 
 
 def main() -> None:

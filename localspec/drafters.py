@@ -24,10 +24,11 @@ from .backend import Model
 
 
 class Draft(NamedTuple):
-    """A proposal: token ids and, for a sampled draft, one probability row per token."""
+    """A proposal: token ids, one probability row per token for a sampled draft, and who made it."""
 
     tokens: list[int]
     probs: Optional[np.ndarray]
+    by: str = ""
 
 
 EMPTY_DRAFT = Draft([], None)
@@ -37,6 +38,12 @@ class Drafter(Protocol):
     """What the engine needs from a drafter."""
 
     name: str
+    #: llama.cpp models the drafter runs (their decode time is not Python overhead).
+    models: tuple[Model, ...]
+
+    def prefill(self, context: np.ndarray) -> None:
+        """The prompt is ``context``: prepare for the first proposal."""
+        ...
 
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """Up to ``k`` guessed tokens that continue ``context``."""
@@ -44,6 +51,10 @@ class Drafter(Protocol):
 
     def settle(self, context: np.ndarray) -> None:
         """Generation ended at ``context``: drop any state past it."""
+        ...
+
+    def observe(self, drafted: int, kept: int) -> None:
+        """Feedback after each verified round (used by adaptive drafters)."""
         ...
 
 
@@ -60,6 +71,7 @@ class ModelDrafter:
 
     def __init__(self, model: Model, params: SamplingParams):
         self.model = model
+        self.models: tuple[Model, ...] = (model,)
         self.params = params
 
     def prefill(self, context: np.ndarray) -> None:
@@ -90,11 +102,14 @@ class ModelDrafter:
             if i == k - 1 or m.is_eog(tok):
                 break
             logits = m.eval([tok], logits="last")[0]
-        return Draft(tokens, np.stack(rows) if rows else None)
+        return Draft(tokens, np.stack(rows) if rows else None, "draft")
 
     def settle(self, context: np.ndarray) -> None:
         """Keep only the cached prefix shared with ``context``."""
         self.model.truncate(self.model.common_prefix(context))
+
+    def observe(self, drafted: int, kept: int) -> None:
+        """Nothing to learn: K is fixed."""
 
 
 class PromptLookupDrafter:
@@ -112,8 +127,12 @@ class PromptLookupDrafter:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
+        self.models: tuple[Model, ...] = ()
         #: Length of the n-gram behind the last proposal (0: no match).
         self.last_match = 0
+
+    def prefill(self, context: np.ndarray) -> None:
+        """Nothing to prepare."""
 
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """The ``k`` tokens after the newest match, or none when nothing matches."""
@@ -138,7 +157,10 @@ class PromptLookupDrafter:
             n += 1
         if best is None:
             return EMPTY_DRAFT
-        return Draft([int(t) for t in context[best + 1 : best + 1 + k]], None)
+        return Draft([int(t) for t in context[best + 1 : best + 1 + k]], None, "lookup")
 
     def settle(self, context: np.ndarray) -> None:
         """Nothing to do: lookup keeps no state between calls."""
+
+    def observe(self, drafted: int, kept: int) -> None:
+        """Nothing to learn: K is fixed."""

@@ -27,7 +27,7 @@ import numpy as np
 
 from .acceptance import ProbRows, SamplingParams, accept_greedy, accept_sampled, probabilities, sample
 from .backend import Detokenizer, Model
-from .drafters import EMPTY_DRAFT, Draft, Drafter, ModelDrafter
+from .drafters import EMPTY_DRAFT, Draft, Drafter
 from .errors import ConfigError, ContextOverflowError
 
 #: Where an emitted token came from.
@@ -45,11 +45,14 @@ class TokenEvent:
         token: the token id.
         text: text completed by this token (may be empty mid-character).
         source: "draft", "target", "correction" or "bonus" (see the SOURCE_* names).
+        drafter: for an accepted drafted token, which drafter guessed it
+            ("draft" model or "lookup"); empty otherwise.
     """
 
     token: int
     text: str
     source: str
+    drafter: str = ""
 
     @property
     def from_draft(self) -> bool:
@@ -75,6 +78,8 @@ class GenerationStats:
     decode_seconds: float = 0.0
     #: Part of decode_seconds spent inside llama.cpp (target and draft decode calls).
     llama_seconds: float = 0.0
+    #: For method "auto": rounds per method, the choices it made and the estimates behind them.
+    auto: Optional[dict] = None
 
     @property
     def acceptance_rate(self) -> float:
@@ -211,27 +216,27 @@ def _run(  # noqa: C901 - the round loop reads best in one piece
     stats = g.stats
     stats.prompt_tokens = len(prompt)
     detok = Detokenizer(target)
-    draft_model = drafter.model if isinstance(drafter, ModelDrafter) else None
+    helpers = drafter.models if drafter is not None else ()  # models whose time counts as llama time
     context = np.zeros(target.n_ctx + 1, dtype=np.int32)  # prompt + generated tokens
     n = len(prompt)
     context[:n] = prompt
 
     def llama_busy() -> float:
-        return target.busy_seconds + (draft_model.busy_seconds if draft_model else 0.0)
+        return target.busy_seconds + sum(m.busy_seconds for m in helpers)
 
     t_start = time.perf_counter()
     busy0 = llama_busy()
     try:
         logits = target.sync(prompt)  # reuses the cached prefix (e.g. earlier chat turns)
-        if isinstance(drafter, ModelDrafter):
-            drafter.prefill(prompt)
+        if drafter is not None:
+            drafter.prefill(prompt)  # a draft model processes the prompt now, not in round 1
         first = int(np.argmax(logits)) if params.greedy else sample(probabilities(logits, params), rng)
         stats.prefill_seconds = time.perf_counter() - t_start
         busy0, t_mark = llama_busy(), time.perf_counter()  # decode timing starts here
-        pending = [(first, SOURCE_TARGET)]
+        pending = [(first, SOURCE_TARGET, "")]
         while True:
             # emit: stop at an end-of-generation token (never shown) or at max_tokens.
-            for tok, source in pending:
+            for tok, source, by in pending:
                 context[n] = tok
                 n += 1
                 if target.is_eog(tok):
@@ -239,7 +244,7 @@ def _run(  # noqa: C901 - the round loop reads best in one piece
                     return
                 stats.generated_tokens += 1
                 stats.decode_seconds += time.perf_counter() - t_mark
-                yield TokenEvent(tok, detok.feed(tok), source)
+                yield TokenEvent(tok, detok.feed(tok), source, by)
                 t_mark = time.perf_counter()
                 if stats.generated_tokens >= max_tokens:
                     g.finish_reason = "length"
@@ -261,6 +266,8 @@ def _run(  # noqa: C901 - the round loop reads best in one piece
                 kept, nxt = accept_sampled(draft.tokens, draft.probs, ProbRows(rows, params), rng)
             # 4. truncate: keep the context's last token and the accepted draft tokens.
             target.truncate(n + kept)
+            if drafter is not None:
+                drafter.observe(len(draft.tokens), kept)  # adaptive drafters learn from the outcome
             stats.rounds += 1
             stats.drafted += len(draft.tokens)
             stats.accepted += kept
@@ -270,7 +277,7 @@ def _run(  # noqa: C901 - the round loop reads best in one piece
             # 5. emit next round: accepted tokens, then the correction or bonus.
             tail = (SOURCE_TARGET if not draft.tokens
                     else SOURCE_BONUS if kept == len(draft.tokens) else SOURCE_CORRECTION)
-            pending = [(t, SOURCE_DRAFT) for t in draft.tokens[:kept]] + [(nxt, tail)]
+            pending = [(t, SOURCE_DRAFT, draft.by) for t in draft.tokens[:kept]] + [(nxt, tail, "")]
     finally:
         # Whatever ended the loop (a stop, an exception, Ctrl-C, the consumer
         # closing us), leave each cache holding a prefix of the emitted context.
@@ -278,5 +285,8 @@ def _run(  # noqa: C901 - the round loop reads best in one piece
         target.truncate(target.common_prefix(emitted))
         if drafter is not None:
             drafter.settle(emitted)
+            report = getattr(drafter, "report", None)
+            if report is not None:
+                stats.auto = report.to_dict()
         stats.llama_seconds = llama_busy() - busy0
         g.tail_text = detok.flush()

@@ -15,6 +15,14 @@ from tinymodel import write_tiny_model  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session", autouse=True)
+def localspec_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every test runs with its own localspec home: no calibration or registry leaks in or out."""
+    home = tmp_path_factory.mktemp("home")
+    os.environ["LOCALSPEC_HOME"] = str(home)
+    return home
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("tiny")

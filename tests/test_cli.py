@@ -36,9 +36,11 @@ def test_generate_message_uses_the_chat_template(tiny_dir):
 
 def test_plain_output_streams_text_and_a_summary(tiny_dir):
     r = run("generate", "-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf"),
-            "-p", "The cat", "-n", "10")
+            "-p", "The cat", "-n", "10", "--method", "draft")
     assert r.exit_code == 0
     assert "10 tokens" in r.stderr and "draft k=4" in r.stderr
+    r = run("generate", "-t", str(tiny_dir / "target.gguf"), "-p", "The cat", "-n", "10")
+    assert r.exit_code == 0 and "auto (" in r.stderr  # auto is the default
 
 
 def test_errors_are_one_sentence_without_traceback(tmp_path, tiny_dir):

@@ -27,7 +27,7 @@ REWRITE_MESSAGES = [{"role": "user", "content": (
     "costs nearly the same amount of arithmetic, and the gain mostly dissapears. A good runner therefore "
     "measures its own machine before it decides how much to speculate, and it falls back to plain "
     "decoding whenever speculation would not pay.")}]
-CONFIGS = [("draft", 1), ("draft", 4), ("draft", 8), ("lookup", 2), ("lookup", 8)]
+CONFIGS = [("draft", 1), ("draft", 4), ("draft", 8), ("lookup", 2), ("lookup", 8), ("auto", 8)]
 N_TOKENS = 96
 
 

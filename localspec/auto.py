@@ -1,0 +1,405 @@
+"""Auto mode: choose prompt lookup, the draft model or plain decoding, and K, each round.
+
+The choice maximises expected tokens per second under a cost model:
+
+* the machine's costs come from a **calibration**: the target's time to
+  verify 1..Kmax+1 tokens and the draft model's time per step, measured with
+  the pair's real settings and cached per (model files, llama-cpp-python
+  version, device, threads, GPU layers);
+* each method's per-token acceptance alpha is **estimated online** with a
+  prior (from a look at the prompt) and exponential decay, separately for
+  lookup matches of each n-gram length;
+* with acceptance alpha and draft length K, a round yields on average
+  (1 - alpha^(K+1)) / (1 - alpha) tokens (the accepted prefix plus the
+  target's own token) and costs verify(K+1) plus K draft steps (draft model)
+  or the lookup search; plain decoding yields 1 token per verify(1).
+
+On a compute-bound CPU, verify(K+1) grows almost linearly with K, so only a
+well-matched lookup pays; on a memory-bound GPU verify(K+1) ~ verify(1) and
+long drafts win. Auto only chooses what to propose: acceptance is unchanged,
+so the output stays exactly the target's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .acceptance import SamplingParams
+from .backend import Model, gpu_offload_supported
+from .drafters import EMPTY_DRAFT, Draft, ModelDrafter, PromptLookupDrafter
+from .paths import cache_dir
+
+KMAX = 8
+_CALIBRATION_TEXT = (
+    "def merge(a, b):\n    out = []\n    i = j = 0\n    while i < len(a) and j < len(b):\n"
+    "        if a[i] <= b[j]:\n            out.append(a[i]); i += 1\n        else:\n"
+    "            out.append(b[j]); j += 1\n    return out + a[i:] + b[j:]\n"
+    "The quick brown fox jumps over the lazy dog while the committee reviews the report. "
+)
+
+
+@dataclass
+class CostProfile:
+    """Measured (or assumed) costs, in seconds.
+
+    Attributes:
+        verify: verify[n - 1] is the target's time to evaluate n tokens with
+            logits for all of them, n = 1 .. kmax + 1.
+        draft_step: the draft model's time for one token (0 without a draft).
+        lookup: the prompt-lookup search time per round.
+        source: "measured", "cache" or a name for a synthetic profile.
+    """
+
+    verify: list[float]
+    draft_step: float = 0.0
+    lookup: float = 2e-5
+    source: str = "measured"
+
+    @property
+    def kmax(self) -> int:
+        return len(self.verify) - 1
+
+    def relative(self) -> dict[str, object]:
+        """Costs relative to one target step (what decides everything)."""
+        v1 = self.verify[0]
+        return {"verify": [round(v / v1, 3) for v in self.verify], "draft_step": round(self.draft_step / v1, 3)}
+
+    @classmethod
+    def synthetic(cls, verify_ratios: list[float], draft_ratio: float, step: float = 0.02,
+                  name: str = "synthetic") -> CostProfile:
+        """A profile from ratios to one target step, e.g. a GPU-like flat verify curve."""
+        return cls([r * step for r in verify_ratios], draft_ratio * step, 2e-5, name)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Mean tokens per round with per-token acceptance alpha and draft length k."""
+    if k == 0:
+        return 1.0
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def round_cost(profile: CostProfile, method: str, k: int) -> float:
+    """Seconds for one round of ``method`` with draft length k."""
+    if method == "plain" or k == 0:
+        return profile.verify[0]
+    extra = k * profile.draft_step if method == "draft" else profile.lookup
+    return profile.verify[k] + extra
+
+
+def best_k(profile: CostProfile, method: str, alpha: float, kmax: int) -> tuple[int, float]:
+    """The draft length with the highest expected tokens/second, and that speedup over plain."""
+    plain = 1.0 / profile.verify[0]
+    best, best_speed = 0, 1.0
+    for k in range(1, min(kmax, profile.kmax) + 1):
+        speed = expected_tokens(alpha, k) / round_cost(profile, method, k) / plain
+        if speed > best_speed:
+            best, best_speed = k, speed
+    return best, best_speed
+
+
+class AcceptanceEstimate:
+    """Per-token acceptance alpha from decayed counts of kept tokens and rejections.
+
+    A round that drafts K tokens and keeps ``kept`` contributes ``kept``
+    successes and one failure if kept < K: the maximum-likelihood estimate
+    of a geometric acceptance truncated at K. Old rounds fade by ``decay``.
+    """
+
+    def __init__(self, prior_alpha: float, prior_weight: float = 2.0, decay: float = 0.9):
+        self.kept = prior_alpha * prior_weight
+        self.rejected = (1.0 - prior_alpha) * prior_weight
+        self.decay = decay
+        self.rounds = 0
+
+    @property
+    def alpha(self) -> float:
+        total = self.kept + self.rejected
+        return self.kept / total if total > 0 else 0.0
+
+    def update(self, drafted: int, kept: int) -> None:
+        self.kept = self.kept * self.decay + kept
+        self.rejected = self.rejected * self.decay + (1.0 if kept < drafted else 0.0)
+        self.rounds += 1
+
+
+_COPY_CUES = re.compile(
+    r"\b(rewrite|rephrase|fix|correct|edit|modify|refactor|rename|update|change|quote|copy|repeat|"
+    r"return the (full|whole|complete|modified|updated)|keep(ing)? (everything|the rest))\b",
+    re.IGNORECASE,
+)
+
+
+def prompt_prior(text: str, prompt_tokens: np.ndarray) -> float:
+    """Prior acceptance for prompt lookup from a cheap look at the prompt.
+
+    Copy-heavy requests (rewrite, edit, quote...) over a long supplied text
+    make the answer repeat the prompt; otherwise lookup mostly finds
+    incidental matches.
+    """
+    copy_request = bool(_COPY_CUES.search(text))
+    long_material = len(prompt_tokens) > 120
+    if copy_request and long_material:
+        return 0.7
+    if copy_request or long_material:
+        return 0.45
+    return 0.25
+
+
+@dataclass
+class AutoReport:
+    """What auto did in one generation, for stats."""
+
+    rounds: dict[str, int] = field(default_factory=lambda: {"plain": 0, "lookup": 0, "draft": 0})
+    #: Each change of choice: round number, method, k, alpha it acted on, predicted speedup.
+    changes: list[dict[str, object]] = field(default_factory=list)
+    alpha: dict[str, float] = field(default_factory=dict)
+    profile: dict[str, object] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+# (predicted speedup, method, k, alpha, its estimate, the lookup draft)
+_Choice = tuple[float, str, int, float, Optional[AcceptanceEstimate], Draft]
+
+
+class AutoDrafter:
+    """A drafter that picks lookup, the draft model, or nothing (plain) each round.
+
+    Args:
+        profile: the machine's costs (see ``calibrate``).
+        lookup: the prompt-lookup drafter.
+        model: the draft-model drafter, or None.
+        kmax: the longest draft considered.
+        lookup_prior: prior acceptance for lookup (see ``prompt_prior``).
+        explore_every: at most one exploratory round per this many rounds,
+            to re-check a method the estimates have ruled out.
+    """
+
+    name = "auto"
+
+    def __init__(self, profile: CostProfile, lookup: PromptLookupDrafter, model: Optional[ModelDrafter],
+                 kmax: int = KMAX, lookup_prior: float = 0.25, explore_every: int = 32):
+        self.profile = profile
+        self.lookup = lookup
+        self.kmax = min(kmax, profile.kmax)
+        # A draft model that could not pay even if it were always right is never run
+        # (nor fed the prompt): on a compute-bound CPU this is the usual case.
+        self.draft_viable = model is not None and best_k(profile, "draft", 0.98, self.kmax)[0] > 0
+        self.model = model if self.draft_viable else None
+        self.models: tuple[Model, ...] = self.model.models if self.model is not None else ()
+        self.explore_every = explore_every
+        # lookup acceptance depends on the n-gram length of the match (1, 2, 3...)
+        self.lookup_alpha = {n: AcceptanceEstimate(min(0.95, lookup_prior + 0.1 * (n - 1)))
+                             for n in range(1, lookup.max_ngram + 1)}
+        self.draft_alpha = AcceptanceEstimate(0.6)
+        self.report = AutoReport(profile=profile.relative())
+        self._pending: Optional[tuple[AcceptanceEstimate, str]] = None
+        self._last_tried = {"lookup": 0, "draft": 0}
+        self._round = 0
+        self._last_choice: Optional[tuple[str, int]] = None
+
+    def prefill(self, context: np.ndarray) -> None:
+        if self.model is not None:
+            self.model.prefill(context)
+
+    def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
+        """Choose a method and K for this round and return its draft (empty for plain)."""
+        self._round += 1
+        kmax = min(k, self.kmax)
+        choices: list[_Choice] = [
+            (1.0, "plain", 0, 0.0, None, EMPTY_DRAFT)]
+        if kmax > 0:
+            guess = self.lookup.propose(context, kmax, rng)
+            if guess.tokens:
+                lk = self.lookup_alpha[self.lookup.last_match]
+                kk, speed = best_k(self.profile, "lookup", lk.alpha, min(kmax, len(guess.tokens)))
+                choices.append((speed, "lookup", kk, lk.alpha, lk, guess))
+            if self.model is not None:
+                kk, speed = best_k(self.profile, "draft", self.draft_alpha.alpha, kmax)
+                choices.append((speed, "draft", kk, self.draft_alpha.alpha, self.draft_alpha, EMPTY_DRAFT))
+        speed, method, kk, alpha, est, draft = max(choices, key=lambda c: c[0])
+        if kk == 0:
+            method = "plain"
+            explored = self._explore(choices)
+            if explored is not None:
+                speed, method, kk, alpha, est, draft = explored
+        if method == "plain":
+            self._pending = None
+            self._note("plain", 0, alpha, 1.0)
+            return EMPTY_DRAFT
+        self._last_tried[method] = self._round
+        self._note(method, kk, alpha, speed)
+        self._pending = (est, method) if est is not None else None
+        if method == "lookup":
+            return Draft(draft.tokens[:kk], None, "lookup")
+        assert self.model is not None
+        return self.model.propose(context, kk, rng)
+
+    def _explore(self, choices: list[_Choice]) -> Optional[_Choice]:
+        """A cheap K=1 round of a method not tried for a while that could pay if alpha were higher."""
+        for speed, method, _, alpha, est, draft in choices[1:]:
+            stale = self._round - self._last_tried[method] >= self.explore_every
+            optimistic = best_k(self.profile, method, min(0.98, alpha + 0.25), 1)[1] > 1.0
+            if stale and optimistic:
+                return (speed, method, 1, alpha, est, draft)
+        return None
+
+    def observe(self, drafted: int, kept: int) -> None:
+        """Feedback after verification: update the estimate of the method just used."""
+        if self._pending is not None and drafted > 0:
+            est, method = self._pending
+            est.update(drafted, kept)
+        self._pending = None
+
+    def settle(self, context: np.ndarray) -> None:
+        if self.model is not None:
+            self.model.settle(context)
+        self.report.alpha = {"draft": round(self.draft_alpha.alpha, 3)} if self.model else {}
+        for n, est in self.lookup_alpha.items():
+            self.report.alpha[f"lookup{n}"] = round(est.alpha, 3)
+
+    def _note(self, method: str, k: int, alpha: float, speed: float) -> None:
+        self.report.rounds[method] += 1
+        if self._last_choice != (method, k):
+            self._last_choice = (method, k)
+            if len(self.report.changes) < 50:
+                self.report.changes.append({"round": self._round, "method": method, "k": k,
+                                            "alpha": round(alpha, 3), "predicted_speedup": round(speed, 3)})
+
+
+# -- calibration -----------------------------------------------------------------------------------
+
+
+def _file_identity(path: Path) -> str:
+    st = path.stat()
+    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def calibration_key(target: Model, draft: Optional[Model], kmax: int) -> str:
+    """Identity of everything a calibration depends on."""
+    import llama_cpp
+
+    parts = [
+        _file_identity(target.path), _file_identity(draft.path) if draft else "-",
+        llama_cpp.__version__, "gpu" if gpu_offload_supported() else "cpu",
+        f"threads={target.n_threads}", f"ngl={target.n_gpu_layers}", f"fa={target.flash_attn}", f"kmax={kmax}",
+    ]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
+
+
+def _median_time(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def measure(target: Model, draft: Optional[Model], kmax: int = KMAX, reps: int = 3,
+            context_tokens: int = 128) -> CostProfile:
+    """Time verification of 1..kmax+1 tokens on the target and one draft step.
+
+    Runs after a context of ``context_tokens`` tokens, like a real round.
+    Leaves both caches holding that calibration context (the next
+    generation's prefix sync replaces it).
+    """
+    base = target.tokenize(_CALIBRATION_TEXT, add_special=False)
+    ctx = (base * (context_tokens // len(base) + 1))[:context_tokens]
+    probe = (base * 2)[: kmax + 1]
+
+    def timed(model: Model, n: int) -> float:
+        def run() -> None:
+            model.eval(probe[:n], logits="all")
+            model.truncate(len(ctx))
+        run()  # warm-up: graph allocation for this batch shape
+        return _median_time(run, reps)
+
+    target.truncate(0)
+    target.eval(ctx, logits="none")
+    verify = [timed(target, n) for n in range(1, kmax + 2)]
+    # Costs must grow with n; smooth measurement noise so no longer draft looks cheaper.
+    verify = list(np.maximum.accumulate(verify))
+    step = 0.0
+    if draft is not None:
+        draft.truncate(0)
+        draft.eval(ctx, logits="none")
+        step = timed(draft, 1)
+    lookup = PromptLookupDrafter()
+    arr = np.asarray(ctx, dtype=np.int32)
+    rng = np.random.default_rng(0)
+    lookup_cost = _median_time(lambda: lookup.propose(arr, kmax, rng), 20)
+    return CostProfile(verify, step, lookup_cost, "measured")
+
+
+def calibrate(target: Model, draft: Optional[Model], kmax: int = KMAX, refresh: bool = False,
+              cache_file: Optional[Path] = None) -> CostProfile:
+    """The cached cost profile for these models and settings, measuring it if needed.
+
+    Args:
+        refresh: measure again even if a cached profile exists.
+        cache_file: JSON file of profiles (default: ``calibration.json`` in the cache dir).
+    """
+    path = cache_file or cache_dir() / "calibration.json"
+    key = calibration_key(target, draft, kmax)
+    store: dict[str, dict] = {}
+    if path.is_file():
+        try:
+            store = json.loads(path.read_text())
+        except (OSError, ValueError):
+            store = {}  # a damaged cache is just re-measured
+    if not refresh and key in store:
+        rec = store[key]
+        return CostProfile(rec["verify"], rec["draft_step"], rec["lookup"], "cache")
+    profile = measure(target, draft, kmax)
+    store[key] = {"verify": profile.verify, "draft_step": profile.draft_step, "lookup": profile.lookup,
+                  "target": str(target.path), "draft": str(draft.path) if draft else None,
+                  "threads": target.n_threads, "gpu_layers": target.n_gpu_layers, "measured_at": time.time()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(store, indent=1))
+    os.replace(tmp, path)
+    return profile
+
+
+def auto_drafter(profile: CostProfile, draft_model: Optional[Model], params: SamplingParams,
+                 prompt_text: str, prompt_tokens: np.ndarray, kmax: int = KMAX) -> AutoDrafter:
+    """An AutoDrafter for one generation, with the lookup prior set from the prompt."""
+    model = ModelDrafter(draft_model, params) if draft_model is not None else None
+    return AutoDrafter(profile, PromptLookupDrafter(), model, kmax=kmax,
+                       lookup_prior=prompt_prior(prompt_text, prompt_tokens))
+
+
+def predicted_table(profile: CostProfile, has_draft: bool, alphas: tuple[float, ...] = (0.3, 0.5, 0.7, 0.9)) -> str:
+    """A readable summary of a profile: relative costs and what auto would choose at each acceptance."""
+    rel = profile.relative()
+    verify = rel["verify"]
+    assert isinstance(verify, list)
+    lines = [
+        f"cost profile ({profile.source}): one target step {1000 * profile.verify[0]:.1f} ms",
+        "  verify n tokens / one step: " + "  ".join(f"{n + 1}:{v:.2f}" for n, v in enumerate(verify)),
+    ]
+    if has_draft:
+        lines.append(f"  draft step / target step: {rel['draft_step']:.2f}")
+    lines.append("  predicted speedup over plain (best K) at per-token acceptance alpha:")
+    methods = ["lookup"] + (["draft"] if has_draft else [])
+    lines.append("    alpha  " + "  ".join(f"{m:>14}" for m in methods))
+    for a in alphas:
+        cells = []
+        for m in methods:
+            k, s = best_k(profile, m, a, profile.kmax)
+            cells.append(f"{s:5.2f}x (K={k})" if k else "  plain (K=0)")
+        lines.append(f"    {a:5.2f}  " + "  ".join(f"{c:>14}" for c in cells))
+    return "\n".join(lines)

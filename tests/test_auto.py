@@ -1,0 +1,209 @@
+"""Auto mode: the cost model, its decisions, calibration caching, and exactness."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import localspec
+from localspec.acceptance import SamplingParams
+from localspec.auto import (
+    AcceptanceEstimate,
+    AutoDrafter,
+    CostProfile,
+    best_k,
+    calibrate,
+    calibration_key,
+    expected_tokens,
+    prompt_prior,
+)
+from localspec.backend import Model
+from localspec.drafters import ModelDrafter, PromptLookupDrafter
+
+# Memory-bound (laptop GPU): verifying up to 9 tokens costs one step; a draft step 0.1 of one.
+GPU = CostProfile.synthetic([1.0] * 9, 0.1, name="gpu-like")
+# Compute-bound (this 2-core CPU): verifying n tokens costs nearly n steps; a draft step 0.55.
+CPU = CostProfile.synthetic([1.0, 1.7, 2.35, 3.0, 3.6, 4.2, 4.8, 5.4, 6.0], 0.55, name="cpu-like")
+
+
+def test_expected_tokens_per_round():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    assert expected_tokens(0.9, 0) == 1.0
+
+
+def test_memory_bound_profile_chooses_long_drafts():
+    k, speed = best_k(GPU, "draft", 0.8, 8)
+    assert k >= 6 and speed > 2.0
+    k, _ = best_k(GPU, "lookup", 0.6, 8)
+    assert k >= 4
+
+
+def test_compute_bound_profile_chooses_plain_or_short_lookup():
+    for alpha in (0.5, 0.8, 0.95):
+        assert best_k(CPU, "draft", alpha, 8)[0] == 0  # a draft model never pays here
+    assert best_k(CPU, "lookup", 0.3, 8)[0] == 0
+    k, speed = best_k(CPU, "lookup", 0.9, 8)
+    assert 1 <= k <= 3 and speed > 1.0
+
+
+def test_acceptance_estimate_follows_recent_rounds():
+    est = AcceptanceEstimate(0.5)
+    for _ in range(30):
+        est.update(4, 4)
+    assert est.alpha > 0.95
+    for _ in range(30):
+        est.update(4, 0)
+    assert est.alpha < 0.2
+
+
+def test_prompt_prior_reads_copy_requests():
+    long = np.zeros(300, dtype=np.int32)
+    short = np.zeros(20, dtype=np.int32)
+    assert prompt_prior("Rewrite this paragraph, fixing the spelling: ...", long) > 0.6
+    assert prompt_prior("Write a poem about the sea.", short) < 0.3
+
+
+def _auto(profile, model=None, explore_every=32, prior=0.45):
+    return AutoDrafter(profile, PromptLookupDrafter(), model, kmax=8, lookup_prior=prior,
+                       explore_every=explore_every)
+
+
+def _replay(auto, context, trace):
+    """Feed ``trace`` (fraction of each draft kept) to auto; return the (method, k) of each round."""
+    rng = np.random.default_rng(0)
+    chosen = []
+    for frac in trace:
+        draft = auto.propose(context, 8, rng)
+        method = draft.by or "plain"
+        chosen.append((method, len(draft.tokens)))
+        auto.observe(len(draft.tokens), int(round(frac * len(draft.tokens))))
+    return chosen
+
+
+def test_decisions_on_a_replayed_trace_switch_when_acceptance_collapses():
+    context = np.array(([5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 6)[:-3], dtype=np.int32)  # lookup always matches
+    # a realistic GPU: verification grows slightly with batch size
+    auto = _auto(CostProfile.synthetic([1.0 + 0.04 * n for n in range(9)], 0.1))
+    good = _replay(auto, context, [1.0] * 20)
+    assert all(m == "lookup" for m, _ in good[2:]) and good[-1][1] >= 4  # long drafts while all are kept
+    bad = _replay(auto, context, [0.0] * 60)
+    # guesses cost little there, so lookup may stay, but only with short drafts
+    assert all(k <= 1 for _, k in bad[-20:])
+    # On a compute-bound machine a collapsed lookup gives way to plain decoding, and
+    # exploration afterwards is bounded.
+    auto = _auto(CPU, explore_every=32)
+    _replay(auto, context, [1.0] * 10)
+    after = _replay(auto, context, [0.0] * 128)
+    tried = [c for c in after[10:] if c[0] != "plain"]
+    assert after[-1][0] == "plain"
+    assert len(tried) <= 128 // 32 + 1
+    assert all(k == 1 for _, k in tried)  # exploration is the cheapest round
+
+
+def test_draft_model_that_cannot_pay_is_never_run(tiny_dir):
+    with Model(tiny_dir / "draft.gguf", n_ctx=256) as d:
+        auto = _auto(CPU, ModelDrafter(d, SamplingParams()))
+        assert auto.model is None and auto.models == ()
+        auto = _auto(GPU, ModelDrafter(d, SamplingParams()))
+        assert auto.model is not None
+
+
+def test_calibration_is_cached_per_settings_and_refreshable(tiny_dir, tmp_path):
+    cache = tmp_path / "cal.json"
+    with Model(tiny_dir / "target.gguf", n_ctx=512, n_threads=1) as t, \
+            Model(tiny_dir / "draft.gguf", n_ctx=512, n_threads=1) as d:
+        first = calibrate(t, d, cache_file=cache)
+        assert first.source == "measured" and len(first.verify) == 9 and first.draft_step > 0
+        assert first.verify == sorted(first.verify)
+        again = calibrate(t, d, cache_file=cache)
+        assert again.source == "cache" and again.verify == first.verify
+        assert calibrate(t, d, cache_file=cache, refresh=True).source == "measured"
+        key = calibration_key(t, d, 8)
+        assert key in json.loads(cache.read_text())
+    with Model(tiny_dir / "target.gguf", n_ctx=512, n_threads=2) as t2, \
+            Model(tiny_dir / "draft.gguf", n_ctx=512, n_threads=2) as d2:
+        assert calibration_key(t2, d2, 8) != key  # other thread count, other profile
+    os.utime(tiny_dir / "draft.gguf")  # a changed model file invalidates it too
+    with Model(tiny_dir / "target.gguf", n_ctx=512, n_threads=1) as t, \
+            Model(tiny_dir / "draft.gguf", n_ctx=512, n_threads=1) as d:
+        assert calibration_key(t, d, 8) != key
+    cache.write_text("{not json")
+    with Model(tiny_dir / "target.gguf", n_ctx=512, n_threads=1) as t:
+        assert calibrate(t, None, cache_file=cache).source == "measured"  # a damaged cache is re-measured
+
+
+PROMPTS = ["The cat sat on the mat and the dog sat on the", "in the end, in the end, in the end, in the",
+           "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n"]
+
+
+@pytest.mark.parametrize("profile", [GPU, CPU, None], ids=["gpu-like", "cpu-like", "measured"])
+def test_auto_greedy_is_exact(tiny_pair, profile):
+    if profile is not None:
+        tiny_pair.set_profile(profile)
+    try:
+        for prompt in PROMPTS:
+            plain = tiny_pair.generate(prompt, max_tokens=80, method="plain")
+            r = tiny_pair.generate(prompt, max_tokens=80, method="auto")
+            assert r.tokens == plain.tokens
+            assert r.stats.method == "auto" and r.stats.auto is not None
+            assert sum(r.stats.auto["rounds"].values()) == r.stats.rounds
+    finally:
+        tiny_pair._profile = None
+
+
+def test_auto_uses_the_draft_model_where_it_pays(tiny_pair):
+    tiny_pair.set_profile(GPU)
+    try:
+        r = tiny_pair.generate(PROMPTS[0], max_tokens=80, method="auto")
+    finally:
+        tiny_pair._profile = None
+    assert r.stats.auto["rounds"]["draft"] > 0
+    assert r.stats.auto["changes"][0]["predicted_speedup"] > 1.0
+    assert r.stats.accepted > 0
+
+
+def test_auto_sampled_keeps_the_distribution(tiny_pair):
+    from test_engine_tiny import _same_distribution, _token_counts
+
+    tiny_pair.set_profile(GPU)
+    try:
+        prompt = PROMPTS[1]
+        for position in (1, 3):
+            plain = _token_counts(tiny_pair, prompt, 2000, position, method="plain")
+            auto = _token_counts(tiny_pair, prompt, 2000, position, method="auto")
+            assert _same_distribution(plain, auto) > 1e-3
+    finally:
+        tiny_pair._profile = None
+
+
+def test_calibrate_command_prints_the_profile(tiny_dir):
+    from click.testing import CliRunner
+
+    from localspec.cli import cli
+
+    r = CliRunner().invoke(cli, ["calibrate", "-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf")])
+    assert r.exit_code == 0, r.output
+    assert "verify n tokens" in r.output and "draft step" in r.output
+    r = CliRunner().invoke(cli, ["calibrate", "-t", str(tiny_dir / "target.gguf"), "--json"])
+    data = json.loads(r.output)
+    assert len(data["verify_seconds"]) == 9
+
+
+def test_stream_events_name_the_drafter(tiny_pair):
+    tiny_pair.set_profile(GPU)
+    try:
+        events = list(tiny_pair.stream(PROMPTS[1], max_tokens=60, method="auto"))
+    finally:
+        tiny_pair._profile = None
+    drafted = {ev.drafter for ev in events if ev.from_draft}
+    assert drafted and drafted <= {"lookup", "draft"}
+    assert all(ev.drafter == "" for ev in events if not ev.from_draft)
+    with localspec.load(tiny_pair.target.path) as single:  # no draft model: lookup or plain only
+        single.set_profile(GPU)
+        r = single.generate(PROMPTS[1], max_tokens=40, method="auto")
+        assert r.stats.auto["rounds"]["draft"] == 0
