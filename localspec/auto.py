@@ -8,7 +8,9 @@ The choice maximises expected tokens per second under a cost model:
   version, device, threads, GPU layers);
 * each method's per-token acceptance alpha is **estimated online** with a
   prior (from a look at the prompt) and exponential decay, separately for
-  lookup matches of each n-gram length;
+  lookup matches of each n-gram length. Lookup is also scored in rounds it
+  sits out: its first guess is compared with the token the target chose,
+  which costs nothing, so a lookup that starts to pay is noticed at once;
 * with acceptance alpha and draft length K, a round yields on average
   (1 - alpha^(K+1)) / (1 - alpha) tokens (the accepted prefix plus the
   target's own token) and costs verify(K+1) plus K draft steps (draft model)
@@ -39,6 +41,8 @@ from .drafters import EMPTY_DRAFT, Draft, ModelDrafter, PromptLookupDrafter
 from .paths import cache_dir
 
 KMAX = 8
+#: Speculate only when the predicted speedup clears this, so estimation noise cannot make auto slower than plain.
+MIN_GAIN = 1.1
 _CALIBRATION_TEXT = (
     "def merge(a, b):\n    out = []\n    i = j = 0\n    while i < len(a) and j < len(b):\n"
     "        if a[i] <= b[j]:\n            out.append(a[i]); i += 1\n        else:\n"
@@ -97,13 +101,18 @@ def round_cost(profile: CostProfile, method: str, k: int) -> float:
     return profile.verify[k] + extra
 
 
-def best_k(profile: CostProfile, method: str, alpha: float, kmax: int) -> tuple[int, float]:
-    """The draft length with the highest expected tokens/second, and that speedup over plain."""
+def best_k(profile: CostProfile, method: str, alpha: float, kmax: int,
+           min_gain: float = MIN_GAIN) -> tuple[int, float]:
+    """The draft length with the highest expected tokens/second, and that speedup over plain.
+
+    K = 0 (plain, speedup 1.0) unless some K is predicted at least ``min_gain`` times faster.
+    """
     plain = 1.0 / profile.verify[0]
     best, best_speed = 0, 1.0
+    threshold = min_gain
     for k in range(1, min(kmax, profile.kmax) + 1):
         speed = expected_tokens(alpha, k) / round_cost(profile, method, k) / plain
-        if speed > best_speed:
+        if speed > best_speed and speed >= threshold:
             best, best_speed = k, speed
     return best, best_speed
 
@@ -113,10 +122,12 @@ class AcceptanceEstimate:
 
     A round that drafts K tokens and keeps ``kept`` contributes ``kept``
     successes and one failure if kept < K: the maximum-likelihood estimate
-    of a geometric acceptance truncated at K. Old rounds fade by ``decay``.
+    of a geometric acceptance truncated at K. Old evidence fades by
+    ``decay`` per drafted token, so the estimate spans the last ~1/(1-decay)
+    guesses whatever K was.
     """
 
-    def __init__(self, prior_alpha: float, prior_weight: float = 2.0, decay: float = 0.9):
+    def __init__(self, prior_alpha: float, prior_weight: float = 2.0, decay: float = 0.95):
         self.kept = prior_alpha * prior_weight
         self.rejected = (1.0 - prior_alpha) * prior_weight
         self.decay = decay
@@ -128,8 +139,9 @@ class AcceptanceEstimate:
         return self.kept / total if total > 0 else 0.0
 
     def update(self, drafted: int, kept: int) -> None:
-        self.kept = self.kept * self.decay + kept
-        self.rejected = self.rejected * self.decay + (1.0 if kept < drafted else 0.0)
+        fade = self.decay ** drafted
+        self.kept = self.kept * fade + kept
+        self.rejected = self.rejected * fade + (1.0 if kept < drafted else 0.0)
         self.rounds += 1
 
 
@@ -206,6 +218,8 @@ class AutoDrafter:
         self.draft_alpha = AcceptanceEstimate(0.6)
         self.report = AutoReport(profile=profile.relative())
         self._pending: Optional[tuple[AcceptanceEstimate, str]] = None
+        # lookup's unused first guess in a plain round, scored against the token that came
+        self._shadow: Optional[tuple[AcceptanceEstimate, int, int]] = None
         self._last_tried = {"lookup": 0, "draft": 0}
         self._round = 0
         self._last_choice: Optional[tuple[str, int]] = None
@@ -217,6 +231,11 @@ class AutoDrafter:
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """Choose a method and K for this round and return its draft (empty for plain)."""
         self._round += 1
+        if self._shadow is not None:
+            shadow_est, shadow_guess, at = self._shadow
+            if len(context) == at + 1:  # exactly the plain round's token was added
+                shadow_est.update(1, int(context[-1] == shadow_guess))
+            self._shadow = None
         kmax = min(k, self.kmax)
         choices: list[_Choice] = [
             (1.0, "plain", 0, 0.0, None, EMPTY_DRAFT)]
@@ -237,6 +256,9 @@ class AutoDrafter:
                 speed, method, kk, alpha, est, draft = explored
         if method == "plain":
             self._pending = None
+            for choice in choices:
+                if choice[1] == "lookup" and choice[4] is not None:
+                    self._shadow = (choice[4], choice[5].tokens[0], len(context))
             self._note("plain", 0, alpha, 1.0)
             return EMPTY_DRAFT
         self._last_tried[method] = self._round
@@ -308,8 +330,8 @@ def _median_time(fn, reps: int) -> float:
     return float(np.median(times))
 
 
-def measure(target: Model, draft: Optional[Model], kmax: int = KMAX, reps: int = 3,
-            context_tokens: int = 128) -> CostProfile:
+def measure(target: Model, draft: Optional[Model], kmax: int = KMAX, reps: int = 2,
+            context_tokens: int = 64) -> CostProfile:
     """Time verification of 1..kmax+1 tokens on the target and one draft step.
 
     Runs after a context of ``context_tokens`` tokens, like a real round.
@@ -320,23 +342,24 @@ def measure(target: Model, draft: Optional[Model], kmax: int = KMAX, reps: int =
     ctx = (base * (context_tokens // len(base) + 1))[:context_tokens]
     probe = (base * 2)[: kmax + 1]
 
-    def timed(model: Model, n: int) -> float:
-        def run() -> None:
-            model.eval(probe[:n], logits="all")
-            model.truncate(len(ctx))
-        run()  # warm-up: graph allocation for this batch shape
-        return _median_time(run, reps)
+    def run(model: Model, n: int) -> None:
+        model.eval(probe[:n], logits="all")
+        model.truncate(len(ctx))
 
     target.truncate(0)
     target.eval(ctx, logits="none")
-    verify = [timed(target, n) for n in range(1, kmax + 2)]
+    run(target, kmax + 1)  # warm-up: buffers sized for the largest batch
+    # Passes over n = 1..kmax+1 rather than repetitions of each n, so drift hits all alike.
+    passes = [[_median_time(lambda n=n: run(target, n), 1) for n in range(1, kmax + 2)] for _ in range(reps)]
+    verify = [float(np.median(col)) for col in zip(*passes, strict=True)]
     # Costs must grow with n; smooth measurement noise so no longer draft looks cheaper.
     verify = list(np.maximum.accumulate(verify))
     step = 0.0
     if draft is not None:
         draft.truncate(0)
         draft.eval(ctx, logits="none")
-        step = timed(draft, 1)
+        run(draft, 1)
+        step = _median_time(lambda: run(draft, 1), 2 * reps + 1)
     lookup = PromptLookupDrafter()
     arr = np.asarray(ctx, dtype=np.int32)
     rng = np.random.default_rng(0)

@@ -56,7 +56,7 @@ def test_acceptance_estimate_follows_recent_rounds():
     for _ in range(30):
         est.update(4, 4)
     assert est.alpha > 0.95
-    for _ in range(30):
+    for _ in range(60):
         est.update(4, 0)
     assert est.alpha < 0.2
 
