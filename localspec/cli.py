@@ -173,3 +173,73 @@ def calibrate(target: str, draft: Optional[str], n_ctx: int, n_threads: Optional
 def main() -> None:
     """Console-script entry point."""
     cli(prog_name="localspec")
+
+
+@cli.command()
+@model_options
+@click.option("--suite", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="JSONL prompt suite ({\"category\", \"prompt\" | \"messages\"} per line); default: built-in.")
+@click.option("--category", "categories", multiple=True, help="Only these categories (repeatable).")
+@click.option("--quick", is_flag=True, help="One prompt per kind of text, few K: a few minutes on a small CPU.")
+@click.option("--reps", type=click.IntRange(min=1), default=None, help="Repetitions per method (default 3, quick 2).")
+@click.option("--max-tokens", "-n", type=click.IntRange(min=2), default=None,
+              help="Tokens per generation (default 128, quick 64).")
+@click.option("--k-lookup", "k_lookup", type=str, default=None, help="Lookup draft lengths, e.g. 2,4,8.")
+@click.option("--k-draft", "k_draft", type=str, default=None, help="Draft-model draft lengths, e.g. 1,2,4,8.")
+@click.option("--no-auto", is_flag=True, help="Leave auto mode out.")
+@click.option("--sampled", is_flag=True, help="Also run at a sampling temperature (seeded by repetition).")
+@click.option("--sampled-temperature", type=float, default=0.8, show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write everything measured, with machine info, to this JSON file.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG of speedup against K per category (needs matplotlib).")
+@_friendly_errors
+def bench(target: str, draft: Optional[str], n_ctx: int, n_threads: Optional[int], n_gpu_layers: Optional[int],
+          verbose: bool, suite: Optional[str], categories: tuple[str, ...], quick: bool, reps: Optional[int],
+          max_tokens: Optional[int], k_lookup: Optional[str], k_draft: Optional[str], no_auto: bool,
+          sampled: bool, sampled_temperature: float, json_path: Optional[str], plot_path: Optional[str]) -> None:
+    """Compare plain decoding, lookup, draft and auto on a prompt suite, side by side.
+
+    Exits with status 1 if any greedy run differs from plain decoding other than at a numeric tie.
+    """
+    from pathlib import Path
+
+    from .api import load
+    from .bench import default_methods, load_suite, render_table, run_bench, write_json, write_plot
+
+    prompts = load_suite(Path(suite) if suite else None, categories, quick)
+    with load(target, draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, verbose=verbose) as pair:
+        methods = default_methods(pair.draft is not None, quick, _k_list(k_lookup, "--k-lookup"),
+                                  _k_list(k_draft, "--k-draft"), auto=not no_auto)
+        reps = reps or (2 if quick else 3)
+        max_tokens = max_tokens or (64 if quick else 128)
+        temperatures = (0.0, sampled_temperature) if sampled else (0.0,)
+        total = len(prompts) * len(methods) * reps * len(temperatures)
+        click.echo(f"bench: {len(prompts)} prompts x {len(methods)} methods x {reps} reps"
+                   f"{' x 2 temperatures' if sampled else ''}, {max_tokens} tokens each", err=True)
+        pair.calibrate()
+        with click.progressbar(length=total, label="running", file=sys.stderr) as bar:
+            report = run_bench(pair, prompts, methods, reps=reps, max_tokens=max_tokens,
+                               temperatures=temperatures, progress=lambda _: bar.update(1),
+                               checksums=json_path is not None)
+        click.echo(render_table(report))
+        if json_path:
+            write_json(report, Path(json_path))
+            click.echo(f"wrote {json_path}", err=True)
+        if plot_path:
+            write_plot(report, Path(plot_path))
+            click.echo(f"wrote {plot_path}", err=True)
+    if report.mismatches:
+        sys.exit(1)
+
+
+def _k_list(value: Optional[str], option: str) -> Optional[list[int]]:
+    if value is None:
+        return None
+    try:
+        ks = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated whole numbers, got {value!r}", param_hint=option) from None
+    if not ks or any(k < 1 or k > 8 for k in ks):
+        raise click.BadParameter("each K must be from 1 to 8", param_hint=option)
+    return ks

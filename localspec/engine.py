@@ -71,6 +71,9 @@ class GenerationStats:
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
+    #: Rounds in which the drafter proposed nothing (plain steps), and rounds with a rejected guess.
+    empty_rounds: int = 0
+    rejected_rounds: int = 0
     #: proposed_at[i] / accepted_at[i]: drafted tokens at draft position i, and how many were kept.
     proposed_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
@@ -271,6 +274,8 @@ def _run(  # noqa: C901 - the round loop reads best in one piece
             stats.rounds += 1
             stats.drafted += len(draft.tokens)
             stats.accepted += kept
+            stats.empty_rounds += not draft.tokens
+            stats.rejected_rounds += kept < len(draft.tokens)
             for i in range(len(draft.tokens)):
                 stats.proposed_at[i] += 1
                 stats.accepted_at[i] += i < kept

@@ -1,0 +1,446 @@
+"""``localspec bench``: speculative methods against plain decoding, in one run.
+
+For every prompt of a suite and every method (plain; lookup and draft at
+several K; auto), generations are repeated with the repetitions interleaved
+across methods (plain, A, B, ..., plain, A, B, ...) so that drift in machine
+speed hits all methods alike. Each run starts from empty caches, so prefill
+is timed the same way for all, and decode is timed separately. The speedup
+of a method is plain's decode time over the method's, per token, taken from
+the same repetition; the table shows the median and the spread.
+
+Greedy runs are also checked for exactness against plain decoding:
+identical tokens, a divergence where plain's own top-two logits were a
+numeric tie, or a real mismatch (a bug; it makes the command fail).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from .api import Pair
+from .auto import CostProfile, expected_tokens, round_cost
+from .backend import gpu_offload_supported
+from .errors import ConfigError
+
+#: A divergence counts as a numeric tie below this top-two logit margin of plain decoding.
+TIE_MARGIN = 0.05
+
+
+@dataclass
+class BenchPrompt:
+    """One prompt of the suite: raw ``text`` or chat ``messages``."""
+
+    category: str
+    text: Optional[str] = None
+    messages: Optional[list[dict[str, str]]] = None
+    quick: bool = False
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method and its draft length."""
+
+    method: str
+    k: int = 0
+
+    @property
+    def label(self) -> str:
+        return self.method if self.method in ("plain", "auto") else f"{self.method} k={self.k}"
+
+
+def load_suite(path: Optional[Path] = None, categories: Sequence[str] = (), quick: bool = False) -> list[BenchPrompt]:
+    """The built-in suite, or a JSONL file of ``{"category", "prompt" | "messages"}`` lines.
+
+    Args:
+        path: a JSONL file; None for the suite shipped with localspec.
+        categories: keep only these categories (empty: all).
+        quick: keep only the prompts marked ``"quick"`` (the built-in suite
+            marks one per kind of text); a user suite without marks keeps its
+            first prompt of each category.
+
+    Raises:
+        ConfigError: unreadable file, bad JSON, missing fields (file and line named),
+            or a filter that leaves nothing.
+    """
+    if path is None:
+        source = "built-in suite"
+        lines = resources.files("localspec").joinpath("data/suite.jsonl").read_text(encoding="utf-8").splitlines()
+    else:
+        source = str(path)
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ConfigError(f"Cannot read the prompt suite {path}: {exc.strerror}.") from exc
+    prompts: list[BenchPrompt] = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as exc:
+            raise ConfigError(f"{source}, line {lineno}: not valid JSON ({exc}).") from exc
+        if not isinstance(rec, dict) or not isinstance(rec.get("category"), str):
+            raise ConfigError(f"{source}, line {lineno}: needs a \"category\" string.")
+        text, messages = rec.get("prompt"), rec.get("messages")
+        if (text is None) == (messages is None):
+            raise ConfigError(f"{source}, line {lineno}: give exactly one of \"prompt\" or \"messages\".")
+        if messages is not None and not (
+                isinstance(messages, list) and all(isinstance(m, dict) and "role" in m and "content" in m
+                                                   for m in messages)):
+            raise ConfigError(f"{source}, line {lineno}: \"messages\" must be a list of {{role, content}} objects.")
+        prompts.append(BenchPrompt(rec["category"], text, messages, bool(rec.get("quick", False)),
+                                   f"{rec['category']}#{sum(p.category == rec['category'] for p in prompts) + 1}"))
+    if categories:
+        prompts = [p for p in prompts if p.category in categories]
+    if quick:
+        marked = [p for p in prompts if p.quick]
+        if not marked:
+            seen: set[str] = set()
+            marked = [p for p in prompts if not (p.category in seen or seen.add(p.category))]  # type: ignore[func-returns-value]
+        prompts = marked
+    if not prompts:
+        raise ConfigError(f"No prompts left in the {source} after filtering by {', '.join(categories) or 'quick'}.")
+    return prompts
+
+
+def default_methods(has_draft: bool, quick: bool, lookup_k: Optional[Sequence[int]] = None,
+                    draft_k: Optional[Sequence[int]] = None, auto: bool = True) -> list[MethodSpec]:
+    """Plain first, then lookup and draft at several K, then auto."""
+    lookup_k = lookup_k or ((2, 4) if quick else (2, 4, 8))
+    draft_k = draft_k or ((1, 2) if quick else (1, 2, 4, 8))
+    methods = [MethodSpec("plain")] + [MethodSpec("lookup", k) for k in lookup_k]
+    if has_draft:
+        methods += [MethodSpec("draft", k) for k in draft_k]
+    return methods + ([MethodSpec("auto", 8)] if auto else [])
+
+
+def schedule(n_prompts: int, methods: Sequence[MethodSpec], reps: int) -> list[tuple[int, int, MethodSpec]]:
+    """(prompt index, repetition, method) in run order: per prompt, repetitions of all methods in turn."""
+    return [(p, r, m) for p in range(n_prompts) for r in range(reps) for m in methods]
+
+
+@dataclass
+class Run:
+    """One measured generation."""
+
+    prompt: str
+    category: str
+    method: str
+    k: int
+    rep: int
+    temperature: float
+    tokens: list[int]
+    stats: dict[str, Any]
+
+
+@dataclass
+class Row:
+    """One prompt x method x temperature, summarised over repetitions."""
+
+    prompt: str
+    category: str
+    method: str
+    k: int
+    temperature: float
+    decode_tps: float
+    prefill_seconds: float
+    speedup: float
+    speedup_min: float
+    speedup_max: float
+    acceptance: float
+    tokens_per_round: float
+    acceptance_by_position: list[float]
+    predicted_speedup: Optional[float]
+    exactness: str  # identical / tie / MISMATCH / "reference" for plain / "-" when sampled
+    divergence: Optional[dict[str, float]] = None
+    auto_rounds: Optional[dict[str, int]] = None
+
+
+@dataclass
+class BenchReport:
+    """Everything a bench run measured."""
+
+    rows: list[Row] = field(default_factory=list)
+    profile: dict[str, Any] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    mismatches: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def margin_at(pair: Pair, prompt: list[int], plain_tokens: list[int], i: int) -> float:
+    """Plain decoding's own top-two logit margin before token i (prefill, then one token at a time)."""
+    target = pair.target
+    target.reset()
+    logits = target.sync(prompt)
+    for t in plain_tokens[:i]:
+        logits = target.eval([t], logits="last")[0]
+    top2 = np.partition(logits, -2)[-2:]
+    target.reset()
+    return float(top2[1] - top2[0])
+
+
+def classify(plain: list[int], tokens: list[int], margin: Callable[[int], float],
+             tie_margin: float = TIE_MARGIN) -> tuple[str, Optional[dict[str, float]]]:
+    """Exactness verdict of greedy ``tokens`` against plain decoding's.
+
+    Returns:
+        ("identical", None), ("tie", info) when they part where plain's top two
+        logits were within ``tie_margin``, or ("MISMATCH", info).
+    """
+    n = min(len(plain), len(tokens))
+    i = next((j for j in range(n) if plain[j] != tokens[j]), None)
+    if i is None:
+        if len(plain) == len(tokens):
+            return "identical", None
+        i = n  # one stopped earlier than the other
+    m = margin(i)
+    info = {"token": float(i), "margin": m}
+    return ("tie" if m < tie_margin else "MISMATCH"), info
+
+
+def predicted_speedup(profile: CostProfile, method: str, stats: dict[str, Any]) -> Optional[float]:
+    """Speedup the cost model predicts from this run's measured acceptance (None for plain/auto)."""
+    if method not in ("draft", "lookup") or not stats["rounds"]:
+        return None
+    proposing = stats["rounds"] - stats["empty_rounds"]
+    if proposing <= 0:
+        return 1.0
+    alpha = stats["accepted"] / max(1e-9, stats["accepted"] + stats["rejected_rounds"])
+    k = max(1, min(profile.kmax, round(stats["drafted"] / proposing)))
+    f = proposing / stats["rounds"]  # lookup proposes only when it finds a match
+    tokens = f * expected_tokens(alpha, k) + (1 - f)
+    cost = f * round_cost(profile, method, k) + (1 - f) * profile.verify[0]
+    return tokens / cost * profile.verify[0]
+
+
+def machine_info(pair: Pair, checksums: bool = True) -> dict[str, Any]:
+    """CPU, offload, threads, library version, model files and checksums."""
+    import llama_cpp
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    models = {}
+    for role, model in (("target", pair.target), ("draft", pair.draft)):
+        if model is None:
+            continue
+        info: dict[str, Any] = {"path": str(model.path), "bytes": model.path.stat().st_size}
+        if checksums:
+            h = hashlib.sha256()
+            with open(model.path, "rb") as f:
+                while block := f.read(1 << 22):
+                    h.update(block)
+            info["sha256"] = h.hexdigest()
+        models[role] = info
+    return {
+        "cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+        "llama_cpp_python": llama_cpp.__version__, "gpu_offload_build": gpu_offload_supported(),
+        "gpu_layers": pair.target.n_gpu_layers, "threads": pair.target.n_threads,
+        "flash_attn": pair.target.flash_attn, "n_ctx": pair.target.n_ctx, "models": models,
+    }
+
+
+def run_bench(
+    pair: Pair,
+    prompts: Sequence[BenchPrompt],
+    methods: Sequence[MethodSpec],
+    *,
+    reps: int = 3,
+    max_tokens: int = 128,
+    temperatures: Sequence[float] = (0.0,),
+    progress: Optional[Callable[[str], None]] = None,
+    checksums: bool = True,
+) -> BenchReport:
+    """Measure every method on every prompt; see the module docstring.
+
+    Args:
+        pair: loaded models (loaded once for the whole run).
+        prompts: the suite.
+        methods: must start with plain (the reference).
+        reps: repetitions per method, interleaved.
+        max_tokens: tokens per generation.
+        temperatures: 0 for greedy (checked for exactness); others sample with seed = repetition.
+        progress: called once per generation with a short description.
+        checksums: hash the model files for the report.
+    """
+    if not methods or methods[0].method != "plain":
+        raise ConfigError("The first bench method must be plain: it is the reference for speedups.")
+    if pair.draft is None and any(m.method == "draft" for m in methods):
+        raise ConfigError("Draft-model methods need a draft model (--draft).")
+    profile = pair.calibrate()
+    report = BenchReport(profile={"source": profile.source, **profile.relative(),
+                                  "step_seconds": profile.verify[0]},
+                         settings={"reps": reps, "max_tokens": max_tokens, "temperatures": list(temperatures),
+                                   "methods": [m.label for m in methods]})
+    runs: list[Run] = []
+    for temperature in temperatures:
+        for pi, rep, spec in schedule(len(prompts), methods, reps):
+            bp = prompts[pi]
+            tokens = _prompt_tokens(pair, bp)
+            if rep == 0 and spec == methods[0]:
+                _generate(pair, tokens, spec, temperature, 0, min(16, max_tokens))  # warm-up
+            r = _generate(pair, tokens, spec, temperature, rep, max_tokens)
+            runs.append(Run(bp.name, bp.category, spec.method, spec.k, rep, temperature, r.tokens,
+                            r.stats.to_dict()))
+            if progress:
+                progress(f"{bp.name} {spec.label}")
+    report.rows = _summarise(pair, prompts, methods, runs, profile)
+    report.mismatches = sum(row.exactness == "MISMATCH" for row in report.rows)
+    report.machine = machine_info(pair, checksums)
+    return report
+
+
+def _prompt_tokens(pair: Pair, bp: BenchPrompt) -> list[int]:
+    return pair.chat_tokens(bp.messages) if bp.messages is not None else pair.tokenize(bp.text or "")
+
+
+def _generate(pair: Pair, tokens: list[int], spec: MethodSpec, temperature: float, seed: int, max_tokens: int):
+    # Empty caches: every run prefills the whole prompt, so no method inherits another's work.
+    pair.target.reset()
+    if pair.draft is not None:
+        pair.draft.reset()
+    return pair.generate(tokens, max_tokens=max_tokens, method=spec.method, k=spec.k,
+                         temperature=temperature, seed=seed)
+
+
+def _summarise(pair: Pair, prompts: Sequence[BenchPrompt], methods: Sequence[MethodSpec], runs: list[Run],
+               profile: CostProfile) -> list[Row]:
+    rows = []
+    by_key: dict[tuple, list[Run]] = {}
+    for run in runs:
+        by_key.setdefault((run.prompt, run.method, run.k, run.temperature), []).append(run)
+    tokens_of = {bp.name: bp for bp in prompts}
+    for (name, method, k, temperature), group in by_key.items():
+        plain = {r.rep: r for r in by_key[(name, "plain", 0, temperature)]}
+        speedups = [_tps(r) / _tps(plain[r.rep]) for r in group if _tps(plain[r.rep]) > 0]
+        last = group[-1].stats
+        drafted = sum(r.stats["drafted"] for r in group)
+        accepted = sum(r.stats["accepted"] for r in group)
+        merged = {key: sum(r.stats[key] for r in group)
+                  for key in ("rounds", "empty_rounds", "rejected_rounds", "drafted", "accepted")}
+        exactness, divergence = "-", None
+        if method == "plain":
+            exactness = "reference"
+        elif temperature == 0:
+            exactness, divergence = _exactness(pair, tokens_of[name], plain[0].tokens, group)
+        rows.append(Row(
+            prompt=name, category=group[0].category, method=method, k=k, temperature=temperature,
+            decode_tps=statistics.median(_tps(r) for r in group),
+            prefill_seconds=statistics.median(r.stats["prefill_seconds"] for r in group),
+            speedup=statistics.median(speedups) if speedups else 0.0,
+            speedup_min=min(speedups, default=0.0), speedup_max=max(speedups, default=0.0),
+            acceptance=accepted / drafted if drafted else 0.0,
+            tokens_per_round=statistics.median(r.stats["tokens_per_round"] for r in group),
+            acceptance_by_position=[round(a, 3) for a in last["acceptance_by_position"]],
+            predicted_speedup=predicted_speedup(profile, method, merged),
+            exactness=exactness, divergence=divergence,
+            auto_rounds=last["auto"]["rounds"] if last.get("auto") else None,
+        ))
+    return rows
+
+
+def _exactness(pair: Pair, bp: BenchPrompt, ref: list[int], group: list[Run]) -> tuple[str, Optional[dict]]:
+    """The worst verdict over a method's repetitions against plain's tokens."""
+    prompt_tokens = _prompt_tokens(pair, bp)
+
+    def margin(i: int) -> float:
+        return margin_at(pair, prompt_tokens, ref, i)
+
+    worst: tuple[str, Optional[dict]] = ("identical", None)
+    for run in group:
+        verdict = classify(ref, run.tokens, margin)
+        if verdict[0] == "MISMATCH" or (verdict[0] == "tie" and worst[0] == "identical"):
+            worst = verdict
+    return worst
+
+
+def _tps(run: Run) -> float:
+    return float(run.stats["decode_tokens_per_second"])
+
+
+def render_table(report: BenchReport) -> str:
+    """The report as a terminal table, with the cost profile on top."""
+    p = report.profile
+    verify = "  ".join(f"{n + 1}:{v:.2f}" for n, v in enumerate(p.get("verify", [])))
+    out = [f"cost profile ({p.get('source')}): target step {1000 * p.get('step_seconds', 0):.1f} ms; "
+           f"verify n tokens / 1: {verify}; draft step / target step: {p.get('draft_step', 0):.2f}", ""]
+    header = (f"{'prompt':<15} {'temp':>4} {'method':<11} {'tok/s':>7} {'speedup':>7} {'(min-max)':>11} "
+              f"{'pred':>5} {'accept':>6} {'tok/rnd':>7}  exactness")
+    out += [header, "-" * len(header)]
+    last_prompt = None
+    for row in report.rows:
+        name = row.prompt if row.prompt != last_prompt else ""
+        last_prompt = row.prompt
+        spread = f"({row.speedup_min:.2f}-{row.speedup_max:.2f})" if row.method != "plain" else ""
+        pred = f"{row.predicted_speedup:.2f}" if row.predicted_speedup is not None else "-"
+        acc = f"{100 * row.acceptance:.0f}%" if row.method != "plain" else "-"
+        verdict = row.exactness
+        if row.divergence:
+            verdict += f" @{int(row.divergence['token'])} (margin {row.divergence['margin']:.3f})"
+        if row.auto_rounds:
+            verdict += "  [" + " ".join(f"{m}:{n}" for m, n in row.auto_rounds.items() if n) + "]"
+        out.append(f"{name:<15} {row.temperature:>4.1f} {MethodSpec(row.method, row.k).label:<11} "
+                   f"{row.decode_tps:>7.1f} {row.speedup:>6.2f}x {spread:>11} {pred:>5} {acc:>6} "
+                   f"{row.tokens_per_round:>7.2f}  {verdict}")
+    out += ["", "median speedup over plain across prompts:"]
+    for label in report.settings.get("methods", [])[1:]:
+        values = [r.speedup for r in report.rows if MethodSpec(r.method, r.k).label == label]
+        if values:
+            out.append(f"  {label:<11} {statistics.median(values):.2f}x  (worst {min(values):.2f}x, "
+                       f"best {max(values):.2f}x)")
+    if report.mismatches:
+        out.append(f"\n{report.mismatches} MISMATCH(ES) against plain decoding: this is a bug, please report it.")
+    return "\n".join(out)
+
+
+def write_plot(report: BenchReport, path: Path) -> None:
+    """Speedup against K per category for draft and lookup, with plain at 1.0 (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ConfigError("--plot needs matplotlib: pip install 'localspec[plot]'.") from exc
+    methods = [m for m in ("lookup", "draft") if any(r.method == m for r in report.rows)]
+    fig, axes = plt.subplots(1, max(1, len(methods)), figsize=(6 * max(1, len(methods)), 4.5), squeeze=False)
+    for ax, method in zip(axes[0], methods, strict=False):
+        for category in sorted({r.category for r in report.rows}):
+            pts = sorted((r.k, r.speedup) for r in report.rows
+                         if r.method == method and r.category == category and r.temperature == 0)
+            if pts:
+                ax.plot([k for k, _ in pts], [s for _, s in pts], marker="o", label=category)
+        ax.set_xticks(sorted({r.k for r in report.rows if r.method == method}))
+        ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="plain")
+        ax.set_title(f"{method}: speedup over plain decoding")
+        ax.set_xlabel("K (tokens drafted per round)")
+        ax.set_ylabel("decode speedup (x)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_json(report: BenchReport, path: Path) -> None:
+    """The whole report as JSON."""
+    Path(path).write_text(json.dumps(report.to_dict(), indent=1))

@@ -1,0 +1,125 @@
+"""localspec bench: suite loading, run order, exactness verdicts, JSON and plot output."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import localspec.engine
+from localspec.bench import (
+    BenchPrompt,
+    MethodSpec,
+    classify,
+    default_methods,
+    load_suite,
+    run_bench,
+    schedule,
+)
+from localspec.cli import cli
+from localspec.errors import ConfigError
+
+
+def test_builtin_suite_covers_the_kinds_of_text_speculation_depends_on():
+    cats = {p.category for p in load_suite()}
+    assert {"code-write", "code-edit", "rewrite", "doc-qa", "summarize", "json-extract", "prose",
+            "explain"} <= cats
+    quick = load_suite(quick=True)
+    assert 3 <= len(quick) <= 5 and {"code-edit", "rewrite"} <= {p.category for p in quick}
+    assert [p.category for p in load_suite(categories=["rewrite"])] == ["rewrite"]
+
+
+def test_user_suite_and_its_errors_name_file_and_line(tmp_path):
+    good = tmp_path / "s.jsonl"
+    good.write_text('{"category": "a", "prompt": "x"}\n\n{"category": "b", "messages": '
+                    '[{"role": "user", "content": "y"}]}\n{"category": "a", "prompt": "z"}\n')
+    suite = load_suite(good)
+    assert [p.name for p in suite] == ["a#1", "b#1", "a#2"]
+    assert [p.name for p in load_suite(good, quick=True)] == ["a#1", "b#1"]  # first per category
+    for text, needle in [('{"category": "a"}', "exactly one of"), ("{oops", "not valid JSON"),
+                         ('{"prompt": "x"}', "category"), ('{"category": "a", "messages": "hi"}', "messages")]:
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text('{"category": "a", "prompt": "x"}\n' + text + "\n")
+        with pytest.raises(ConfigError, match="bad.jsonl, line 2") as err:
+            load_suite(bad)
+        assert needle in str(err.value)
+    with pytest.raises(ConfigError, match="No prompts"):
+        load_suite(good, categories=["nope"])
+
+
+def test_repetitions_are_interleaved_across_methods():
+    a, b, c = MethodSpec("plain"), MethodSpec("lookup", 2), MethodSpec("auto", 8)
+    order = schedule(2, [a, b, c], reps=2)
+    assert order == [(0, 0, a), (0, 0, b), (0, 0, c), (0, 1, a), (0, 1, b), (0, 1, c),
+                     (1, 0, a), (1, 0, b), (1, 0, c), (1, 1, a), (1, 1, b), (1, 1, c)]
+
+
+def test_classify_identical_tie_and_mismatch():
+    assert classify([1, 2, 3], [1, 2, 3], lambda i: 9.0) == ("identical", None)
+    assert classify([1, 2, 3], [1, 5, 6], lambda i: 0.01) == ("tie", {"token": 1.0, "margin": 0.01})
+    verdict, info = classify([1, 2, 3], [1, 2, 4], lambda i: 3.0)
+    assert verdict == "MISMATCH" and info == {"token": 2.0, "margin": 3.0}
+    assert classify([1, 2, 3], [1, 2], lambda i: 3.0)[0] == "MISMATCH"  # stopped early for no reason
+
+
+QUICK = [BenchPrompt("copy", text="in the end, in the end, in the end, in the", name="copy#1"),
+         BenchPrompt("free", text="The cat sat on the", name="free#1")]
+
+
+def test_run_bench_reports_every_method_and_exactness(tiny_pair):
+    methods = default_methods(True, quick=True)
+    report = run_bench(tiny_pair, QUICK, methods, reps=2, max_tokens=24, checksums=False)
+    assert len(report.rows) == len(QUICK) * len(methods)
+    assert report.mismatches == 0
+    for row in report.rows:
+        if row.method == "plain":
+            assert row.exactness == "reference" and row.speedup == pytest.approx(1.0)
+        else:
+            assert row.exactness in ("identical", "tie")
+            assert row.speedup_min <= row.speedup <= row.speedup_max
+    assert report.machine["threads"] == tiny_pair.target.n_threads
+    assert len(report.profile["verify"]) == 9
+
+
+def test_a_broken_acceptance_rule_is_reported_as_a_mismatch(tiny_dir, monkeypatch, tmp_path):
+    real = localspec.engine.accept_greedy
+
+    def sloppy(draft, rows):  # keeps one wrong drafted token now and then
+        kept, nxt = real(draft, rows)
+        return (kept + 1, int(rows[kept + 1].argmax())) if kept < len(draft) - 1 else (kept, nxt)
+
+    monkeypatch.setattr(localspec.engine, "accept_greedy", sloppy)
+    suite = tmp_path / "s.jsonl"
+    suite.write_text('{"category": "free", "prompt": "The cat sat on the mat and the dog"}\n')
+    r = CliRunner().invoke(cli, ["bench", "-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf"),
+                                 "--suite", str(suite), "--reps", "1", "-n", "40", "--k-lookup", "2",
+                                 "--k-draft", "4", "--no-auto"])
+    assert r.exit_code == 1
+    assert "MISMATCH" in r.output and "bug" in r.output
+
+
+def test_quick_bench_writes_table_json_and_png(tiny_dir, tmp_path):
+    out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
+    r = CliRunner().invoke(cli, ["bench", "-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf"),
+                                 "--quick", "-n", "16", "--json", str(out_json), "--plot", str(out_png)])
+    assert r.exit_code == 0, r.output
+    assert "speedup" in r.output and "lookup k=2" in r.output and "auto" in r.output
+    data = json.loads(out_json.read_text())
+    assert {"rows", "profile", "machine", "settings", "mismatches"} <= set(data)
+    row = data["rows"][1]
+    for key in ("decode_tps", "speedup", "speedup_min", "speedup_max", "acceptance", "tokens_per_round",
+                "acceptance_by_position", "predicted_speedup", "exactness", "prefill_seconds"):
+        assert key in row
+    m = data["machine"]
+    for key in ("cpu", "threads", "gpu_layers", "llama_cpp_python", "models"):
+        assert key in m
+    assert len(m["models"]["target"]["sha256"]) == 64
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sampled_bench_has_no_exactness_verdict(tiny_pair):
+    report = run_bench(tiny_pair, QUICK[:1], [MethodSpec("plain"), MethodSpec("lookup", 2)], reps=2,
+                       max_tokens=16, temperatures=(0.0, 0.8), checksums=False)
+    sampled = [r for r in report.rows if r.temperature == 0.8]
+    assert len(sampled) == 2 and sampled[1].exactness == "-"
