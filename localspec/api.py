@@ -21,11 +21,11 @@ import numpy as np
 
 from .acceptance import SamplingParams
 from .auto import KMAX, CostProfile, auto_drafter, calibrate
-from .backend import Model
+from .backend import Model, read_vocab
 from .compat import check_vocab
 from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from .engine import Generation, GenerationStats, TokenEvent, generate_events
-from .errors import ConfigError
+from .errors import ConfigError, ContextOverflowError
 
 PathLike = Union[str, os.PathLike]
 METHODS = ("auto", "plain", "draft", "lookup")
@@ -226,6 +226,10 @@ class Pair:
         ngram: tuple[int, int] = (1, 3),
     ) -> Stream:
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        if len(prompt_tokens) >= self.target.n_ctx:  # before any work, calibration included
+            raise ContextOverflowError(
+                f"The prompt is {len(prompt_tokens)} tokens but the context holds {self.target.n_ctx}; "
+                "shorten the prompt or raise the context length (--ctx).")
         text = prompt_text if prompt_text is not None else self.target.detokenize(prompt_tokens)
         drafter, k = self.drafter(method, k, params, ngram, text, prompt_tokens)
         g = generate_events(self.target, prompt_tokens, drafter=drafter, k=k, params=params,
@@ -298,8 +302,8 @@ def load(
     d = None
     if draft is not None:
         try:
+            check_vocab(t.vocab_info(), read_vocab(draft))  # before the draft's weights are loaded
             d = Model(draft, n_ctx=t.n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, verbose=verbose)
-            check_vocab(t, d)
         except BaseException:
             t.close()
             if d is not None:

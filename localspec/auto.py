@@ -352,8 +352,9 @@ def measure(target: Model, draft: Optional[Model], kmax: int = KMAX, reps: int =
     # Passes over n = 1..kmax+1 rather than repetitions of each n, so drift hits all alike.
     passes = [[_median_time(lambda n=n: run(target, n), 1) for n in range(1, kmax + 2)] for _ in range(reps)]
     verify = [float(np.median(col)) for col in zip(*passes, strict=True)]
-    # Costs must grow with n; smooth measurement noise so no longer draft looks cheaper.
-    verify = list(np.maximum.accumulate(verify))
+    # Costs must not fall with n. Noise is mostly upward spikes (scheduling, a cold graph), so
+    # each n takes the cheapest time seen for any n at least as large, not the dearest below it.
+    verify = [float(v) for v in np.minimum.accumulate(verify[::-1])[::-1]]
     step = 0.0
     if draft is not None:
         draft.truncate(0)

@@ -24,6 +24,7 @@ import ctypes
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional, Sequence, Union
 
@@ -102,6 +103,48 @@ def _init_backend(verbose: bool) -> None:
         ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
         ll.llama_backend_init()
         _backend_ready = True
+
+
+@dataclass
+class VocabInfo:
+    """A model's vocabulary: tokenizer type, size, special ids and every token's text."""
+
+    path: Path
+    type: int
+    bos: int
+    eos: int
+    texts: list[bytes]
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.texts)
+
+
+def _vocab_info(path: Path, vocab: ll.llama_vocab_p) -> VocabInfo:
+    n = int(ll.llama_vocab_n_tokens(vocab))
+    texts = [ll.llama_vocab_get_text(vocab, i) or b"" for i in range(n)]
+    return VocabInfo(path, int(ll.llama_vocab_type(vocab)), int(ll.llama_vocab_bos(vocab)),
+                     int(ll.llama_vocab_eos(vocab)), texts)
+
+
+def read_vocab(path: Union[str, os.PathLike]) -> VocabInfo:
+    """Read only the vocabulary of a GGUF (no weights are loaded; well under a second).
+
+    Raises:
+        ModelFileError: missing, not a GGUF, or unreadable by llama.cpp.
+    """
+    p = check_gguf(path)
+    _init_backend(_verbose)
+    params = ll.llama_model_default_params()
+    params.vocab_only = True
+    model = ll.llama_model_load_from_file(str(p).encode(), params)
+    if not model:
+        raise ModelFileError(f"llama.cpp could not read the vocabulary of {p}: the GGUF is truncated or corrupt; "
+                             "re-download it.")
+    try:
+        return _vocab_info(p, ll.llama_model_get_vocab(model))
+    finally:
+        ll.llama_model_free(model)
 
 
 class Model:
@@ -281,9 +324,9 @@ class Model:
         """The vocabulary's stored text of a token (as in the GGUF), for comparisons."""
         return ll.llama_vocab_get_text(self._vocab, token) or b""
 
-    def vocab_type(self) -> int:
-        """llama.cpp's vocabulary type code (SPM, BPE, WPM...)."""
-        return int(ll.llama_vocab_type(self._vocab))
+    def vocab_info(self) -> VocabInfo:
+        """This model's vocabulary (for compatibility checks)."""
+        return _vocab_info(self.path, self._vocab)
 
     def is_eog(self, token: int) -> bool:
         """True for end-of-generation tokens (EOS, EOT, <|im_end|>...)."""

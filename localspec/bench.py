@@ -32,7 +32,8 @@ from .auto import CostProfile, expected_tokens, round_cost
 from .backend import gpu_offload_supported
 from .errors import ConfigError
 
-#: A divergence counts as a numeric tie below this top-two logit margin of plain decoding.
+#: A divergence counts as a numeric tie below this top-two logit margin of plain decoding,
+#: or below twice the measured batch-shape noise of this build if that is larger.
 TIE_MARGIN = 0.05
 
 
@@ -193,6 +194,24 @@ def margin_at(pair: Pair, prompt: list[int], plain_tokens: list[int], i: int) ->
     return float(top2[1] - top2[0])
 
 
+def batch_noise(pair: Pair, tokens: list[int], n: int = 8) -> float:
+    """Largest logit difference between evaluating n tokens one at a time and as one batch.
+
+    llama.cpp's CPU kernels round differently for different batch shapes (even
+    plain decoding's prompt prefill is a batch), so a greedy choice whose top
+    two logits are closer than this can go either way.
+    """
+    target = pair.target
+    head, tail = tokens[:-n], tokens[-n:]
+    target.reset()
+    target.sync(head)
+    single = np.stack([target.eval([t], logits="last")[0].copy() for t in tail])
+    target.truncate(len(head))
+    batch = target.eval(tail, logits="all").copy()
+    target.reset()
+    return float(np.abs(single - batch).max())
+
+
 def classify(plain: list[int], tokens: list[int], margin: Callable[[int], float],
              tie_margin: float = TIE_MARGIN) -> tuple[str, Optional[dict[str, float]]]:
     """Exactness verdict of greedy ``tokens`` against plain decoding's.
@@ -287,8 +306,10 @@ def run_bench(
     if pair.draft is None and any(m.method == "draft" for m in methods):
         raise ConfigError("Draft-model methods need a draft model (--draft).")
     profile = pair.calibrate()
+    noise = batch_noise(pair, _prompt_tokens(pair, prompts[0]))
     report = BenchReport(profile={"source": profile.source, **profile.relative(),
-                                  "step_seconds": profile.verify[0]},
+                                  "step_seconds": profile.verify[0], "batch_noise": noise,
+                                  "tie_margin": max(TIE_MARGIN, 2 * noise)},
                          settings={"reps": reps, "max_tokens": max_tokens, "temperatures": list(temperatures),
                                    "methods": [m.label for m in methods]})
     runs: list[Run] = []
@@ -303,7 +324,7 @@ def run_bench(
                             r.stats.to_dict()))
             if progress:
                 progress(f"{bp.name} {spec.label}")
-    report.rows = _summarise(pair, prompts, methods, runs, profile)
+    report.rows = _summarise(pair, prompts, methods, runs, profile, max(TIE_MARGIN, 2 * noise))
     report.mismatches = sum(row.exactness == "MISMATCH" for row in report.rows)
     report.machine = machine_info(pair, checksums)
     return report
@@ -323,7 +344,7 @@ def _generate(pair: Pair, tokens: list[int], spec: MethodSpec, temperature: floa
 
 
 def _summarise(pair: Pair, prompts: Sequence[BenchPrompt], methods: Sequence[MethodSpec], runs: list[Run],
-               profile: CostProfile) -> list[Row]:
+               profile: CostProfile, tie_margin: float) -> list[Row]:
     rows = []
     by_key: dict[tuple, list[Run]] = {}
     for run in runs:
@@ -341,7 +362,7 @@ def _summarise(pair: Pair, prompts: Sequence[BenchPrompt], methods: Sequence[Met
         if method == "plain":
             exactness = "reference"
         elif temperature == 0:
-            exactness, divergence = _exactness(pair, tokens_of[name], plain[0].tokens, group)
+            exactness, divergence = _exactness(pair, tokens_of[name], plain[0].tokens, group, tie_margin)
         rows.append(Row(
             prompt=name, category=group[0].category, method=method, k=k, temperature=temperature,
             decode_tps=statistics.median(_tps(r) for r in group),
@@ -358,7 +379,8 @@ def _summarise(pair: Pair, prompts: Sequence[BenchPrompt], methods: Sequence[Met
     return rows
 
 
-def _exactness(pair: Pair, bp: BenchPrompt, ref: list[int], group: list[Run]) -> tuple[str, Optional[dict]]:
+def _exactness(pair: Pair, bp: BenchPrompt, ref: list[int], group: list[Run],
+               tie_margin: float) -> tuple[str, Optional[dict]]:
     """The worst verdict over a method's repetitions against plain's tokens."""
     prompt_tokens = _prompt_tokens(pair, bp)
 
@@ -367,7 +389,7 @@ def _exactness(pair: Pair, bp: BenchPrompt, ref: list[int], group: list[Run]) ->
 
     worst: tuple[str, Optional[dict]] = ("identical", None)
     for run in group:
-        verdict = classify(ref, run.tokens, margin)
+        verdict = classify(ref, run.tokens, margin, tie_margin)
         if verdict[0] == "MISMATCH" or (verdict[0] == "tie" and worst[0] == "identical"):
             worst = verdict
     return worst
@@ -382,7 +404,10 @@ def render_table(report: BenchReport) -> str:
     p = report.profile
     verify = "  ".join(f"{n + 1}:{v:.2f}" for n, v in enumerate(p.get("verify", [])))
     out = [f"cost profile ({p.get('source')}): target step {1000 * p.get('step_seconds', 0):.1f} ms; "
-           f"verify n tokens / 1: {verify}; draft step / target step: {p.get('draft_step', 0):.2f}", ""]
+           f"draft step / target step: {p.get('draft_step', 0):.2f}",
+           f"verify n tokens / 1: {verify}",
+           f"batch-shape logit noise of this build: {p.get('batch_noise', 0):.3f} "
+           f"(divergences below a {p.get('tie_margin', TIE_MARGIN):.3f} top-two margin count as ties)", ""]
     header = (f"{'prompt':<15} {'temp':>4} {'method':<11} {'tok/s':>7} {'speedup':>7} {'(min-max)':>11} "
               f"{'pred':>5} {'accept':>6} {'tok/rnd':>7}  exactness")
     out += [header, "-" * len(header)]

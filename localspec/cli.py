@@ -1,8 +1,8 @@
 """The ``localspec`` command line.
 
-Thin by design: it parses options, calls the Python API, prints. It is the
-only place where library errors become messages: a ``LocalspecError`` is
-printed as one sentence (``error: ...``) with exit status 1, never a traceback.
+Thin by design: it parses options, calls the library, prints. It is the only
+place where library errors become messages: a ``LocalspecError`` is printed
+as one sentence (``Error: ...``) with exit status 1, never a traceback.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import click
@@ -18,9 +20,10 @@ from . import __version__
 from .errors import LocalspecError
 
 if TYPE_CHECKING:
-    from .api import Result
+    from .api import Pair, Result
 
 METHOD_CHOICES = ["auto", "plain", "draft", "lookup"]
+DEFAULT_PAIR = "qwen2.5-coder-1.5b"
 
 
 def _friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -39,30 +42,78 @@ def _friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+@dataclass
+class ModelArgs:
+    """Which models to load (a pair name or files) and how."""
+
+    pair_name: Optional[str]
+    target: Optional[str]
+    draft: Optional[str]
+    n_ctx: Optional[int]
+    n_threads: Optional[int]
+    n_gpu_layers: Optional[int]
+    verbose: bool
+
+    def open(self) -> Pair:
+        """Load the registered pair by name, or the --target/--draft files."""
+        from .api import load
+
+        if self.pair_name and self.target:
+            raise click.UsageError("Give a pair name or --target/--draft, not both.")
+        if self.pair_name:
+            from .hub import resolve
+            from .registry import get_pair
+
+            spec = get_pair(self.pair_name)
+            files = resolve(spec)
+            return load(files.target, files.draft, n_ctx=spec.ctx if self.n_ctx is None else self.n_ctx,
+                        n_threads=self.n_threads, n_gpu_layers=self.n_gpu_layers, verbose=self.verbose)
+        if not self.target:
+            raise click.UsageError("Name a pair (see `localspec models`) or give --target (and --draft).")
+        return load(self.target, self.draft, n_ctx=4096 if self.n_ctx is None else self.n_ctx,
+                    n_threads=self.n_threads, n_gpu_layers=self.n_gpu_layers, verbose=self.verbose)
+
+
+_MODEL_KEYS = ("pair_name", "target", "draft", "n_ctx", "n_threads", "n_gpu_layers", "verbose")
+
+
 def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Options shared by every command that loads models."""
+    """A pair name or --target/--draft, and the loading options, passed on as ``models``."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        models = ModelArgs(**{key: kwargs.pop(key) for key in _MODEL_KEYS})
+        return fn(*args, models=models, **kwargs)
+
     for opt in reversed([
-        click.option("--target", "-t", "target", type=click.Path(dir_okay=False), required=True,
-                     help="Target model (.gguf): its output is what you get."),
-        click.option("--draft", "-d", "draft", type=click.Path(dir_okay=False), default=None,
-                     help="Draft model (.gguf) of the same family, for --method draft."),
-        click.option("--ctx", "n_ctx", type=click.IntRange(min=0), default=4096, show_default=True,
-                     help="Context length in tokens (0: the model's own)."),
+        click.argument("pair_name", metavar="[PAIR]", required=False),
+        click.option("--target", "-t", type=click.Path(dir_okay=False), default=None,
+                     help="Target model (.gguf): its output is what you get. Or name a pair instead."),
+        click.option("--draft", "-d", type=click.Path(dir_okay=False), default=None,
+                     help="Draft model (.gguf) of the same family."),
+        click.option("--ctx", "n_ctx", type=click.IntRange(min=0), default=None,
+                     help="Context length in tokens (0: the model's own; default: the pair's, else 4096)."),
         click.option("--threads", "n_threads", type=click.IntRange(min=1), default=None,
                      help="CPU threads (default: all available cores)."),
         click.option("--gpu-layers", "n_gpu_layers", type=int, default=None,
                      help="Layers to offload to the GPU; -1 all (default on GPU builds), 0 none."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's log."),
     ]):
-        fn = opt(fn)
-    return fn
+        wrapper = opt(wrapper)
+    return wrapper
 
 
 def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Options that shape one generation."""
+    """Options that shape a generation, passed on as ``options`` (a dict for the API)."""
+    keys = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "method", "k")
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        options = {key: kwargs.pop(key) for key in keys}
+        return fn(*args, options=options, **kwargs)
+
     for opt in reversed([
-        click.option("--max-tokens", "-n", type=int, default=256, show_default=True,
-                     help="Most tokens to generate."),
+        click.option("--max-tokens", "-n", type=int, default=256, show_default=True, help="Most tokens to generate."),
         click.option("--temperature", "--temp", type=float, default=0.0, show_default=True,
                      help="0 for greedy decoding; above 0 samples."),
         click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling mass (1: off)."),
@@ -75,10 +126,9 @@ def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "(and K) each round from this machine's measured costs."),
         click.option("--k", "-k", type=int, default=None,
                      help="Tokens drafted per round (default: 4 for draft, 8 for lookup; for auto the most, 8)."),
-        click.option("--recalibrate", is_flag=True, help="Measure this machine's costs again for auto."),
     ]):
-        fn = opt(fn)
-    return fn
+        wrapper = opt(wrapper)
+    return wrapper
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -89,50 +139,6 @@ def cli() -> None:
     The output is exactly what the target model would produce alone; a draft
     model or prompt lookup only changes how fast it comes.
     """
-
-
-@cli.command()
-@model_options
-@sampling_options
-@click.option("--prompt", "-p", default=None, help="Raw prompt text, sent as is.")
-@click.option("--message", default=None, help="One user message, formatted with the model's chat template.")
-@click.option("--system", default=None, help="System message to go with --message.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, finish_reason, stats.")
-@_friendly_errors
-def generate(
-    target: str, draft: Optional[str], n_ctx: int, n_threads: Optional[int], n_gpu_layers: Optional[int],
-    verbose: bool, max_tokens: int, temperature: float, top_p: float, top_k: int, min_p: float,
-    seed: Optional[int], method: Optional[str], k: Optional[int], recalibrate: bool, prompt: Optional[str],
-    message: Optional[str], system: Optional[str], as_json: bool,
-) -> None:
-    """Generate a continuation of --prompt, or a reply to --message."""
-    from .api import load
-
-    if (prompt is None) == (message is None):
-        raise click.UsageError("Give exactly one of --prompt (raw text) or --message (a chat turn).")
-    if system is not None and message is None:
-        raise click.UsageError("--system goes with --message, not with a raw --prompt.")
-    options = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                   min_p=min_p, seed=seed, method=method, k=k)
-    with load(target, draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, verbose=verbose) as pair:
-        if recalibrate:
-            pair.calibrate(refresh=True)
-        if message is not None:
-            messages = ([{"role": "system", "content": system}] if system else []) + [
-                {"role": "user", "content": message}]
-            stream = pair.stream_chat(messages, **options)
-        else:
-            stream = pair.stream(prompt or "", **options)
-        if as_json:
-            for _ in stream:
-                pass
-            click.echo(json.dumps(stream.result.to_dict(), ensure_ascii=False))
-            return
-        for ev in stream:
-            click.echo(ev.text, nl=False)
-        r = stream.result
-        click.echo()
-        click.echo(summary_line(r), err=True)
 
 
 def summary_line(r: Result) -> str:
@@ -149,18 +155,208 @@ def summary_line(r: Result) -> str:
             f"finish: {r.finish_reason}]")
 
 
+# -- generate, chat ---------------------------------------------------------------------------------
+
+
+@cli.command()
+@model_options
+@sampling_options
+@click.option("--prompt", "-p", default=None, help="Raw prompt text, sent as is.")
+@click.option("--message", default=None, help="One user message, formatted with the model's chat template.")
+@click.option("--system", default=None, help="System message to go with --message.")
+@click.option("--recalibrate", is_flag=True, help="Measure this machine's costs again for auto.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, finish_reason, stats.")
+@_friendly_errors
+def generate(models: ModelArgs, options: dict[str, Any], prompt: Optional[str], message: Optional[str],
+             system: Optional[str], recalibrate: bool, as_json: bool) -> None:
+    """Generate a continuation of --prompt, or a reply to --message."""
+    if (prompt is None) == (message is None):
+        raise click.UsageError("Give exactly one of --prompt (raw text) or --message (a chat turn).")
+    if system is not None and message is None:
+        raise click.UsageError("--system goes with --message, not with a raw --prompt.")
+    with models.open() as pair:
+        if recalibrate:
+            pair.calibrate(refresh=True)
+        if message is not None:
+            messages = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": message}]
+            stream = pair.stream_chat(messages, **options)
+        else:
+            stream = pair.stream(prompt or "", **options)
+        if as_json:
+            for _ in stream:
+                pass
+            click.echo(json.dumps(stream.result.to_dict(), ensure_ascii=False))
+            return
+        for ev in stream:
+            click.echo(ev.text, nl=False)
+        click.echo()
+        click.echo(summary_line(stream.result), err=True)
+
+
+@cli.command()
+@model_options
+@sampling_options
+@click.option("--system", default=None, help="System prompt.")
+@click.option("--show-drafts", is_flag=True, help="Colour tokens by where they came from (lookup, draft, target).")
+@click.option("--yes", "-y", is_flag=True, help="Download the pair without asking if it is missing.")
+@_friendly_errors
+def chat(models: ModelArgs, options: dict[str, Any], system: Optional[str], show_drafts: bool, yes: bool) -> None:
+    """Talk to a model pair in the terminal, with streamed speculative output.
+
+    PAIR is a name from `localspec models`; without one (and without
+    --target) the first downloaded pair is used, or the default pair is
+    offered for download.
+    """
+    from .chat import ChatSession, run_chat
+
+    if not models.pair_name and not models.target:
+        models.pair_name = _choose_pair(yes)
+    elif models.pair_name:
+        _ensure_pulled(models.pair_name, yes)
+    with models.open() as pair:
+        run_chat(ChatSession(pair, system, **options), show_drafts)
+
+
+def _choose_pair(yes: bool) -> str:
+    """The first downloaded pair, or the default pair after offering to download it."""
+    from .hub import resolve
+    from .registry import load_registry
+
+    for name, spec in load_registry().items():
+        try:
+            resolve(spec)
+            return name
+        except LocalspecError:
+            continue
+    _ensure_pulled(DEFAULT_PAIR, yes)
+    return DEFAULT_PAIR
+
+
+def _ensure_pulled(name: str, yes: bool) -> None:
+    from .hub import pull, resolve
+    from .registry import get_pair
+
+    spec = get_pair(name)
+    try:
+        resolve(spec)
+        return
+    except LocalspecError:
+        pass
+    if not yes:
+        if not sys.stdin.isatty():
+            raise click.ClickException(f"Pair {name!r} is not downloaded; run `localspec pull {name}` "
+                                       "(or pass --yes to download it now).")
+        if not click.confirm(f"Pair {name!r} ({spec.description}) is not downloaded. Download it now?",
+                             default=True):
+            raise click.Abort()
+    pull(spec, say=lambda m: click.echo(m, err=True))
+
+
+# -- model pairs ------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+@_friendly_errors
+def models(as_json: bool) -> None:
+    """List the model pairs: size, whether downloaded, and where."""
+    from .hub import locate
+    from .registry import load_registry, user_file
+
+    rows: list[dict[str, Any]] = []
+    for name, spec in load_registry().items():
+        paths = [locate(spec.target), locate(spec.draft)]
+        size = sum(p.stat().st_size for p in paths if p is not None)
+        rows.append({"name": name, "description": spec.description, "downloaded": all(paths),
+                     "target": str(paths[0]) if paths[0] else spec.target.describe(),
+                     "draft": str(paths[1]) if paths[1] else spec.draft.describe(),
+                     "bytes_on_disk": size, "k": spec.k, "ctx": spec.ctx})
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    for row in rows:
+        state = f"downloaded, {row['bytes_on_disk'] / 1e9:.2f} GB" if row["downloaded"] else "not downloaded"
+        click.echo(f"{row['name']:<22} {state}")
+        click.echo(f"  {row['description']}")
+        click.echo(f"  target: {row['target']}\n  draft:  {row['draft']}")
+    click.echo(f"\nyour pairs: {user_file()}  (localspec add NAME --target ... --draft ...)")
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--target", "-t", type=click.Path(dir_okay=False, exists=True), required=True)
+@click.option("--draft", "-d", type=click.Path(dir_okay=False, exists=True), required=True)
+@click.option("--description", default="", help="A short description for `localspec models`.")
+@click.option("--k", type=click.IntRange(1, 16), default=4, show_default=True, help="Suggested draft length.")
+@click.option("--ctx", type=click.IntRange(min=256), default=4096, show_default=True, help="Suggested context.")
+@_friendly_errors
+def add(name: str, target: str, draft: str, description: str, k: int, ctx: int) -> None:
+    """Register GGUF files you already have as pair NAME (nothing is copied)."""
+    from .backend import read_vocab
+    from .compat import check_vocab
+    from .registry import add_local_pair
+
+    check_vocab(read_vocab(target), read_vocab(draft))
+    path = add_local_pair(name, Path(target), Path(draft), description, k, ctx)
+    click.echo(f"added {name} to {path}; try `localspec chat {name}`")
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+@_friendly_errors
+def pull(name: str, quiet: bool) -> None:
+    """Download pair NAME from the Hugging Face Hub (resumes; checks sha256)."""
+    from .hub import pull as hub_pull
+    from .registry import get_pair
+
+    files = hub_pull(get_pair(name), say=lambda m: click.echo(m, err=True), progress=not quiet)
+    click.echo(f"{name}: target {files.target}")
+    click.echo(f"{' ' * len(name)}  draft  {files.draft}")
+
+
+@cli.command()
+@click.argument("pair_name", metavar="[PAIR]", required=False)
+@click.option("--target", "-t", type=click.Path(dir_okay=False), default=None)
+@click.option("--draft", "-d", type=click.Path(dir_okay=False), default=None)
+@_friendly_errors
+def check(pair_name: Optional[str], target: Optional[str], draft: Optional[str]) -> None:
+    """Check that a draft shares the target's vocabulary (reads the vocabularies only)."""
+    from .backend import read_vocab
+    from .compat import VOCAB_TYPES, compare
+
+    if pair_name:
+        from .hub import resolve
+        from .registry import get_pair
+
+        files = resolve(get_pair(pair_name))
+        target, draft = str(files.target), str(files.draft)
+    if not target or not draft:
+        raise click.UsageError("Name a pair or give both --target and --draft.")
+    t, d = read_vocab(target), read_vocab(draft)
+    for role, v in (("target", t), ("draft", d)):
+        click.echo(f"{role}: {v.path.name}: {VOCAB_TYPES.get(v.type, '?')}, {v.n_tokens} tokens, "
+                   f"BOS {v.bos}, EOS {v.eos}")
+    result = compare(t, d)
+    if not result.ok:
+        raise click.ClickException(result.message)
+    click.echo(("warning: " if result.padded else "ok: ") + result.message)
+
+
+# -- measuring --------------------------------------------------------------------------------------
+
+
 @cli.command()
 @model_options
 @click.option("--recalibrate", is_flag=True, help="Measure again even if a calibration is cached.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 @_friendly_errors
-def calibrate(target: str, draft: Optional[str], n_ctx: int, n_threads: Optional[int],
-              n_gpu_layers: Optional[int], verbose: bool, recalibrate: bool, as_json: bool) -> None:
+def calibrate(models: ModelArgs, recalibrate: bool, as_json: bool) -> None:
     """Measure what verification and drafting cost on this machine (used by auto)."""
-    from .api import load
     from .auto import predicted_table
 
-    with load(target, draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, verbose=verbose) as pair:
+    with models.open() as pair:
         profile = pair.calibrate(refresh=recalibrate)
         if as_json:
             click.echo(json.dumps({"source": profile.source, "verify_seconds": profile.verify,
@@ -168,11 +364,6 @@ def calibrate(target: str, draft: Optional[str], n_ctx: int, n_threads: Optional
                                    "relative": profile.relative()}))
             return
         click.echo(predicted_table(profile, pair.draft is not None))
-
-
-def main() -> None:
-    """Console-script entry point."""
-    cli(prog_name="localspec")
 
 
 @cli.command()
@@ -194,21 +385,17 @@ def main() -> None:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of speedup against K per category (needs matplotlib).")
 @_friendly_errors
-def bench(target: str, draft: Optional[str], n_ctx: int, n_threads: Optional[int], n_gpu_layers: Optional[int],
-          verbose: bool, suite: Optional[str], categories: tuple[str, ...], quick: bool, reps: Optional[int],
+def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], quick: bool, reps: Optional[int],
           max_tokens: Optional[int], k_lookup: Optional[str], k_draft: Optional[str], no_auto: bool,
           sampled: bool, sampled_temperature: float, json_path: Optional[str], plot_path: Optional[str]) -> None:
     """Compare plain decoding, lookup, draft and auto on a prompt suite, side by side.
 
     Exits with status 1 if any greedy run differs from plain decoding other than at a numeric tie.
     """
-    from pathlib import Path
-
-    from .api import load
     from .bench import default_methods, load_suite, render_table, run_bench, write_json, write_plot
 
     prompts = load_suite(Path(suite) if suite else None, categories, quick)
-    with load(target, draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, verbose=verbose) as pair:
+    with models.open() as pair:
         methods = default_methods(pair.draft is not None, quick, _k_list(k_lookup, "--k-lookup"),
                                   _k_list(k_draft, "--k-draft"), auto=not no_auto)
         reps = reps or (2 if quick else 3)
@@ -243,3 +430,8 @@ def _k_list(value: Optional[str], option: str) -> Optional[list[int]]:
     if not ks or any(k < 1 or k > 8 for k in ks):
         raise click.BadParameter("each K must be from 1 to 8", param_hint=option)
     return ks
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="localspec")

@@ -32,5 +32,13 @@ class ConfigError(LocalspecError, ValueError):
     """An option value (method, draft length, threads...) is invalid."""
 
 
+class RegistryError(LocalspecError):
+    """models.toml is malformed, or a pair name is unknown."""
+
+
+class HubError(LocalspecError):
+    """A download from the Hugging Face Hub failed or gave a file that fails its checksum."""
+
+
 class BackendError(LocalspecError):
     """llama.cpp reported a failure (decode or cache edit)."""

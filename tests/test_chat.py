@@ -1,0 +1,99 @@
+"""The chat session on tiny models: turns, cache reuse, commands, Ctrl-C; and the terminal loop."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import localspec
+from localspec.chat import ChatSession
+from localspec.cli import cli
+from localspec.errors import ConfigError, SamplingError
+
+OPTS = dict(max_tokens=12, temperature=0.0, method="draft", k=3)
+
+
+@pytest.fixture
+def session(tiny_pair):
+    return ChatSession(tiny_pair, system="be brief", **OPTS)
+
+
+def test_turns_build_the_conversation_and_reuse_the_cache(session, tiny_pair):
+    r1, stopped = session.reply("hello there", lambda ev: None)
+    assert not stopped and len(r1.tokens) > 0
+    assert [m["role"] for m in session.messages] == ["system", "user", "assistant"]
+    assert tiny_pair.target.n_past >= len(r1.prompt_tokens) + len(r1.tokens) - 2  # the cache holds the turn
+    session.messages.append({"role": "user", "content": "and again"})
+    next_prompt = np.asarray(tiny_pair.chat_tokens(session.messages))
+    session.messages.pop()
+    # Everything up to the reply is reused; the reply itself is reused as far as its
+    # re-tokenised text matches the generated ids (random tiny models often differ).
+    assert tiny_pair.target.common_prefix(next_prompt) >= len(r1.prompt_tokens)
+    r2, _ = session.reply("and again", lambda ev: None)
+    fresh = ChatSession(tiny_pair, system="be brief", **OPTS)
+    fresh.messages = session.messages[:-1]
+    tiny_pair.target.reset()
+    tiny_pair.draft.reset()
+    assert tiny_pair.chat(fresh.messages, **OPTS).text == r2.text
+
+
+def test_ctrl_c_keeps_the_partial_reply_and_the_next_turn_is_exact(session, tiny_pair):
+    seen = []
+
+    def interrupt_after_three(ev):
+        seen.append(ev.text)
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+
+    r, stopped = session.reply("tell me a long story", interrupt_after_three)
+    assert stopped and len(r.tokens) == 3
+    assert session.messages[-1] == {"role": "assistant", "content": "".join(seen)}
+    r2, _ = session.reply("go on", lambda ev: None)
+    with localspec.load(tiny_pair.target.path, tiny_pair.draft.path) as fresh:
+        assert fresh.chat(session.messages[:-1], **OPTS).text == r2.text
+
+
+def test_commands_change_settings_and_refuse_bad_values(session, tmp_path):
+    assert session.command("/method lookup") == ("method: lookup", False)
+    assert session.options["method"] == "lookup"
+    assert session.command("/k 5")[0] == "k: 5" and session.options["k"] == 5
+    assert session.command("/temperature 0.7")[0] == "temperature: 0.7"
+    for bad, cls in [("/method beam", ConfigError), ("/k many", ConfigError), ("/temperature hot", ConfigError),
+                     ("/temperature -1", SamplingError), ("/frobnicate", ConfigError), ("/save", ConfigError)]:
+        before = dict(session.options)
+        with pytest.raises(cls):
+            session.command(bad)
+        assert session.options == before
+    session.reply("hi", lambda ev: None)
+    text, _ = session.command(f"/save {tmp_path / 'c.json'}")
+    saved = json.loads((tmp_path / "c.json").read_text())
+    assert saved["messages"] == session.messages and "saved 3 messages" in text
+    assert "turns 1" in session.command("/stats")[0]
+    session.command("/reset")
+    assert session.messages == [{"role": "system", "content": "be brief"}]
+    assert session.command("/exit") == ("", True)
+    assert "/temperature" in session.command("/help")[0]
+
+
+def test_terminal_loop_without_a_tty_prints_plain_text(tiny_dir):
+    lines = "hello\n/stats\n/method plain\nagain\n/bogus\n/exit\n"
+    r = CliRunner().invoke(cli, ["chat", "-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf"),
+                                 "-n", "8", "--show-drafts"], input=lines)
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert "\x1b[" not in out  # no colour codes when stdout is not a terminal
+    assert out.count("[8 tokens") == 2 or out.count(" tokens, ") == 2
+    assert "turns 1" in out and "method: plain" in out and "error: Unknown command /bogus" in out
+    ours = [line for line in out.splitlines() if line.startswith(("[", "localspec", "turns", "accepted", "method",
+                                                                 "context", "error"))]
+    assert len(ours) >= 8 and all(len(line) <= 80 for line in ours)  # readable in an 80-column terminal
+
+
+def test_chat_without_models_offers_nothing_when_not_interactive(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    r = CliRunner().invoke(cli, ["chat"], input="")
+    assert r.exit_code == 1 and "localspec pull qwen2.5-coder-1.5b" in r.stderr

@@ -1,0 +1,77 @@
+"""`localspec chat` end to end in a pseudo-terminal on the real pair."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import real_models_dir
+
+pexpect = pytest.importorskip("pexpect")
+
+pytestmark = pytest.mark.real
+SUMMARY = re.compile(r"\[\d+ tokens, [\d.]+ tok/s, [^\]]*finish: \w+\]")
+
+
+def test_chat_session_in_a_terminal(tmp_path, localspec_home):
+    d = real_models_dir()
+    env = dict(os.environ, LOCALSPEC_HOME=str(localspec_home), COLUMNS="80", LINES="40", TERM="xterm")
+    child = pexpect.spawn(sys.executable, ["-m", "localspec", "chat", "-t", str(d / "target.gguf"),
+                                           "-d", str(d / "draft.gguf"), "-n", "48", "--show-drafts",
+                                           "--ctx", "2048"],
+                          env=env, encoding="utf-8", timeout=240, dimensions=(40, 80))
+    transcript = []
+    try:
+        child.expect(">>> ")
+        transcript.append(child.before + ">>> ")
+
+        def turn(text: str) -> str:
+            child.sendline(text)
+            child.expect(SUMMARY)
+            reply = child.before
+            child.expect(">>> ")
+            transcript.append(text + reply + child.after + child.before + ">>> ")
+            return reply
+
+        turn("My name is Ada Lovelace. Reply with one short sentence.")
+        second = turn("What is my name? Answer in a few words.")
+        assert "Ada" in second
+        assert "\x1b[" in second  # coloured tokens on a terminal with --show-drafts
+        child.sendline("/stats")
+        child.expect(r"turns 2, tokens \d+")
+        child.expect(">>> ")
+        # Ctrl-C in the middle of a long reply
+        child.sendline("Write a long poem about the sea, at least twenty lines.")
+        child.expect(r"\w+\s+\w+\s+\w+")  # some words have streamed
+        child.sendintr()
+        child.expect(r"\[interrupted\]")
+        child.expect(SUMMARY)
+        child.expect(">>> ")
+        after = turn("Now say just the word 'done'.")
+        saved = tmp_path / "conv.json"
+        child.sendline(f"/save {saved}")
+        child.expect("saved 8 messages")
+        child.expect(">>> ")
+        child.sendline("/reset")
+        child.expect("conversation cleared")
+        child.expect(">>> ")
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+    finally:
+        (Path(os.environ.get("LOCALSPEC_CHAT_TRANSCRIPT", tmp_path / "transcript.txt"))).write_text(
+            "".join(transcript))
+        child.close(force=True)
+
+    # The turn after Ctrl-C equals a fresh conversation with the same history.
+    import localspec
+
+    messages = json.loads(saved.read_text())["messages"]
+    assert messages[-1]["content"] and messages[-1]["role"] == "assistant"
+    with localspec.load(d / "target.gguf", d / "draft.gguf", n_ctx=2048) as pair:
+        fresh = pair.chat(messages[:-1], max_tokens=48, temperature=0.0)
+    assert fresh.text == messages[-1]["content"]
+    assert fresh.text.strip() in re.sub(r"\x1b\[[0-9;]*m", "", after).replace("\r", "")
