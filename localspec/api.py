@@ -40,8 +40,8 @@ class Result:
     Attributes:
         text: the generated text (end-of-generation token not included).
         tokens: the generated token ids.
-        finish_reason: "stop" (the model ended its answer) or "length"
-            (max_tokens reached or the context is full).
+        finish_reason: "stop" (the model ended its answer), "length"
+            (max_tokens reached or the context is full) or "interrupted".
         stats: counts and timings.
         prompt_tokens: the prompt's token ids.
     """

@@ -130,17 +130,20 @@ class ChatSession:
             so far joins the conversation, and both caches stay consistent.
         """
         self.messages.append({"role": "user", "content": user_text})
-        try:
-            stream = self.pair.stream_chat(self.messages, **self.options)
-        except LocalspecError:
-            self.messages.pop()  # e.g. the conversation no longer fits the context
-            raise
+        stream = None
         interrupted = False
         try:
+            stream = self.pair.stream_chat(self.messages, **self.options)
             for ev in stream:
                 on_event(ev)
         except KeyboardInterrupt:
             interrupted = True  # leaving the loop closed the stream: caches are consistent
+        except LocalspecError:
+            self.messages.pop()  # e.g. the conversation no longer fits the context
+            raise
+        if stream is None:  # Ctrl-C before generation started: the turn never happened
+            self.messages.pop()
+            raise KeyboardInterrupt
         result = stream.result
         self.messages.append({"role": "assistant", "content": result.text})
         self._count(result)
@@ -227,6 +230,9 @@ def run_chat(session: ChatSession, show_drafts: bool, stdout: Optional[TextIO] =
             result, interrupted = session.reply(line, on_event)
         except LocalspecError as exc:
             say(f"error: {exc}", fg="red")
+            continue
+        except KeyboardInterrupt:
+            say("[interrupted before the reply began; the turn was dropped]", fg="red")
             continue
         say(" [interrupted]" if interrupted else "", fg="red")
         say(summary_line(result), dim=True)

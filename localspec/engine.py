@@ -129,7 +129,8 @@ class Generation:
     def __init__(self, gen: Generator[TokenEvent, None, None], stats: GenerationStats):
         self._gen = gen
         self.stats = stats
-        #: "stop" (end-of-generation token), "length" (max_tokens or context full), or None while running.
+        #: "stop" (end-of-generation token), "length" (max_tokens or context full), "interrupted"
+        #: (closed early), or None while running.
         self.finish_reason: Optional[str] = None
         #: Generated token ids emitted so far.
         self.tokens: list[int] = []
@@ -295,3 +296,5 @@ def _run(  # noqa: C901 - the round loop reads best in one piece
                 stats.auto = report.to_dict()
         stats.llama_seconds = llama_busy() - busy0
         g.tail_text = detok.flush()
+        if g.finish_reason is None:  # closed early: the consumer stopped, an error, or Ctrl-C
+            g.finish_reason = "interrupted"

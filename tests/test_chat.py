@@ -49,7 +49,7 @@ def test_ctrl_c_keeps_the_partial_reply_and_the_next_turn_is_exact(session, tiny
             raise KeyboardInterrupt
 
     r, stopped = session.reply("tell me a long story", interrupt_after_three)
-    assert stopped and len(r.tokens) == 3
+    assert stopped and len(r.tokens) == 3 and r.finish_reason == "interrupted"
     assert session.messages[-1] == {"role": "assistant", "content": "".join(seen)}
     r2, _ = session.reply("go on", lambda ev: None)
     with localspec.load(tiny_pair.target.path, tiny_pair.draft.path) as fresh:
