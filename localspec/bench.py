@@ -164,6 +164,10 @@ class Row:
     acceptance_by_position: list[float]
     predicted_speedup: Optional[float]
     exactness: str  # identical / tie / MISMATCH / "reference" for plain / "-" when sampled
+    #: Decode time outside llama.cpp per round (Python and numpy), median over repetitions.
+    overhead_ms_per_round: float = 0.0
+    #: Round statistics summed over repetitions (what predictions are made from).
+    round_stats: Optional[dict[str, int]] = None
     divergence: Optional[dict[str, float]] = None
     auto_rounds: Optional[dict[str, int]] = None
 
@@ -374,6 +378,8 @@ def _summarise(pair: Pair, prompts: Sequence[BenchPrompt], methods: Sequence[Met
             acceptance_by_position=[round(a, 3) for a in last["acceptance_by_position"]],
             predicted_speedup=predicted_speedup(profile, method, merged),
             exactness=exactness, divergence=divergence,
+            overhead_ms_per_round=statistics.median(r.stats["overhead_ms_per_round"] for r in group),
+            round_stats=merged,
             auto_rounds=last["auto"]["rounds"] if last.get("auto") else None,
         ))
     return rows

@@ -43,11 +43,11 @@ def tiny_pair(tiny_dir: Path):
 
 
 def real_models_dir() -> Path:
-    env = os.environ.get("LOCALSPEC_TEST_MODELS")
-    if env:
-        return Path(env)
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "localspec" / "test-models"
+    """Where scripts/fetch_test_models.py puts the real pair."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from fetch_test_models import default_dest
+
+    return default_dest()
 
 
 @pytest.fixture(scope="session")
