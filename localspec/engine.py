@@ -230,6 +230,7 @@ def _run(  # noqa: C901 - the round loop reads best in one piece
 
     t_start = time.perf_counter()
     busy0 = llama_busy()
+    t_mark: Optional[float] = None  # start of the decode time not yet counted; None while the consumer runs
     try:
         logits = target.sync(prompt)  # reuses the cached prefix (e.g. earlier chat turns)
         if drafter is not None:
@@ -248,6 +249,7 @@ def _run(  # noqa: C901 - the round loop reads best in one piece
                     return
                 stats.generated_tokens += 1
                 stats.decode_seconds += time.perf_counter() - t_mark
+                t_mark = None
                 yield TokenEvent(tok, detok.feed(tok), source, by)
                 t_mark = time.perf_counter()
                 if stats.generated_tokens >= max_tokens:
@@ -294,6 +296,8 @@ def _run(  # noqa: C901 - the round loop reads best in one piece
             report = getattr(drafter, "report", None)
             if report is not None:
                 stats.auto = report.to_dict()
+        if t_mark is not None:  # the round that found EOS (or failed) after the last yield
+            stats.decode_seconds += time.perf_counter() - t_mark
         stats.llama_seconds = llama_busy() - busy0
         g.tail_text = detok.flush()
         if g.finish_reason is None:  # closed early: the consumer stopped, an error, or Ctrl-C

@@ -115,6 +115,8 @@ def test_eos_mid_round_stops_with_nothing_after_it(tmp_path):
     assert ref.tokens == plain[:stop_at] and ref.finish_reason == "stop"
     assert r.tokens == ref.tokens and r.finish_reason == "stop"
     assert r.text == ref.text
+    for s in (ref.stats, r.stats):  # the round that found EOS counts as decode time too
+        assert 0 < s.llama_seconds <= s.decode_seconds
 
 
 def test_max_tokens_mid_round_emits_exactly_that_many(tiny_dir):
