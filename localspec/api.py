@@ -24,8 +24,8 @@ from .auto import KMAX, CostProfile, auto_drafter, calibrate
 from .backend import Model, read_vocab
 from .compat import check_vocab
 from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
-from .engine import Generation, GenerationStats, TokenEvent, generate_events
-from .errors import ConfigError, ContextOverflowError
+from .engine import Generation, GenerationStats, TokenEvent, check_prompt, generate_events
+from .errors import ConfigError
 
 PathLike = Union[str, os.PathLike]
 METHODS = ("auto", "plain", "draft", "lookup")
@@ -226,10 +226,7 @@ class Pair:
         ngram: tuple[int, int] = (1, 3),
     ) -> Stream:
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-        if len(prompt_tokens) >= self.target.n_ctx:  # before any work, calibration included
-            raise ContextOverflowError(
-                f"The prompt is {len(prompt_tokens)} tokens but the context holds {self.target.n_ctx}; "
-                "shorten the prompt or raise the context length (--ctx).")
+        check_prompt(self.target, len(prompt_tokens))  # before any work, calibration included
         text = prompt_text if prompt_text is not None else self.target.detokenize(prompt_tokens)
         drafter, k = self.drafter(method, k, params, ngram, text, prompt_tokens)
         g = generate_events(self.target, prompt_tokens, drafter=drafter, k=k, params=params,

@@ -150,6 +150,17 @@ class Generation:
         self._gen.close()
 
 
+def check_prompt(target: Model, n_tokens: int) -> None:
+    """Raise unless a prompt of ``n_tokens`` leaves room in the target's context for a reply."""
+    if n_tokens == 0:
+        raise ConfigError("The prompt is empty; give at least one token of text.")
+    if n_tokens >= target.n_ctx:
+        raise ContextOverflowError(
+            f"The prompt is {n_tokens} tokens but the context holds {target.n_ctx}; "
+            "shorten the prompt or raise the context length (--ctx)."
+        )
+
+
 def generate_events(
     target: Model,
     prompt: Sequence[int],
@@ -179,13 +190,7 @@ def generate_events(
         raise ConfigError(f"max_tokens must be at least 1, got {max_tokens}.")
     if k < 0:
         raise ConfigError(f"The draft length k must be >= 0, got {k}.")
-    if len(prompt) == 0:
-        raise ConfigError("The prompt is empty; give at least one token of text.")
-    if len(prompt) >= target.n_ctx:
-        raise ContextOverflowError(
-            f"The prompt is {len(prompt)} tokens but the context holds {target.n_ctx}; "
-            "shorten the prompt or raise the context length (--ctx)."
-        )
+    check_prompt(target, len(prompt))
     if drafter is None or k == 0:
         drafter, k = None, 0
     params = params or SamplingParams()
