@@ -109,8 +109,11 @@ class Pair:
             self._profile = calibrate(self.target, self.draft, KMAX, refresh=refresh)
         return self._profile
 
-    def set_profile(self, profile: CostProfile) -> None:
-        """Use this cost profile for auto mode instead of measuring (e.g. to simulate a GPU)."""
+    def set_profile(self, profile: Optional[CostProfile]) -> None:
+        """Use this cost profile for auto mode instead of measuring (e.g. to simulate a GPU).
+
+        None forgets it: the next auto generation uses the calibration again.
+        """
         self._profile = profile
 
     def close(self) -> None:
@@ -227,8 +230,7 @@ class Pair:
     ) -> Stream:
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
         check_prompt(self.target, len(prompt_tokens))  # before any work, calibration included
-        text = prompt_text if prompt_text is not None else self.target.detokenize(prompt_tokens)
-        drafter, k = self.drafter(method, k, params, ngram, text, prompt_tokens)
+        drafter, k = self.drafter(method, k, params, ngram, prompt_text, prompt_tokens)
         g = generate_events(self.target, prompt_tokens, drafter=drafter, k=k, params=params,
                             max_tokens=max_tokens, rng=np.random.default_rng(seed))
         return Stream(g, prompt_tokens)
@@ -239,7 +241,7 @@ class Pair:
         k: Optional[int],
         params: SamplingParams,
         ngram: tuple[int, int] = (1, 3),
-        prompt_text: str = "",
+        prompt_text: Optional[str] = None,
         prompt_tokens: Sequence[int] = (),
     ) -> tuple[Optional[Drafter], int]:
         """The drafter and draft length for a method name (None means auto).
@@ -259,7 +261,8 @@ class Pair:
         if method == "auto":
             if k == 0:
                 return None, 0
-            drafter = auto_drafter(self.calibrate(), self.draft, params, prompt_text,
+            text = prompt_text if prompt_text is not None else self.target.detokenize(prompt_tokens)
+            drafter = auto_drafter(self.calibrate(), self.draft, params, text,
                                    np.asarray(prompt_tokens, dtype=np.int32), k)
             return drafter, k
         if method == "draft":

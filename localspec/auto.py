@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -38,7 +37,7 @@ import numpy as np
 from .acceptance import SamplingParams
 from .backend import Model, gpu_offload_supported
 from .drafters import EMPTY_DRAFT, Draft, ModelDrafter, PromptLookupDrafter
-from .paths import cache_dir
+from .paths import cache_dir, write_atomic
 
 KMAX = 8
 #: Speculate only when the predicted speedup clears this, so estimation noise cannot make auto slower than plain.
@@ -391,10 +390,7 @@ def calibrate(target: Model, draft: Optional[Model], kmax: int = KMAX, refresh: 
     store[key] = {"verify": profile.verify, "draft_step": profile.draft_step, "lookup": profile.lookup,
                   "target": str(target.path), "draft": str(draft.path) if draft else None,
                   "threads": target.n_threads, "gpu_layers": target.n_gpu_layers, "measured_at": time.time()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(store, indent=1))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(store, indent=1))
     return profile
 
 

@@ -310,7 +310,8 @@ def run_bench(
     if pair.draft is None and any(m.method == "draft" for m in methods):
         raise ConfigError("Draft-model methods need a draft model (--draft).")
     profile = pair.calibrate()
-    noise = batch_noise(pair, _prompt_tokens(pair, prompts[0]))
+    prompt_ids = {bp.name: _prompt_tokens(pair, bp) for bp in prompts}  # template and tokenizer once
+    noise = batch_noise(pair, prompt_ids[prompts[0].name])
     report = BenchReport(profile={"source": profile.source, **profile.relative(),
                                   "step_seconds": profile.verify[0], "batch_noise": noise,
                                   "tie_margin": max(TIE_MARGIN, 2 * noise)},
@@ -320,7 +321,7 @@ def run_bench(
     for temperature in temperatures:
         for pi, rep, spec in schedule(len(prompts), methods, reps):
             bp = prompts[pi]
-            tokens = _prompt_tokens(pair, bp)
+            tokens = prompt_ids[bp.name]
             if rep == 0 and spec == methods[0]:
                 _generate(pair, tokens, spec, temperature, 0, min(16, max_tokens))  # warm-up
             r = _generate(pair, tokens, spec, temperature, rep, max_tokens)
@@ -328,7 +329,7 @@ def run_bench(
                             r.stats.to_dict()))
             if progress:
                 progress(f"{bp.name} {spec.label}")
-    report.rows = _summarise(pair, prompts, methods, runs, profile, max(TIE_MARGIN, 2 * noise))
+    report.rows = _summarise(pair, prompt_ids, runs, profile, max(TIE_MARGIN, 2 * noise))
     report.mismatches = sum(row.exactness == "MISMATCH" for row in report.rows)
     report.machine = machine_info(pair, checksums)
     return report
@@ -347,13 +348,12 @@ def _generate(pair: Pair, tokens: list[int], spec: MethodSpec, temperature: floa
                          temperature=temperature, seed=seed)
 
 
-def _summarise(pair: Pair, prompts: Sequence[BenchPrompt], methods: Sequence[MethodSpec], runs: list[Run],
-               profile: CostProfile, tie_margin: float) -> list[Row]:
+def _summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], profile: CostProfile,
+               tie_margin: float) -> list[Row]:
     rows = []
     by_key: dict[tuple, list[Run]] = {}
     for run in runs:
         by_key.setdefault((run.prompt, run.method, run.k, run.temperature), []).append(run)
-    tokens_of = {bp.name: bp for bp in prompts}
     for (name, method, k, temperature), group in by_key.items():
         plain = {r.rep: r for r in by_key[(name, "plain", 0, temperature)]}
         speedups = [_tps(r) / _tps(plain[r.rep]) for r in group if _tps(plain[r.rep]) > 0]
@@ -366,7 +366,7 @@ def _summarise(pair: Pair, prompts: Sequence[BenchPrompt], methods: Sequence[Met
         if method == "plain":
             exactness = "reference"
         elif temperature == 0:
-            exactness, divergence = _exactness(pair, tokens_of[name], plain[0].tokens, group, tie_margin)
+            exactness, divergence = _exactness(pair, prompt_ids[name], plain[0].tokens, group, tie_margin)
         rows.append(Row(
             prompt=name, category=group[0].category, method=method, k=k, temperature=temperature,
             decode_tps=statistics.median(_tps(r) for r in group),
@@ -385,10 +385,9 @@ def _summarise(pair: Pair, prompts: Sequence[BenchPrompt], methods: Sequence[Met
     return rows
 
 
-def _exactness(pair: Pair, bp: BenchPrompt, ref: list[int], group: list[Run],
+def _exactness(pair: Pair, prompt_tokens: list[int], ref: list[int], group: list[Run],
                tie_margin: float) -> tuple[str, Optional[dict]]:
     """The worst verdict over a method's repetitions against plain's tokens."""
-    prompt_tokens = _prompt_tokens(pair, bp)
 
     def margin(i: int) -> float:
         return margin_at(pair, prompt_tokens, ref, i)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, NoReturn, Optional
 
 from .errors import HubError, RegistryError
-from .paths import home
+from .paths import home, write_atomic
 from .registry import ModelRef, PairSpec
 
 Say = Callable[[str], None]
@@ -61,10 +61,7 @@ def _read_json(path: Path) -> dict:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def expected_sha256(ref: ModelRef) -> tuple[Optional[str], str]:

@@ -20,6 +20,14 @@ def home() -> Path:
     return Path(env).expanduser() if env else Path(platformdirs.user_data_dir(APP))
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def cache_dir() -> Path:
     """Directory for things that can be recomputed (calibrations)."""
     env = os.environ.get("LOCALSPEC_HOME")

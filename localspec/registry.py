@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .errors import RegistryError
-from .paths import home
+from .paths import home, write_atomic
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -175,8 +175,5 @@ def add_local_pair(name: str, target: Path, draft: Path, description: str = "", 
     entry = {"description": description or f"{target.name} with {draft.name} as draft", "k": k, "ctx": ctx,
              "target": {"path": str(target.resolve())}, "draft": {"path": str(draft.resolve())}}
     data.setdefault("pairs", {})[name] = entry
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".toml.tmp")
-    tmp.write_text(tomli_w.dumps(data), encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, tomli_w.dumps(data))
     return path

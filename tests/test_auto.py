@@ -153,7 +153,7 @@ def test_auto_greedy_is_exact(tiny_pair, profile):
             assert r.stats.method == "auto" and r.stats.auto is not None
             assert sum(r.stats.auto["rounds"].values()) == r.stats.rounds
     finally:
-        tiny_pair._profile = None
+        tiny_pair.set_profile(None)
 
 
 def test_auto_uses_the_draft_model_where_it_pays(tiny_pair):
@@ -161,7 +161,7 @@ def test_auto_uses_the_draft_model_where_it_pays(tiny_pair):
     try:
         r = tiny_pair.generate(PROMPTS[0], max_tokens=80, method="auto")
     finally:
-        tiny_pair._profile = None
+        tiny_pair.set_profile(None)
     assert r.stats.auto["rounds"]["draft"] > 0
     assert r.stats.auto["changes"][0]["predicted_speedup"] > 1.0
     assert r.stats.accepted > 0
@@ -178,7 +178,7 @@ def test_auto_sampled_keeps_the_distribution(tiny_pair):
             auto = _token_counts(tiny_pair, prompt, 2000, position, method="auto")
             assert _same_distribution(plain, auto) > 1e-3
     finally:
-        tiny_pair._profile = None
+        tiny_pair.set_profile(None)
 
 
 def test_calibrate_command_prints_the_profile(tiny_dir):
@@ -199,7 +199,7 @@ def test_stream_events_name_the_drafter(tiny_pair):
     try:
         events = list(tiny_pair.stream(PROMPTS[1], max_tokens=60, method="auto"))
     finally:
-        tiny_pair._profile = None
+        tiny_pair.set_profile(None)
     drafted = {ev.drafter for ev in events if ev.from_draft}
     assert drafted and drafted <= {"lookup", "draft"}
     assert all(ev.drafter == "" for ev in events if not ev.from_draft)
