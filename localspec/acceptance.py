@@ -18,58 +18,23 @@ tokens to keep:
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Optional, Protocol, Sequence, Union
 
 import numpy as np
 
-from .errors import SamplingError
+from .options import SamplingParams
 
 # Nucleus search first sorts only this many of the largest probabilities and
 # falls back to a full sort when they do not reach top_p.
 _NUCLEUS_CANDIDATES = 1024
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """How the next token is chosen from a logits row.
-
-    Attributes:
-        temperature: 0 for greedy (argmax) decoding, otherwise > 0.
-        top_k: keep the k most likely tokens; 0 disables.
-        top_p: keep the smallest set of tokens whose mass reaches top_p; 1 disables.
-        min_p: drop tokens below min_p times the top probability; 0 disables.
-    """
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-
-    def __post_init__(self) -> None:
-        t, k, p, m = self.temperature, self.top_k, self.top_p, self.min_p
-        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise SamplingError(f"temperature must be a finite number >= 0 (0 means greedy), got {t!r}.")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise SamplingError(f"top_k must be a whole number >= 0 (0 disables it), got {k!r}.")
-        if not isinstance(p, (int, float)) or not (0 < p <= 1):
-            raise SamplingError(f"top_p must be in (0, 1] (1 disables it), got {p!r}.")
-        if not isinstance(m, (int, float)) or not (0 <= m <= 1):
-            raise SamplingError(f"min_p must be in [0, 1] (0 disables it), got {m!r}.")
-
-    @property
-    def greedy(self) -> bool:
-        """True when decoding takes the argmax."""
-        return self.temperature == 0
-
-
 def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Turn one logits row (or a 2-D array of rows) into sampling probabilities.
 
-    Temperature scales the logits, softmax gives probabilities, then top-k,
-    top-p and min-p zero out tokens and the rest is renormalised. Greedy
-    parameters give a one-hot row at the argmax.
+    llama.cpp's order: top-k, top-p and min-p choose the candidates from the
+    untempered distribution, then the temperature shapes the distribution
+    over the candidates left. Greedy parameters give a one-hot row at the argmax.
 
     Args:
         logits: shape (vocab,) or (rows, vocab).
@@ -85,21 +50,23 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         p = np.zeros_like(x)
         p[int(np.argmax(x))] = 1.0
         return p
-    z = x / params.temperature
-    z -= z.max()
-    p = np.exp(z)
+    z = x - x.max()
+    out = np.exp(z / params.temperature)
+    if params.top_k == 0 and params.top_p >= 1.0 and params.min_p == 0:
+        return out / out.sum()  # no filter: the tempered softmax
+    p = np.exp(z) if params.temperature != 1.0 else out.copy()
     p /= p.sum()
     n = p.shape[0]
     if 0 < params.top_k < n:
         kth = np.partition(p, n - params.top_k)[n - params.top_k]
         p[p < kth] = 0.0
-    if params.min_p > 0:
-        p[p < params.min_p * p.max()] = 0.0
-    p /= p.sum()
+        p /= p.sum()
     if params.top_p < 1.0:
         p[p < _nucleus_threshold(p, params.top_p)] = 0.0
-        p /= p.sum()
-    return p
+    if params.min_p > 0:
+        p[p < params.min_p * p.max()] = 0.0
+    out[p == 0.0] = 0.0  # the temperature applies to the candidates left
+    return out / out.sum()
 
 
 def _nucleus_threshold(p: np.ndarray, top_p: float) -> float:

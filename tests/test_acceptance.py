@@ -165,3 +165,42 @@ def test_prob_rows_are_computed_lazily_and_once():
     first = rows[0]
     assert rows[0] is first
     np.testing.assert_allclose(rows[1], probabilities(logits[1], SamplingParams(temperature=1.0)))
+
+
+def _llama_cpp_candidates(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """llama.cpp's own sampler chain (llama-cpp-python's order) on ``logits``: the probabilities it samples from."""
+    import ctypes
+
+    import llama_cpp as ll
+
+    chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+    for s in (ll.llama_sampler_init_top_k(params.top_k), ll.llama_sampler_init_top_p(params.top_p, 1),
+              ll.llama_sampler_init_min_p(params.min_p, 1), ll.llama_sampler_init_temp(params.temperature)):
+        ll.llama_sampler_chain_add(chain, s)
+    data = (ll.llama_token_data * len(logits))(*[ll.llama_token_data(i, float(x), 0.0) for i, x in enumerate(logits)])
+    cur = ll.llama_token_data_array(data, len(logits), -1, False)
+    ll.llama_sampler_apply(chain, ctypes.byref(cur))
+    ids = np.array([data[i].id for i in range(cur.size)])
+    z = np.array([data[i].logit for i in range(cur.size)], dtype=np.float64)  # already divided by the temperature
+    ll.llama_sampler_free(chain)
+    out = np.zeros(len(logits))
+    out[ids] = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    return out
+
+
+@pytest.mark.parametrize("kw", [
+    dict(temperature=0.7, top_p=0.9),
+    dict(temperature=0.7, min_p=0.1),
+    dict(temperature=1.5, top_k=40, top_p=0.8),
+    dict(temperature=0.5, top_k=20, top_p=0.95, min_p=0.05),
+    dict(temperature=2.0, top_p=0.5, min_p=0.2),
+])
+def test_filters_and_temperature_match_llama_cpps_sampler(kw):
+    # Filters first, temperature last: with temperature 0.7 and top-p 0.9 the
+    # nucleus is chosen on the untempered distribution, as llama-cli does.
+    logits = np.random.default_rng(3).normal(0, 2.5, 2000).astype(np.float32)
+    params = SamplingParams(**kw)
+    ours = probabilities(logits, params)
+    theirs = _llama_cpp_candidates(logits, params)
+    assert set(np.flatnonzero(ours)) == set(np.flatnonzero(theirs))
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-7)

@@ -1,0 +1,171 @@
+"""Generation options: one frozen, validated object that every caller builds or ``replace``s.
+
+``SamplingParams`` is how the next token is chosen from a logits row (the
+acceptance layer needs nothing else). ``GenerationOptions`` adds how a
+generation runs: how many tokens, the seed, the drafting method and its
+draft length, the lookup n-gram range. Both validate on construction, so a
+bad value fails with one sentence before any model work, and the CLI, the
+chat commands, the bench and the API share the same bounds and defaults.
+
+This module imports nothing heavy (no numpy, no llama.cpp), so the CLI can
+build its options from it at start-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .errors import ConfigError, SamplingError
+
+#: Drafting methods. "auto" picks lookup, the draft model or plain decoding each round.
+METHODS = ("auto", "plain", "draft", "lookup")
+#: The most tokens drafted per round that auto considers (and calibrates for).
+AUTO_KMAX = 8
+#: Draft length when ``k`` is not given (for auto: the longest it considers).
+DEFAULT_K = {"auto": AUTO_KMAX, "plain": 0, "draft": 4, "lookup": 8}
+#: Bounds of the draft length everywhere (API, CLI, chat, bench, models.toml).
+K_LIMIT = 16
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _is_whole(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def check_k(k: object, what: str = "The draft length k") -> int:
+    """Return ``k`` if it is a whole number from 0 to K_LIMIT, else raise ConfigError."""
+    if not _is_whole(k) or not 0 <= k <= K_LIMIT:  # type: ignore[operator]
+        raise ConfigError(f"{what} must be a whole number from 0 to {K_LIMIT}, got {k!r}.")
+    return k  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen from a logits row.
+
+    The filters run in llama.cpp's order: top-k, then top-p, then min-p on
+    the untempered distribution, and the temperature last, over what is left.
+
+    Attributes:
+        temperature: 0 for greedy (argmax) decoding, otherwise > 0.
+        top_k: keep the k most likely tokens; 0 disables.
+        top_p: keep the smallest set of tokens whose mass reaches top_p; 1 disables.
+        min_p: drop tokens below min_p times the top probability; 0 disables.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    def __post_init__(self) -> None:
+        t, k, p, m = self.temperature, self.top_k, self.top_p, self.min_p
+        if not _is_number(t) or t < 0:
+            raise SamplingError(f"temperature must be a finite number >= 0 (0 means greedy), got {t!r}.")
+        if not _is_whole(k) or k < 0:
+            raise SamplingError(f"top_k must be a whole number >= 0 (0 disables it), got {k!r}.")
+        if not _is_number(p) or not (0 < p <= 1):
+            raise SamplingError(f"top_p must be in (0, 1] (1 disables it), got {p!r}.")
+        if not _is_number(m) or not (0 <= m <= 1):
+            raise SamplingError(f"min_p must be in [0, 1] (0 disables it), got {m!r}.")
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding takes the argmax."""
+        return self.temperature == 0
+
+
+def _opt(default: Any, help: str, *flags: str) -> Any:
+    """A field with the help text and flag names the CLI builds its options from (no flags: not on the CLI)."""
+    return field(default=default, metadata={"help": help, "flags": flags})
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """Everything that shapes one generation, validated on construction.
+
+    Build one, or change one with ``replace`` (which validates again)::
+
+        opts = GenerationOptions(max_tokens=128, method="lookup")
+        opts = opts.replace(temperature=0.7, seed=1)
+
+    Attributes:
+        max_tokens: most tokens to generate.
+        temperature: 0 for greedy decoding, otherwise sampling.
+        top_k, top_p, min_p: sampling filters (0, 1.0 and 0.0 turn them off).
+        seed: seed for sampling (None: a random one).
+        method: "auto" (default: picks lookup, the draft model or plain
+            decoding and K each round from measured costs), "draft" (needs a
+            draft model), "lookup" or "plain".
+        k: tokens drafted per round; None for the method's default (draft 4,
+            or the pair's suggestion; lookup 8; for auto the most, 8).
+        ngram: (min, max) n-gram lengths prompt lookup matches.
+    """
+
+    max_tokens: int = _opt(256, "Most tokens to generate.", "--max-tokens", "-n")
+    temperature: float = _opt(0.0, "0 for greedy decoding; above 0 samples.", "--temperature", "--temp")
+    top_k: int = _opt(0, "Keep the k likeliest tokens (0: off).", "--top-k")
+    top_p: float = _opt(1.0, "Nucleus sampling mass (1: off).", "--top-p")
+    min_p: float = _opt(0.0, "Drop tokens below min-p times the top probability (0: off).", "--min-p")
+    seed: Optional[int] = _opt(None, "Sampling seed (default: random).", "--seed")
+    method: str = _opt("auto", "How to draft: auto picks prompt lookup, the draft model or plain decoding "
+                               "(and K) each round from this machine's measured costs.", "--method", "-m")
+    k: Optional[int] = _opt(None, f"Tokens drafted per round, 0 to {K_LIMIT} (default: 4 for draft or the pair's "
+                                  f"suggestion, 8 for lookup; for auto the most, {AUTO_KMAX}).", "--k", "-k")
+    ngram: tuple[int, int] = _opt((1, 3), "Lookup n-gram lengths (min, max).")
+
+    def __post_init__(self) -> None:
+        SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)  # checks the sampling values
+        if not _is_whole(self.max_tokens) or self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be a whole number >= 1, got {self.max_tokens!r}.")
+        if self.seed is not None and not _is_whole(self.seed):
+            raise ConfigError(f"seed must be a whole number (or None for a random one), got {self.seed!r}.")
+        if self.method not in METHODS:
+            raise ConfigError(f"Unknown method {self.method!r}; choose one of {', '.join(METHODS)}.")
+        if self.k is not None:
+            check_k(self.k)
+        ng = self.ngram
+        if not (isinstance(ng, tuple) and len(ng) == 2 and all(_is_whole(n) for n in ng) and 1 <= ng[0] <= ng[1]):
+            raise ConfigError(f"The lookup n-gram range must be (min, max) with 1 <= min <= max, got {ng!r}.")
+
+    @property
+    def sampling(self) -> SamplingParams:
+        """The sampling part, for the acceptance layer."""
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)
+
+    def draft_length(self, suggested_draft_k: Optional[int] = None) -> int:
+        """``k``, or the method's default (``suggested_draft_k`` for the draft model when given)."""
+        if self.k is not None:
+            return self.k
+        if self.method == "draft" and suggested_draft_k is not None:
+            return suggested_draft_k
+        return DEFAULT_K[self.method]
+
+    def replace(self, **changes: Any) -> GenerationOptions:
+        """A copy with ``changes`` applied and validated.
+
+        Raises:
+            ConfigError: an unknown option name or an invalid value.
+            SamplingError: an invalid sampling value.
+        """
+        unknown = set(changes) - set(OPTION_NAMES)
+        if unknown:
+            raise ConfigError(f"Unknown generation option {sorted(unknown)[0]!r}; "
+                              f"known options: {', '.join(OPTION_NAMES)}.")
+        if "ngram" in changes and isinstance(changes["ngram"], list):
+            changes["ngram"] = tuple(changes["ngram"])
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (for JSON: saved chat settings, bench reports)."""
+        return dataclasses.asdict(self)
+
+
+#: The option names, in declaration order.
+OPTION_NAMES = tuple(f.name for f in dataclasses.fields(GenerationOptions))
