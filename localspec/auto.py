@@ -34,12 +34,12 @@ from typing import Optional
 
 import numpy as np
 
-from .acceptance import SamplingParams
 from .backend import Model, gpu_offload_supported
 from .drafters import EMPTY_DRAFT, Draft, ModelDrafter, PromptLookupDrafter
+from .options import AUTO_KMAX, SamplingParams
 from .paths import cache_dir, write_atomic
 
-KMAX = 8
+KMAX = AUTO_KMAX
 #: Speculate only when the predicted speedup clears this, so estimation noise cannot make auto slower than plain.
 MIN_GAIN = 1.1
 _CALIBRATION_TEXT = (
@@ -130,7 +130,6 @@ class AcceptanceEstimate:
         self.kept = prior_alpha * prior_weight
         self.rejected = (1.0 - prior_alpha) * prior_weight
         self.decay = decay
-        self.rounds = 0
 
     @property
     def alpha(self) -> float:
@@ -141,7 +140,6 @@ class AcceptanceEstimate:
         fade = self.decay ** drafted
         self.kept = self.kept * fade + kept
         self.rejected = self.rejected * fade + (1.0 if kept < drafted else 0.0)
-        self.rounds += 1
 
 
 _COPY_CUES = re.compile(
@@ -215,7 +213,7 @@ class AutoDrafter:
         self.lookup_alpha = {n: AcceptanceEstimate(min(0.95, lookup_prior + 0.1 * (n - 1)))
                              for n in range(1, lookup.max_ngram + 1)}
         self.draft_alpha = AcceptanceEstimate(0.6)
-        self.report = AutoReport(profile=profile.relative())
+        self._report = AutoReport(profile=profile.relative())
         self._pending: Optional[tuple[AcceptanceEstimate, str]] = None
         # lookup's unused first guess in a plain round, scored against the token that came
         self._shadow: Optional[tuple[AcceptanceEstimate, int, int]] = None
@@ -287,16 +285,20 @@ class AutoDrafter:
     def settle(self, context: np.ndarray) -> None:
         if self.model is not None:
             self.model.settle(context)
-        self.report.alpha = {"draft": round(self.draft_alpha.alpha, 3)} if self.model else {}
+        self._report.alpha = {"draft": round(self.draft_alpha.alpha, 3)} if self.model else {}
         for n, est in self.lookup_alpha.items():
-            self.report.alpha[f"lookup{n}"] = round(est.alpha, 3)
+            self._report.alpha[f"lookup{n}"] = round(est.alpha, 3)
+
+    def report(self) -> dict[str, object]:
+        """Rounds per method, the choices made and the estimates behind them."""
+        return self._report.to_dict()
 
     def _note(self, method: str, k: int, alpha: float, speed: float) -> None:
-        self.report.rounds[method] += 1
+        self._report.rounds[method] += 1
         if self._last_choice != (method, k):
             self._last_choice = (method, k)
-            if len(self.report.changes) < 50:
-                self.report.changes.append({"round": self._round, "method": method, "k": k,
+            if len(self._report.changes) < 50:
+                self._report.changes.append({"round": self._round, "method": method, "k": k,
                                             "alpha": round(alpha, 3), "predicted_speedup": round(speed, 3)})
 
 
@@ -334,8 +336,7 @@ def measure(target: Model, draft: Optional[Model], kmax: int = KMAX, reps: int =
     """Time verification of 1..kmax+1 tokens on the target and one draft step.
 
     Runs after a context of ``context_tokens`` tokens, like a real round.
-    Leaves both caches holding that calibration context (the next
-    generation's prefix sync replaces it).
+    Leaves both caches holding that calibration context.
     """
     base = target.tokenize(_CALIBRATION_TEXT, add_special=False)
     ctx = (base * (context_tokens // len(base) + 1))[:context_tokens]
@@ -367,9 +368,28 @@ def measure(target: Model, draft: Optional[Model], kmax: int = KMAX, reps: int =
     return CostProfile(verify, step, lookup_cost, "measured")
 
 
+def _read_store(path: Path) -> dict[str, dict]:
+    if path.is_file():
+        try:
+            store = json.loads(path.read_text())
+            return store if isinstance(store, dict) else {}
+        except (OSError, ValueError):
+            pass  # a damaged cache is just re-measured
+    return {}
+
+
+def calibration_cached(target: Model, draft: Optional[Model], kmax: int = KMAX,
+                       cache_file: Optional[Path] = None) -> bool:
+    """True when ``calibrate`` would reuse a stored profile instead of measuring."""
+    path = cache_file or cache_dir() / "calibration.json"
+    return calibration_key(target, draft, kmax) in _read_store(path)
+
+
 def calibrate(target: Model, draft: Optional[Model], kmax: int = KMAX, refresh: bool = False,
               cache_file: Optional[Path] = None) -> CostProfile:
     """The cached cost profile for these models and settings, measuring it if needed.
+
+    Measuring leaves both models' caches empty.
 
     Args:
         refresh: measure again even if a cached profile exists.
@@ -377,16 +397,15 @@ def calibrate(target: Model, draft: Optional[Model], kmax: int = KMAX, refresh: 
     """
     path = cache_file or cache_dir() / "calibration.json"
     key = calibration_key(target, draft, kmax)
-    store: dict[str, dict] = {}
-    if path.is_file():
-        try:
-            store = json.loads(path.read_text())
-        except (OSError, ValueError):
-            store = {}  # a damaged cache is just re-measured
+    store = _read_store(path)
     if not refresh and key in store:
         rec = store[key]
         return CostProfile(rec["verify"], rec["draft_step"], rec["lookup"], "cache")
     profile = measure(target, draft, kmax)
+    target.reset()
+    if draft is not None:
+        draft.reset()
+    store = _read_store(path)  # another process may have added profiles meanwhile
     store[key] = {"verify": profile.verify, "draft_step": profile.draft_step, "lookup": profile.lookup,
                   "target": str(target.path), "draft": str(draft.path) if draft else None,
                   "threads": target.n_threads, "gpu_layers": target.n_gpu_layers, "measured_at": time.time()}

@@ -19,8 +19,9 @@ from typing import NamedTuple, Optional, Protocol
 
 import numpy as np
 
-from .acceptance import SamplingParams, probabilities, sample
+from .acceptance import probabilities, sample
 from .backend import Model
+from .options import SamplingParams
 
 
 class Draft(NamedTuple):
@@ -55,6 +56,10 @@ class Drafter(Protocol):
 
     def observe(self, drafted: int, kept: int) -> None:
         """Feedback after each verified round (used by adaptive drafters)."""
+        ...
+
+    def report(self) -> Optional[dict[str, object]]:
+        """What the drafter decided during the generation, for stats (None: nothing to say)."""
         ...
 
 
@@ -111,6 +116,10 @@ class ModelDrafter:
     def observe(self, drafted: int, kept: int) -> None:
         """Nothing to learn: K is fixed."""
 
+    def report(self) -> Optional[dict[str, object]]:
+        """Nothing beyond the engine's own counts."""
+        return None
+
 
 class PromptLookupDrafter:
     """Copies what followed the newest earlier match of the context's last n-gram.
@@ -164,3 +173,7 @@ class PromptLookupDrafter:
 
     def observe(self, drafted: int, kept: int) -> None:
         """Nothing to learn: K is fixed."""
+
+    def report(self) -> Optional[dict[str, object]]:
+        """Nothing beyond the engine's own counts."""
+        return None

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Generator, Optional, Sequence
+from typing import Generator, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from .acceptance import ProbRows, SamplingParams, accept_greedy, accept_sampled, probabilities, sample
+from .acceptance import ProbRows, accept_greedy, accept_sampled, probabilities, sample
 from .backend import Detokenizer, Model
 from .drafters import EMPTY_DRAFT, Draft, Drafter
-from .errors import ConfigError, ContextOverflowError
+from .errors import ConfigError, ContextOverflowError, InterleavedGenerationError
+from .options import SamplingParams
 
 #: Where an emitted token came from.
 SOURCE_TARGET = "target"  # a plain step of the target (or the first token, from prefill)
@@ -118,38 +119,6 @@ class GenerationStats:
         return d
 
 
-class Generation:
-    """Iterates over TokenEvents; afterwards ``finish_reason`` and ``stats`` are final.
-
-    Created by ``generate_events``; closing it early (``break`` out of a loop,
-    an exception, Ctrl-C) leaves both caches holding a prefix of the emitted
-    context, so the next generation is exact.
-    """
-
-    def __init__(self, gen: Generator[TokenEvent, None, None], stats: GenerationStats):
-        self._gen = gen
-        self.stats = stats
-        #: "stop" (end-of-generation token), "length" (max_tokens or context full), "interrupted"
-        #: (closed early), or None while running.
-        self.finish_reason: Optional[str] = None
-        #: Generated token ids emitted so far.
-        self.tokens: list[int] = []
-        #: Text of a final incomplete UTF-8 sequence, set when generation ends.
-        self.tail_text = ""
-
-    def __iter__(self) -> Generation:
-        return self
-
-    def __next__(self) -> TokenEvent:
-        ev = next(self._gen)
-        self.tokens.append(ev.token)
-        return ev
-
-    def close(self) -> None:
-        """Stop generating and leave the caches consistent."""
-        self._gen.close()
-
-
 def check_prompt(target: Model, n_tokens: int) -> None:
     """Raise unless a prompt of ``n_tokens`` leaves room in the target's context for a reply."""
     if n_tokens == 0:
@@ -161,17 +130,72 @@ def check_prompt(target: Model, n_tokens: int) -> None:
         )
 
 
-def generate_events(
+class Round(NamedTuple):
+    """What one round decided.
+
+    Attributes:
+        draft: the tokens proposed (cut after the first id the target lacks).
+        kept: how many of them the target accepted.
+        next_token: the target's own token after the kept ones.
+    """
+
+    draft: Draft
+    kept: int
+    next_token: int
+
+    def emitted(self) -> list[tuple[int, str, str, int]]:
+        """(token, source, drafter, draft position or -1) for each token the round adds, in order."""
+        d = self.draft
+        tail = SOURCE_TARGET if not d.tokens else SOURCE_BONUS if self.kept == len(d.tokens) else SOURCE_CORRECTION
+        kept = [(t, SOURCE_DRAFT, d.by, i) for i, t in enumerate(d.tokens[: self.kept])]
+        return kept + [(self.next_token, tail, "", -1)]
+
+
+def speculative_round(
     target: Model,
-    prompt: Sequence[int],
-    *,
-    drafter: Optional[Drafter] = None,
-    k: int = 0,
-    params: Optional[SamplingParams] = None,
-    max_tokens: int = 256,
-    rng: Optional[np.random.Generator] = None,
-) -> Generation:
-    """Start a generation after ``prompt`` (token ids) on ``target``.
+    drafter: Optional[Drafter],
+    context: np.ndarray,
+    k: int,
+    params: SamplingParams,
+    rng: np.random.Generator,
+) -> Round:
+    """One round: draft, verify, accept, truncate.
+
+    Args:
+        target: holds ``context`` minus its last token on entry, and
+            ``context`` plus the kept draft tokens on return.
+        drafter: None for a plain step.
+        context: prompt and generated tokens so far.
+        k: the most tokens to draft.
+    """
+    n = len(context)
+    # 1. draft
+    draft = drafter.propose(context, k, rng) if drafter is not None and k > 0 else EMPTY_DRAFT
+    # A padded draft vocabulary can propose an id the target lacks: it is verified as a
+    # certain rejection (p = 0) and nothing after it can be kept, so the draft ends there.
+    known = next((i for i, t in enumerate(draft.tokens) if t >= target.n_vocab), len(draft.tokens))
+    if known < len(draft.tokens):
+        draft = Draft(draft.tokens[: known + 1], None if draft.probs is None else draft.probs[: known + 1], draft.by)
+    # 2. verify: row i is the target's prediction after context + draft[:i].
+    rows = target.eval([int(context[-1])] + draft.tokens[:known], logits="all")
+    # 3. accept: a rejection at the unknown id resamples from the residual, never from p.
+    if params.greedy:
+        kept, nxt = accept_greedy(draft.tokens, rows)
+    else:
+        kept, nxt = accept_sampled(draft.tokens, draft.probs, ProbRows(rows, params), rng)
+    # 4. truncate: keep the context and the accepted draft tokens; the rejected tail goes.
+    target.truncate(n + kept)
+    if drafter is not None:
+        drafter.observe(len(draft.tokens), kept)  # adaptive drafters learn from the outcome
+    return Round(draft, kept, nxt)
+
+
+class Generation:
+    """Iterates over TokenEvents; afterwards ``finish_reason`` and ``stats`` are final.
+
+    Closing it early (``break`` out of a loop, an exception, Ctrl-C) leaves
+    both caches holding a prefix of the emitted context, so the next
+    generation is exact.
 
     Args:
         target: the target model; its output distribution is what comes out.
@@ -186,124 +210,136 @@ def generate_events(
         ContextOverflowError: the prompt leaves no room in the context.
         ConfigError: bad max_tokens or k.
     """
-    if max_tokens < 1:
-        raise ConfigError(f"max_tokens must be at least 1, got {max_tokens}.")
-    if k < 0:
-        raise ConfigError(f"The draft length k must be >= 0, got {k}.")
-    check_prompt(target, len(prompt))
-    if drafter is None or k == 0:
-        drafter, k = None, 0
-    params = params or SamplingParams()
-    stats = GenerationStats(method=drafter.name if drafter else "plain", k=k,
-                            proposed_at=[0] * k, accepted_at=[0] * k)
-    generation = Generation(_nothing(), stats)
-    generation._gen = _run(generation, target, np.asarray(prompt, dtype=np.int32), drafter, k,
-                           params, max_tokens, rng or np.random.default_rng())
-    return generation
 
+    def __init__(
+        self,
+        target: Model,
+        prompt: Sequence[int],
+        *,
+        drafter: Optional[Drafter] = None,
+        k: int = 0,
+        params: Optional[SamplingParams] = None,
+        max_tokens: int = 256,
+        rng: Optional[np.random.Generator] = None,
+    ):
+        if max_tokens < 1:
+            raise ConfigError(f"max_tokens must be at least 1, got {max_tokens}.")
+        if k < 0:
+            raise ConfigError(f"The draft length k must be >= 0, got {k}.")
+        check_prompt(target, len(prompt))
+        if drafter is None or k == 0:
+            drafter, k = None, 0
+        self.target = target
+        self.drafter = drafter
+        self.k = k
+        self.params = params or SamplingParams()
+        self.max_tokens = max_tokens
+        self.rng = rng or np.random.default_rng()
+        self.stats = GenerationStats(method=drafter.name if drafter else "plain", k=k,
+                                     proposed_at=[0] * k, accepted_at=[0] * k)
+        #: "stop" (end-of-generation token), "length" (max_tokens or context full), "interrupted"
+        #: (closed early or failed), or None while running.
+        self.finish_reason: Optional[str] = None
+        #: Generated token ids emitted so far.
+        self.tokens: list[int] = []
+        #: Text of a final incomplete UTF-8 sequence, set when generation ends.
+        self.tail_text = ""
+        self._prompt = np.asarray(prompt, dtype=np.int32)
+        self._events = self._run()
 
-def _nothing() -> Generator[TokenEvent, None, None]:
-    yield from ()
+    def __iter__(self) -> Generation:
+        return self
 
+    def __next__(self) -> TokenEvent:
+        try:
+            ev = next(self._events)
+        except StopIteration as stop:
+            self.finish_reason = stop.value
+            raise
+        except BaseException:
+            self.finish_reason = "interrupted"
+            raise
+        self.tokens.append(ev.token)
+        return ev
 
-def _cut_at_unknown(draft: Draft, n_vocab: int) -> Draft:
-    """The draft up to its first token id the target does not have (it could never be accepted)."""
-    cut = next(i for i, t in enumerate(draft.tokens) if t >= n_vocab)
-    return Draft(draft.tokens[:cut], None if draft.probs is None else draft.probs[:cut])
+    def close(self) -> None:
+        """Stop generating and leave the caches consistent."""
+        self._events.close()
+        if self.finish_reason is None:
+            self.finish_reason = "interrupted"
 
+    def _llama_busy(self) -> float:
+        helpers = self.drafter.models if self.drafter is not None else ()  # their time counts as llama time
+        return self.target.busy_seconds + sum(m.busy_seconds for m in helpers)
 
-def _run(  # noqa: C901 - the round loop reads best in one piece
-    g: Generation,
-    target: Model,
-    prompt: np.ndarray,
-    drafter: Optional[Drafter],
-    k: int,
-    params: SamplingParams,
-    max_tokens: int,
-    rng: np.random.Generator,
-) -> Generator[TokenEvent, None, None]:
-    stats = g.stats
-    stats.prompt_tokens = len(prompt)
-    detok = Detokenizer(target)
-    helpers = drafter.models if drafter is not None else ()  # models whose time counts as llama time
-    context = np.zeros(target.n_ctx + 1, dtype=np.int32)  # prompt + generated tokens
-    n = len(prompt)
-    context[:n] = prompt
+    def _check_cache(self, context: np.ndarray) -> None:
+        """The target must hold exactly the context minus its last token (see ``speculative_round``)."""
+        held = self.target.tokens
+        if len(held) != len(context) - 1 or not np.array_equal(held, context[:-1]):
+            raise InterleavedGenerationError(
+                "The target's cache no longer holds this generation's context: another generation used the "
+                "same models while this one was paused; finish or close one stream before starting the next."
+            )
 
-    def llama_busy() -> float:
-        return target.busy_seconds + sum(m.busy_seconds for m in helpers)
-
-    t_start = time.perf_counter()
-    busy0 = llama_busy()
-    t_mark: Optional[float] = None  # start of the decode time not yet counted; None while the consumer runs
-    try:
-        logits = target.sync(prompt)  # reuses the cached prefix (e.g. earlier chat turns)
-        if drafter is not None:
-            drafter.prefill(prompt)  # a draft model processes the prompt now, not in round 1
-        first = int(np.argmax(logits)) if params.greedy else sample(probabilities(logits, params), rng)
-        stats.prefill_seconds = time.perf_counter() - t_start
-        busy0, t_mark = llama_busy(), time.perf_counter()  # decode timing starts here
-        pending = [(first, SOURCE_TARGET, "")]
-        while True:
-            # emit: stop at an end-of-generation token (never shown) or at max_tokens.
-            for tok, source, by in pending:
-                context[n] = tok
-                n += 1
-                if target.is_eog(tok):
-                    g.finish_reason = "stop"
-                    return
-                stats.generated_tokens += 1
-                stats.decode_seconds += time.perf_counter() - t_mark
-                t_mark = None
-                yield TokenEvent(tok, detok.feed(tok), source, by)
-                t_mark = time.perf_counter()
-                if stats.generated_tokens >= max_tokens:
-                    g.finish_reason = "length"
-                    return
-            room = target.n_ctx - n - 1  # a round adds up to len(draft) + 1 tokens to the context
-            if room < 0:
-                g.finish_reason = "length"
-                return
-            # 1. draft
-            draft = drafter.propose(context[:n], min(k, room), rng) if drafter else EMPTY_DRAFT
-            if draft.tokens and max(draft.tokens) >= target.n_vocab:
-                draft = _cut_at_unknown(draft, target.n_vocab)  # a padded draft vocabulary
-            # 2. verify: row i is the target's prediction after context + draft[:i].
-            rows = target.eval([int(context[n - 1])] + draft.tokens, logits="all")
-            # 3. accept
-            if params.greedy:
-                kept, nxt = accept_greedy(draft.tokens, rows)
-            else:
-                kept, nxt = accept_sampled(draft.tokens, draft.probs, ProbRows(rows, params), rng)
-            # 4. truncate: keep the context's last token and the accepted draft tokens.
-            target.truncate(n + kept)
+    def _run(self) -> Generator[TokenEvent, None, str]:
+        target, drafter, stats = self.target, self.drafter, self.stats
+        prompt = self._prompt
+        stats.prompt_tokens = len(prompt)
+        detok = Detokenizer(target)
+        context = np.zeros(target.n_ctx + 1, dtype=np.int32)  # prompt + generated tokens
+        n = len(prompt)
+        context[:n] = prompt
+        t_start = time.perf_counter()
+        busy0 = self._llama_busy()
+        t_mark: Optional[float] = None  # start of decode time not yet counted; None while the consumer runs
+        try:
+            logits = target.sync(prompt)  # prefill, reusing the cached prefix (e.g. earlier chat turns)
             if drafter is not None:
-                drafter.observe(len(draft.tokens), kept)  # adaptive drafters learn from the outcome
-            stats.rounds += 1
-            stats.drafted += len(draft.tokens)
-            stats.accepted += kept
-            stats.empty_rounds += not draft.tokens
-            stats.rejected_rounds += kept < len(draft.tokens)
-            for i in range(len(draft.tokens)):
-                stats.proposed_at[i] += 1
-                stats.accepted_at[i] += i < kept
-            # 5. emit next round: accepted tokens, then the correction or bonus.
-            tail = (SOURCE_TARGET if not draft.tokens
-                    else SOURCE_BONUS if kept == len(draft.tokens) else SOURCE_CORRECTION)
-            pending = [(t, SOURCE_DRAFT, draft.by) for t in draft.tokens[:kept]] + [(nxt, tail, "")]
-    finally:
-        # Whatever ended the loop (a stop, an exception, Ctrl-C, the consumer
-        # closing us), leave each cache holding a prefix of the emitted context.
-        emitted = context[:n]
-        target.truncate(target.common_prefix(emitted))
-        if drafter is not None:
-            drafter.settle(emitted)
-            report = getattr(drafter, "report", None)
-            if report is not None:
-                stats.auto = report.to_dict()
-        if t_mark is not None:  # the round that found EOS (or failed) after the last yield
-            stats.decode_seconds += time.perf_counter() - t_mark
-        stats.llama_seconds = llama_busy() - busy0
-        g.tail_text = detok.flush()
-        if g.finish_reason is None:  # closed early: the consumer stopped, an error, or Ctrl-C
-            g.finish_reason = "interrupted"
+                drafter.prefill(prompt)  # a draft model processes the prompt now, not in round 1
+            first = int(np.argmax(logits)) if self.params.greedy else sample(probabilities(logits, self.params),
+                                                                                self.rng)
+            stats.prefill_seconds = time.perf_counter() - t_start
+            busy0, t_mark = self._llama_busy(), time.perf_counter()  # decode timing starts here
+            pending = [(first, SOURCE_TARGET, "", -1)]
+            while True:
+                # emit: stop at an end-of-generation token (never shown) or at max_tokens.
+                for tok, source, by, position in pending:
+                    context[n] = tok
+                    n += 1
+                    if target.is_eog(tok):
+                        return "stop"
+                    stats.generated_tokens += 1
+                    if position >= 0:  # a drafted token counts as accepted once it is emitted
+                        stats.accepted += 1
+                        stats.accepted_at[position] += 1
+                    stats.decode_seconds += time.perf_counter() - t_mark
+                    t_mark = None
+                    yield TokenEvent(tok, detok.feed(tok), source, by)
+                    t_mark = time.perf_counter()
+                    if stats.generated_tokens >= self.max_tokens:
+                        return "length"
+                room = target.n_ctx - n - 1  # a round adds up to len(draft) + 1 tokens to the context
+                if room < 0:
+                    return "length"
+                self._check_cache(context[:n])
+                rnd = speculative_round(target, drafter, context[:n], min(self.k, room), self.params, self.rng)
+                stats.rounds += 1
+                stats.drafted += len(rnd.draft.tokens)
+                stats.empty_rounds += not rnd.draft.tokens
+                stats.rejected_rounds += rnd.kept < len(rnd.draft.tokens)
+                for i in range(len(rnd.draft.tokens)):
+                    stats.proposed_at[i] += 1
+                pending = rnd.emitted()
+        finally:
+            # Whatever ended the loop (a stop, an exception, Ctrl-C, the consumer
+            # closing us), leave each cache holding a prefix of the emitted context.
+            emitted = context[:n]
+            target.truncate(target.common_prefix(emitted))
+            if drafter is not None:
+                drafter.settle(emitted)
+                stats.auto = drafter.report()
+            if t_mark is not None:  # the round that found EOS (or failed) after the last yield
+                stats.decode_seconds += time.perf_counter() - t_mark
+            stats.llama_seconds = self._llama_busy() - busy0
+            self.tail_text = detok.flush()
+

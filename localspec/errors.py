@@ -42,3 +42,7 @@ class HubError(LocalspecError):
 
 class BackendError(LocalspecError):
     """llama.cpp reported a failure (decode or cache edit)."""
+
+
+class InterleavedGenerationError(LocalspecError):
+    """Two generations were interleaved on the same models (they share one cache)."""

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+from helpers import same_distribution, token_counts
 
 import localspec
 from localspec.acceptance import SamplingParams
@@ -168,15 +169,13 @@ def test_auto_uses_the_draft_model_where_it_pays(tiny_pair):
 
 
 def test_auto_sampled_keeps_the_distribution(tiny_pair):
-    from test_engine_tiny import _same_distribution, _token_counts
-
     tiny_pair.set_profile(GPU)
     try:
         prompt = PROMPTS[1]
         for position in (1, 3):
-            plain = _token_counts(tiny_pair, prompt, 2000, position, method="plain")
-            auto = _token_counts(tiny_pair, prompt, 2000, position, method="auto")
-            assert _same_distribution(plain, auto) > 1e-3
+            plain = token_counts(tiny_pair, prompt, 2000, position, method="plain")
+            auto = token_counts(tiny_pair, prompt, 2000, position, method="auto")
+            assert same_distribution(plain, auto) > 1e-3
     finally:
         tiny_pair.set_profile(None)
 
@@ -190,7 +189,7 @@ def test_calibrate_command_prints_the_profile(tiny_dir):
     assert r.exit_code == 0, r.output
     assert "verify n tokens" in r.output and "draft step" in r.output
     r = CliRunner().invoke(cli, ["calibrate", "-t", str(tiny_dir / "target.gguf"), "--json"])
-    data = json.loads(r.output)
+    data = json.loads(r.stdout)
     assert len(data["verify_seconds"]) == 9
 
 

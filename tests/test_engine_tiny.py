@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scipy import stats
+from helpers import same_distribution, token_counts
 
 import localspec
 from localspec.backend import Model
@@ -201,26 +201,6 @@ def test_stats_are_consistent(tiny_pair):
 # -- sampling: the distribution must be the target's ----------------------------------------------
 
 
-def _token_counts(pair, prompt, n_runs, position, **options):
-    counts: dict[int, int] = {}
-    for seed in range(n_runs):
-        r = pair.generate(prompt, max_tokens=position + 1, temperature=1.0, seed=seed, **options)
-        if len(r.tokens) > position:
-            counts[r.tokens[position]] = counts.get(r.tokens[position], 0) + 1
-    return counts
-
-
-def _same_distribution(a: dict[int, int], b: dict[int, int]) -> float:
-    """Chi-square test of homogeneity; rare tokens are pooled so every expected count is >= 5."""
-    keys = sorted(set(a) | set(b), key=lambda t: -(a.get(t, 0) + b.get(t, 0)))
-    table = [[a.get(t, 0) for t in keys], [b.get(t, 0) for t in keys]]
-    table = np.array(table)
-    common = table.sum(axis=0) >= 20
-    pooled = np.column_stack([table[:, common], table[:, ~common].sum(axis=1)])
-    pooled = pooled[:, pooled.sum(axis=0) > 0]
-    return float(stats.chi2_contingency(pooled).pvalue)
-
-
 @pytest.mark.parametrize("method,k,options", [
     ("draft", 3, {}),
     ("lookup", 3, {}),
@@ -230,9 +210,9 @@ def test_sampled_speculation_has_the_plain_distribution(tiny_pair, method, k, op
     prompt = "in the end, in the end, in the end, in the"  # lookup finds matches
     n = 2500
     for position in (1, 3):  # tokens decided by speculative rounds
-        plain = _token_counts(tiny_pair, prompt, n, position, method="plain", **options)
-        spec = _token_counts(tiny_pair, prompt, n, position, method=method, k=k, **options)
-        p = _same_distribution(plain, spec)
+        plain = token_counts(tiny_pair, prompt, n, position, method="plain", **options)
+        spec = token_counts(tiny_pair, prompt, n, position, method=method, k=k, **options)
+        p = same_distribution(plain, spec)
         assert p > 1e-3, f"{method} position {position}: chi-square p = {p:.2e}"
 
 
@@ -248,3 +228,109 @@ def test_same_seed_same_sample(tiny_pair):
     a = tiny_pair.generate(PROMPTS[0], max_tokens=30, temperature=0.9, seed=5, method="draft", k=3)
     b = tiny_pair.generate(PROMPTS[0], max_tokens=30, temperature=0.9, seed=5, method="draft", k=3)
     assert a.tokens == b.tokens
+
+
+# -- a draft vocabulary larger than the target's ---------------------------------------------------
+
+
+class PaddedDrafter:
+    """Proposes one token from q: half its mass on ``token``, half on a padding id the target lacks."""
+
+    name = "draft"
+    models = ()
+
+    def __init__(self, n_target_vocab: int, token: int, sampled: bool):
+        self.q = np.zeros(n_target_vocab + 16)
+        self.q[token] = 0.5
+        self.pad = n_target_vocab + 3
+        self.q[self.pad] = 0.5
+        self.token = token
+        self.sampled = sampled
+        self.proposed_pad = 0
+
+    def prefill(self, context): pass
+
+    def propose(self, context, k, rng):
+        from localspec.drafters import Draft
+
+        if not self.sampled:  # one-hot: every other round guesses the padding id
+            tok = self.pad if len(context) % 2 else self.token
+            self.proposed_pad += tok == self.pad
+            return Draft([tok, self.token], None, "draft")
+        tok = self.pad if rng.random() < 0.5 else self.token
+        self.proposed_pad += tok == self.pad
+        return Draft([tok], self.q[None, :].copy(), "draft")
+
+    def settle(self, context): pass
+
+    def observe(self, drafted, kept): pass
+
+    def report(self): return None
+
+
+def _first_speculated_token(pair, prompt, drafter, seeds):
+    from localspec.engine import Generation
+    from localspec.options import SamplingParams
+
+    counts: dict[int, int] = {}
+    for seed in seeds:
+        g = Generation(pair.target, pair.tokenize(prompt), drafter=drafter, k=1 if drafter else 0,
+                       params=SamplingParams(temperature=1.0), max_tokens=2, rng=np.random.default_rng(seed))
+        tokens = [ev.token for ev in g]
+        if len(tokens) == 2:
+            counts[tokens[1]] = counts.get(tokens[1], 0) + 1
+    return counts
+
+
+def test_a_padding_id_in_a_sampled_draft_is_a_rejection_with_the_residual(tiny_pair):
+    # p = target, q = (.5 on token A, .5 on a padding id). Treating the padding
+    # guess as a rejection and sampling norm(max(0, p - q)) keeps p; sampling p
+    # there instead (the old cut) gives A about 1.5 times its probability.
+    prompt = "The cat sat on the mat and the dog sat on the"
+    plain = _first_speculated_token(tiny_pair, prompt, None, range(3000))
+    a = max(plain, key=plain.get)  # the likeliest token: the bias would show most there
+    drafter = PaddedDrafter(tiny_pair.target.n_vocab, a, sampled=True)
+    spec = _first_speculated_token(tiny_pair, prompt, drafter, range(3000, 6000))
+    assert drafter.proposed_pad > 1000  # the padding id really was proposed
+    p = same_distribution(plain, spec)
+    assert p > 1e-3, f"chi-square p = {p:.2e}: A came {spec.get(a, 0)} times against {plain[a]} plain"
+
+
+def test_a_padding_id_in_a_greedy_draft_ends_the_draft_and_output_stays_exact(tiny_pair):
+    from localspec.engine import Generation
+
+    prompt = tiny_pair.tokenize(PROMPTS[0])
+    plain = tiny_pair.generate(prompt, max_tokens=30, method="plain")
+    drafter = PaddedDrafter(tiny_pair.target.n_vocab, plain.tokens[0], sampled=False)
+    g = Generation(tiny_pair.target, prompt, drafter=drafter, k=2, max_tokens=30)
+    assert [ev.token for ev in g] == plain.tokens
+    assert drafter.proposed_pad > 5
+    # a guess starting with the padding id is cut after it: one token drafted, none kept
+    assert g.stats.proposed_at[1] < g.stats.proposed_at[0] and g.stats.accepted <= g.stats.drafted
+
+
+def test_interleaving_two_streams_on_one_pair_is_refused_not_wrong(tiny_pair):
+    from localspec.errors import InterleavedGenerationError
+
+    reference = tiny_pair.generate(PROMPTS[1], max_tokens=40, method="draft", k=4).tokens
+    a = iter(tiny_pair.stream(PROMPTS[0], max_tokens=40, method="draft", k=4))
+    b = iter(tiny_pair.stream(PROMPTS[1], max_tokens=40, method="draft", k=4))
+    next(a)
+    next(b)  # b re-fills the target's cache with its own prompt
+    with pytest.raises(InterleavedGenerationError, match="another generation"):
+        for _ in range(40):
+            next(a)
+    try:  # a's clean-up cut the cache back too, so b may be refused as well; it is never wrong
+        assert [next(b).token for _ in range(39)] == reference[1:]
+    except InterleavedGenerationError:
+        pass
+    assert tiny_pair.generate(PROMPTS[1], max_tokens=40, method="draft", k=4).tokens == reference
+
+
+def test_accepted_counts_only_emitted_tokens_when_max_tokens_cuts_a_round(tiny_dir):
+    with localspec.load(tiny_dir / "target.gguf", tiny_dir / "target.gguf") as pair:  # self-draft: all accepted
+        for n in (2, 3, 6):
+            r = pair.generate(PROMPTS[1], max_tokens=n, method="draft", k=8)
+            from_draft = sum(1 for _ in r.tokens) - 1  # every token after the first came from the draft
+            assert r.stats.accepted == from_draft == n - 1
+            assert r.stats.drafted == 8  # one round drafted 8; only n - 1 were emitted
