@@ -3,25 +3,48 @@
 The output is what plain decoding of the target model gives (identical tokens
 when greedy, the same distribution when sampling); a draft model or prompt
 lookup only makes it faster where the hardware allows.
+
+The names below are imported on first use, so ``import localspec`` (and the
+``localspec`` command's start-up) does not load llama.cpp until a model is needed.
 """
 
-from .acceptance import SamplingParams
-from .api import Pair, Result, Stream, load
-from .engine import GenerationStats, TokenEvent
-from .errors import (
-    BackendError,
-    ConfigError,
-    ContextOverflowError,
-    LocalspecError,
-    ModelFileError,
-    SamplingError,
-    VocabMismatchError,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BackendError", "ConfigError", "ContextOverflowError", "GenerationStats", "LocalspecError",
-    "ModelFileError", "Pair", "Result", "SamplingError", "SamplingParams", "Stream", "TokenEvent",
-    "VocabMismatchError", "load", "__version__",
-]
+# public name -> module that defines it
+_EXPORTS = {
+    "load": "api", "Pair": "api", "Result": "api", "Stream": "api",
+    "GenerationOptions": "options", "SamplingParams": "options",
+    "GenerationStats": "engine", "TokenEvent": "engine",
+    "BackendError": "errors", "ConfigError": "errors", "ContextOverflowError": "errors",
+    "InterleavedGenerationError": "errors", "LocalspecError": "errors", "ModelFileError": "errors",
+    "SamplingError": "errors", "VocabMismatchError": "errors",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+if TYPE_CHECKING:  # the real imports, for type checkers and editors
+    from .api import Pair, Result, Stream, load
+    from .engine import GenerationStats, TokenEvent
+    from .errors import (
+        BackendError,
+        ConfigError,
+        ContextOverflowError,
+        InterleavedGenerationError,
+        LocalspecError,
+        ModelFileError,
+        SamplingError,
+        VocabMismatchError,
+    )
+    from .options import GenerationOptions, SamplingParams
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'localspec' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)

@@ -1,36 +1,39 @@
 """The Python API: load a target (and optionally a draft) and generate.
 
-Layers, each built on the one before: ``engine.generate_events`` (token
-events over token ids) -> ``Pair.stream`` (text prompt, options checked,
-events with text) -> ``Pair.generate`` (a finished ``Result``) -> the CLI.
+Layers, each built on the one before: ``engine.Generation`` (token events
+over token ids) -> ``Pair.stream`` (text prompt, options checked, events with
+text) -> ``Pair.generate`` (a finished ``Result``) -> the CLI.
+
+Options are one ``GenerationOptions`` object; keyword arguments are a
+shorthand for ``options.replace(...)``.
 
 Example:
     >>> import localspec
     >>> pair = localspec.load(target="t.gguf", draft="d.gguf")
     >>> r = pair.generate("def fib(n):", max_tokens=64, method="draft", k=4)
     >>> r.text, r.finish_reason, r.stats.acceptance_rate
+    >>> opts = localspec.GenerationOptions(temperature=0.7, seed=1)
+    >>> pair.generate("def fib(n):", opts)
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .acceptance import SamplingParams
-from .auto import KMAX, CostProfile, auto_drafter, calibrate
+from .auto import KMAX, CostProfile, auto_drafter, calibrate, calibration_cached
 from .backend import Model, read_vocab
 from .compat import check_vocab
 from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
-from .engine import Generation, GenerationStats, TokenEvent, check_prompt, generate_events
+from .engine import Generation, GenerationStats, TokenEvent, check_prompt
 from .errors import ConfigError
+from .options import GenerationOptions, check_k
 
 PathLike = Union[str, os.PathLike]
-METHODS = ("auto", "plain", "draft", "lookup")
-#: Draft length used when ``k`` is not given (for auto: the longest it considers).
-DEFAULT_K = {"auto": KMAX, "plain": 0, "draft": 4, "lookup": 8}
 
 
 @dataclass
@@ -56,6 +59,19 @@ class Result:
         """The JSON shape printed by ``localspec generate --json``."""
         return {"text": self.text, "tokens": self.tokens, "finish_reason": self.finish_reason,
                 "stats": self.stats.to_dict()}
+
+    def summary_line(self) -> str:
+        """One line for a person after a reply: tokens, speed, method and K, acceptance."""
+        s = self.stats
+        how = s.method
+        if s.auto:
+            used = ", ".join(f"{m} {n}" for m, n in s.auto["rounds"].items() if n)
+            how = f"auto ({used} rounds)"
+        elif s.k:
+            how += f" k={s.k}"
+        acc = f", accepted {s.accepted}/{s.drafted} ({100 * s.acceptance_rate:.0f}%)" if s.drafted else ""
+        return (f"[{s.generated_tokens} tokens, {s.decode_tokens_per_second:.1f} tok/s, {how}{acc}, "
+                f"finish: {self.finish_reason}]")
 
 
 class Stream:
@@ -85,27 +101,59 @@ class Stream:
         return Result("".join(self._text), list(self._g.tokens), self._g.finish_reason,
                       self._g.stats, self._prompt_tokens)
 
+    def finish(self) -> Result:
+        """Run the generation to its end and return the result."""
+        for _ in self:
+            pass
+        return self.result
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
 
 class Pair:
     """A target model and an optional draft model, ready to generate.
 
     Use ``load`` to create one. Each method call generates once; the models'
     caches keep the longest shared prefix between calls, so a follow-up on
-    the same text (a chat turn) only processes what is new.
+    the same text (a chat turn) only processes what is new. The two models
+    share one cache each, so a Pair runs one generation at a time: finish
+    or close a stream before starting the next.
+
+    Args:
+        target: the loaded target model.
+        draft: the loaded draft model, or None.
+        defaults: options used where a call does not give them.
+        draft_k: the draft length suggested for this pair's draft model
+            (models.toml's ``k``), used by method "draft" when ``k`` is not given.
+        notify: where one-line notices go (default: stderr), e.g. that auto
+            mode is measuring this machine for the first time.
     """
 
-    def __init__(self, target: Model, draft: Optional[Model] = None):
+    def __init__(self, target: Model, draft: Optional[Model] = None, *,
+                 defaults: Optional[GenerationOptions] = None, draft_k: Optional[int] = None,
+                 notify: Optional[Callable[[str], None]] = None):
         self.target = target
         self.draft = draft
+        self.defaults = defaults or GenerationOptions()
+        self.draft_k = None if draft_k is None else check_k(draft_k, "The suggested draft length k")
+        self.notify = notify or _stderr
         self._profile: Optional[CostProfile] = None
 
     def calibrate(self, refresh: bool = False) -> CostProfile:
         """The machine's cost profile for auto mode (cached on disk; measured on first use).
 
+        Measuring takes a few seconds, says so through ``notify``, and leaves
+        both models' caches empty (the next generation prefills its prompt).
+
         Args:
             refresh: measure again instead of reusing the cached profile.
         """
         if self._profile is None or refresh:
+            if refresh or not calibration_cached(self.target, self.draft, KMAX):
+                self.notify("localspec: measuring this machine's costs for auto mode (a few seconds, once per "
+                            "models and settings; `localspec calibrate` shows them)")
             self._profile = calibrate(self.target, self.draft, KMAX, refresh=refresh)
         return self._profile
 
@@ -165,113 +213,84 @@ class Pair:
 
     # -- generation ----------------------------------------------------------
 
-    def stream(self, prompt: Union[str, Sequence[int]], **options: Any) -> Stream:
+    def options(self, options: Optional[GenerationOptions] = None, **changes: Any) -> GenerationOptions:
+        """``options`` (default: this pair's defaults) with ``changes`` applied and validated."""
+        base = options if options is not None else self.defaults
+        return base.replace(**changes) if changes else base
+
+    def stream(self, prompt: Union[str, Sequence[int]], options: Optional[GenerationOptions] = None,
+               **changes: Any) -> Stream:
         """Generate after a raw prompt, yielding TokenEvents as they are decided.
 
         Args:
             prompt: raw text (tokenized with BOS if the model wants it) or token ids.
-            **options: see ``generate``.
+            options: the generation options (default: the pair's defaults).
+            **changes: single options to change, e.g. ``max_tokens=64``
+                (see ``GenerationOptions``).
         """
+        opts = self.options(options, **changes)
         if isinstance(prompt, str):
-            return self._start(self.tokenize(prompt), prompt, **options)
-        tokens = [int(t) for t in prompt]
-        return self._start(tokens, None, **options)
+            return self._start(self.tokenize(prompt), prompt, opts)
+        return self._start([int(t) for t in prompt], None, opts)
 
-    def generate(self, prompt: Union[str, Sequence[int]], **options: Any) -> Result:
+    def generate(self, prompt: Union[str, Sequence[int]], options: Optional[GenerationOptions] = None,
+                 **changes: Any) -> Result:
         """Generate after a raw prompt and return the finished result.
 
         Args:
             prompt: raw text or token ids.
-            max_tokens: most tokens to generate (default 256).
-            temperature: 0 for greedy decoding (default), otherwise sampling.
-            top_k, top_p, min_p: sampling filters (defaults 0, 1.0, 0.0: off).
-            seed: seed for sampling (default: random).
-            method: "auto" (default: picks lookup, the draft model or plain
-                decoding and K each round from measured costs), "draft"
-                (needs a draft model), "lookup" or "plain".
-            k: tokens drafted per round (defaults: draft 4, lookup 8; for auto
-                the most it may draft, 8).
-            ngram: (min, max) n-gram lengths for lookup (default (1, 3)).
+            options: the generation options (default: the pair's defaults):
+                max_tokens, temperature, top_k, top_p, min_p, seed, method, k,
+                ngram; see ``GenerationOptions``.
+            **changes: single options to change, e.g. ``temperature=0.7``.
 
         Returns:
             the Result: text, tokens, finish_reason, stats.
+
+        Raises:
+            ConfigError, SamplingError: an option is out of range (before any work).
+            ContextOverflowError: the prompt does not fit the context.
         """
-        s = self.stream(prompt, **options)
-        for _ in s:
-            pass
-        return s.result
+        return self.stream(prompt, options, **changes).finish()
 
-    def chat(self, messages: Sequence[Mapping[str, str]], **options: Any) -> Result:
+    def chat(self, messages: Sequence[Mapping[str, str]], options: Optional[GenerationOptions] = None,
+             **changes: Any) -> Result:
         """Generate the assistant's reply to chat ``messages`` (dicts with role and content)."""
-        s = self.stream_chat(messages, **options)
-        for _ in s:
-            pass
-        return s.result
+        return self.stream_chat(messages, options, **changes).finish()
 
-    def stream_chat(self, messages: Sequence[Mapping[str, str]], **options: Any) -> Stream:
+    def stream_chat(self, messages: Sequence[Mapping[str, str]], options: Optional[GenerationOptions] = None,
+                    **changes: Any) -> Stream:
         """Like ``chat``, yielding TokenEvents."""
+        opts = self.options(options, **changes)
         text = self.format_chat(messages)
-        return self._start(self.target.tokenize(text, add_special=False), text, **options)
+        return self._start(self.target.tokenize(text, add_special=False), text, opts)
 
-    def _start(
-        self,
-        prompt_tokens: list[int],
-        prompt_text: Optional[str],
-        *,
-        max_tokens: int = 256,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        min_p: float = 0.0,
-        seed: Optional[int] = None,
-        method: Optional[str] = None,
-        k: Optional[int] = None,
-        ngram: tuple[int, int] = (1, 3),
-    ) -> Stream:
-        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    def _start(self, prompt_tokens: list[int], prompt_text: Optional[str], opts: GenerationOptions) -> Stream:
         check_prompt(self.target, len(prompt_tokens))  # before any work, calibration included
-        drafter, k = self.drafter(method, k, params, ngram, prompt_text, prompt_tokens)
-        g = generate_events(self.target, prompt_tokens, drafter=drafter, k=k, params=params,
-                            max_tokens=max_tokens, rng=np.random.default_rng(seed))
+        drafter, k = self.drafter(opts, prompt_text, prompt_tokens)
+        g = Generation(self.target, prompt_tokens, drafter=drafter, k=k, params=opts.sampling,
+                       max_tokens=opts.max_tokens, rng=np.random.default_rng(opts.seed))
         return Stream(g, prompt_tokens)
 
-    def drafter(
-        self,
-        method: Optional[str],
-        k: Optional[int],
-        params: SamplingParams,
-        ngram: tuple[int, int] = (1, 3),
-        prompt_text: Optional[str] = None,
-        prompt_tokens: Sequence[int] = (),
-    ) -> tuple[Optional[Drafter], int]:
-        """The drafter and draft length for a method name (None means auto).
+    def drafter(self, opts: GenerationOptions, prompt_text: Optional[str] = None,
+                prompt_tokens: Sequence[int] = ()) -> tuple[Optional[Drafter], int]:
+        """The drafter and draft length for ``opts.method``.
 
         Auto calibrates on first use and reads the prompt to set its priors.
         """
-        if method is None:
-            method = "auto"
-        if method not in METHODS:
-            raise ConfigError(f"Unknown method {method!r}; choose one of {', '.join(METHODS)}.")
-        if k is None:
-            k = DEFAULT_K[method]
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0 or k > 64:
-            raise ConfigError(f"The draft length k must be a whole number from 0 to 64, got {k!r}.")
-        if method == "plain":
+        k = opts.draft_length(self.draft_k)
+        if opts.method == "plain" or k == 0:
             return None, 0
-        if method == "auto":
-            if k == 0:
-                return None, 0
+        if opts.method == "auto":
             text = prompt_text if prompt_text is not None else self.target.detokenize(prompt_tokens)
-            drafter = auto_drafter(self.calibrate(), self.draft, params, text,
+            drafter = auto_drafter(self.calibrate(), self.draft, opts.sampling, text,
                                    np.asarray(prompt_tokens, dtype=np.int32), k)
             return drafter, k
-        if method == "draft":
+        if opts.method == "draft":
             if self.draft is None:
                 raise ConfigError("Method 'draft' needs a draft model; load one (--draft) or use 'lookup'.")
-            return ModelDrafter(self.draft, params), k
-        lo, hi = ngram
-        if not 1 <= lo <= hi:
-            raise ConfigError(f"Lookup n-gram range must satisfy 1 <= min <= max, got {ngram}.")
+            return ModelDrafter(self.draft, opts.sampling), k
+        lo, hi = opts.ngram
         return PromptLookupDrafter(max_ngram=hi, min_ngram=lo), k
 
 
@@ -283,6 +302,8 @@ def load(
     n_threads: Optional[int] = None,
     n_gpu_layers: Optional[int] = None,
     verbose: bool = False,
+    defaults: Optional[GenerationOptions] = None,
+    draft_k: Optional[int] = None,
 ) -> Pair:
     """Load a target model and, optionally, a draft model of the same family.
 
@@ -292,7 +313,9 @@ def load(
         n_ctx: context length for both models (0: the target's training context).
         n_threads: CPU threads for both (default: all available cores).
         n_gpu_layers: layers to offload for both; -1 all (default on GPU builds), 0 none.
-        verbose: show llama.cpp's log.
+        verbose: show llama.cpp's log for these models.
+        defaults: generation options used where a call does not give them.
+        draft_k: suggested draft length for the draft model (see ``Pair``).
 
     Raises:
         ModelFileError: a file is missing, not a GGUF, or fails to load.
@@ -300,13 +323,13 @@ def load(
     """
     t = Model(target, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, verbose=verbose)
     d = None
-    if draft is not None:
-        try:
+    try:
+        if draft is not None:
             check_vocab(t.vocab_info(), read_vocab(draft))  # before the draft's weights are loaded
             d = Model(draft, n_ctx=t.n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, verbose=verbose)
-        except BaseException:
-            t.close()
-            if d is not None:
-                d.close()
-            raise
-    return Pair(t, d)
+        return Pair(t, d, defaults=defaults, draft_k=draft_k)
+    except BaseException:
+        t.close()
+        if d is not None:
+            d.close()
+        raise

@@ -40,22 +40,52 @@ LogitsWanted = Literal["last", "all", "none"]
 #: Token ids as a list or a 1-D integer array.
 Tokens = Union[Sequence[int], np.ndarray]
 
-_backend_ready = False
-_verbose = False
-#: The last warnings and errors llama.cpp logged, to explain a failed load.
-_log_tail: collections.deque[str] = collections.deque(maxlen=8)
-_GGML_WARN, _GGML_ERROR, _GGML_CONT = 3, 4, 5  # ggml_log_level values in the pinned llama.cpp
+_GGML_WARN, _GGML_ERROR = 3, 4  # ggml_log_level values in the pinned llama.cpp
+
+
+class LlamaLog:
+    """Where llama.cpp's log goes while one model calls into it.
+
+    llama.cpp has one process-wide log callback; each ``Model`` (and each
+    vocabulary read) points it at its own ``LlamaLog`` for the length of a
+    call (``with log:``), so a quiet draft cannot silence a verbose target
+    and a failed load is explained by its own warnings.
+
+    Args:
+        verbose: print the log to stderr.
+    """
+
+    def __init__(self, verbose: bool = False):
+        self.verbose = verbose
+        #: The last warnings and errors logged, to explain a failure.
+        self.tail: collections.deque[str] = collections.deque(maxlen=8)
+
+    def write(self, level: int, text: bytes) -> None:
+        msg = text.decode("utf-8", errors="replace")
+        if self.verbose:
+            sys.stderr.write(msg)
+        if level in (_GGML_WARN, _GGML_ERROR) and msg.strip():
+            self.tail.append(msg.strip())
+
+    def last_error(self) -> str:
+        """The newest logged line that mentions an error, or ''."""
+        return next((m for m in reversed(self.tail) if "error" in m.lower()), "")
+
+    def __enter__(self) -> LlamaLog:
+        ll.llama_log_set(_log_callback, ctypes.c_void_p(id(self)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        ll.llama_log_set(_log_callback, ctypes.c_void_p(0))  # nothing logs into a freed object
 
 
 @ll.llama_log_callback
-def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+def _log_callback(level: int, text: bytes, user_data: Optional[int]) -> None:
     # llama-cpp-python's own callback maps these levels off by one and prints
-    # warnings even when asked to be quiet; this one prints only when verbose.
-    msg = text.decode("utf-8", errors="replace")
-    if _verbose:
-        sys.stderr.write(msg)
-    if level in (_GGML_WARN, _GGML_ERROR) and msg.strip():
-        _log_tail.append(msg.strip())
+    # warnings even when asked to be quiet; this one routes each line to the
+    # LlamaLog of the model that is calling llama.cpp (none: dropped).
+    if user_data:
+        ctypes.cast(user_data, ctypes.py_object).value.write(level, text)
 
 
 def check_gguf(path: Union[str, os.PathLike]) -> Path:
@@ -96,15 +126,6 @@ def gpu_offload_supported() -> bool:
     return bool(ll.llama_supports_gpu_offload())
 
 
-def _init_backend(verbose: bool) -> None:
-    global _backend_ready, _verbose
-    _verbose = verbose
-    if not _backend_ready:
-        ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
-        ll.llama_backend_init()
-        _backend_ready = True
-
-
 @dataclass
 class VocabInfo:
     """A model's vocabulary: tokenizer type, size, special ids and every token's text."""
@@ -134,10 +155,11 @@ def read_vocab(path: Union[str, os.PathLike]) -> VocabInfo:
         ModelFileError: missing, not a GGUF, or unreadable by llama.cpp.
     """
     p = check_gguf(path)
-    _init_backend(_verbose)
     params = ll.llama_model_default_params()
     params.vocab_only = True
-    model = ll.llama_model_load_from_file(str(p).encode(), params)
+    with LlamaLog():
+        ll.llama_backend_init()  # idempotent: ggml's timer and tables
+        model = ll.llama_model_load_from_file(str(p).encode(), params)
     if not model:
         raise ModelFileError(f"llama.cpp could not read the vocabulary of {p}: the GGUF is truncated or corrupt; "
                              "re-download it.")
@@ -186,7 +208,7 @@ class Model:
             raise ConfigError(f"Context length must be >= 0 (0 = the model's own), got {n_ctx}.")
         if cache_type not in CACHE_TYPES:
             raise ConfigError(f"Unknown KV cache type {cache_type!r}; choose one of {', '.join(CACHE_TYPES)}.")
-        _init_backend(verbose)
+        self._log = LlamaLog(verbose)
         self.n_threads = n_threads if n_threads else default_threads()
         if n_gpu_layers is None:
             n_gpu_layers = -1 if gpu_offload_supported() else 0
@@ -197,10 +219,11 @@ class Model:
 
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
-        _log_tail.clear()
-        self._model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
+        with self._log:
+            ll.llama_backend_init()  # idempotent: ggml's timer and tables
+            self._model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
-            reason = next((m for m in reversed(_log_tail) if "error" in m.lower()), "")
+            reason = self._log.last_error()
             raise ModelFileError(
                 f"llama.cpp could not load {self.path}" + (f" ({reason})" if reason else "")
                 + ": the GGUF is truncated, corrupt, or of an architecture this llama-cpp-python build "
@@ -222,7 +245,8 @@ class Model:
         if flash_attn is not None:
             cparams.flash_attn_type = 1 if flash_attn else 0
         self.flash_attn = flash_attn
-        self._ctx = ll.llama_init_from_model(self._model, cparams)
+        with self._log:
+            self._ctx = ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             self.close()
             raise BackendError(
@@ -376,7 +400,9 @@ class Model:
 
         Raises:
             ContextOverflowError: the tokens do not fit in the context.
-            BackendError: llama.cpp failed to decode (the cache is left as before).
+            BackendError: llama.cpp failed to decode. The chunks of ``n_batch``
+                tokens before the failing one stay in the cache (and in
+                ``tokens``); the failing chunk is removed.
         """
         n = len(tokens)
         if n == 0:
@@ -402,12 +428,13 @@ class Model:
             self._batch.n_tokens = m  # type: ignore[union-attr]
             t0 = time.perf_counter()
             self._dirty = True  # until the record below matches the cache again
-            rc = ll.llama_decode(self._ctx, self._batch)
+            with self._log:
+                rc = ll.llama_decode(self._ctx, self._batch)
             if rc != 0:
                 self._repair()
                 raise BackendError(
                     f"llama.cpp decode failed with code {rc} on {self.path.name} "
-                    f"({m} tokens at position {self._n}); the cache was restored."
+                    f"({m} tokens at position {self._n}); that chunk was removed from the cache."
                 )
             self._tokens[self._n : self._n + m] = chunk
             self._n += m

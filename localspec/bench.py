@@ -31,6 +31,7 @@ from .api import Pair
 from .auto import CostProfile, expected_tokens, round_cost
 from .backend import gpu_offload_supported
 from .errors import ConfigError
+from .options import GenerationOptions
 
 #: A divergence counts as a numeric tie below this top-two logit margin of plain decoding,
 #: or below twice the measured batch-shape noise of this build if that is larger.
@@ -344,8 +345,8 @@ def _generate(pair: Pair, tokens: list[int], spec: MethodSpec, temperature: floa
     pair.target.reset()
     if pair.draft is not None:
         pair.draft.reset()
-    return pair.generate(tokens, max_tokens=max_tokens, method=spec.method, k=spec.k,
-                         temperature=temperature, seed=seed)
+    return pair.generate(tokens, GenerationOptions(max_tokens=max_tokens, method=spec.method, k=spec.k,
+                                                   temperature=temperature, seed=seed))
 
 
 def _summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], profile: CostProfile,

@@ -1,43 +1,54 @@
 """The ``localspec`` command line.
 
-Thin by design: it parses options, calls the library, prints. It is the only
-place where library errors become messages: a ``LocalspecError`` is printed
-as one sentence (``Error: ...``) with exit status 1, never a traceback.
+Thin by design: it parses options, calls the library, prints. A command that
+fails on a ``LocalspecError`` prints it as one sentence (``Error: ...``) with
+exit status 1, never a traceback (``errors_as_messages``); the chat loop
+shows such errors and carries on. Generation options are derived from
+``GenerationOptions``, and llama.cpp is imported only once a model is needed,
+so ``localspec --help`` starts fast.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import json
 import sys
+import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import click
 
 from . import __version__
 from .errors import LocalspecError
+from .options import K_LIMIT, METHODS, GenerationOptions
 
 if TYPE_CHECKING:
-    from .api import Pair, Result
+    from .api import Pair
 
-METHOD_CHOICES = ["auto", "plain", "draft", "lookup"]
 DEFAULT_PAIR = "qwen2.5-coder-1.5b"
 
 
-def _friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+@contextlib.contextmanager
+def errors_as_messages() -> Iterator[None]:
     """Turn library errors into one-line messages and Ctrl-C into a clean exit."""
+    try:
+        yield
+    except LocalspecError as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted", err=True)
+        sys.exit(130)
 
+
+def _friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
+        with errors_as_messages():
             return fn(*args, **kwargs)
-        except LocalspecError as exc:
-            raise click.ClickException(str(exc)) from None
-        except KeyboardInterrupt:
-            click.echo("\ninterrupted", err=True)
-            sys.exit(130)
 
     return wrapper
 
@@ -67,7 +78,8 @@ class ModelArgs:
             spec = get_pair(self.pair_name)
             files = resolve(spec)
             return load(files.target, files.draft, n_ctx=spec.ctx if self.n_ctx is None else self.n_ctx,
-                        n_threads=self.n_threads, n_gpu_layers=self.n_gpu_layers, verbose=self.verbose)
+                        n_threads=self.n_threads, n_gpu_layers=self.n_gpu_layers, verbose=self.verbose,
+                        draft_k=spec.k)
         if not self.target:
             raise click.UsageError("Name a pair (see `localspec models`) or give --target (and --draft).")
         return load(self.target, self.draft, n_ctx=4096 if self.n_ctx is None else self.n_ctx,
@@ -103,31 +115,34 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Options that shape a generation, passed on as ``options`` (a dict for the API)."""
-    keys = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "method", "k")
+def _click_type(name: str, annotation: Any) -> Any:
+    if name == "method":
+        return click.Choice(METHODS)
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]  # Optional[int] -> int
+    return args[0] if args else annotation
+
+
+def generation_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Every ``GenerationOptions`` field with flags, as CLI options; passed on as ``options``.
+
+    Options not given on the command line keep ``GenerationOptions``' defaults
+    (and ``k`` stays unset, so a pair's suggested K applies). Bad values fail
+    before any model is loaded, with the library's one-sentence message.
+    """
+    hints = typing.get_type_hints(GenerationOptions)
+    specs = [f for f in dataclasses.fields(GenerationOptions) if f.metadata.get("flags")]
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        options = {key: kwargs.pop(key) for key in keys}
+        given = {f.name: kwargs.pop(f.name) for f in specs}
+        with errors_as_messages():
+            options = GenerationOptions().replace(**{k: v for k, v in given.items() if v is not None})
         return fn(*args, options=options, **kwargs)
 
-    for opt in reversed([
-        click.option("--max-tokens", "-n", type=int, default=256, show_default=True, help="Most tokens to generate."),
-        click.option("--temperature", "--temp", type=float, default=0.0, show_default=True,
-                     help="0 for greedy decoding; above 0 samples."),
-        click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling mass (1: off)."),
-        click.option("--top-k", type=int, default=0, show_default=True, help="Keep the k likeliest tokens (0: off)."),
-        click.option("--min-p", type=float, default=0.0, show_default=True,
-                     help="Drop tokens below min-p times the top probability (0: off)."),
-        click.option("--seed", type=int, default=None, help="Sampling seed (default: random)."),
-        click.option("--method", "-m", type=click.Choice(METHOD_CHOICES), default="auto", show_default=True,
-                     help="How to draft: auto picks prompt lookup, the draft model or plain decoding "
-                          "(and K) each round from this machine's measured costs."),
-        click.option("--k", "-k", type=int, default=None,
-                     help="Tokens drafted per round (default: 4 for draft, 8 for lookup; for auto the most, 8)."),
-    ]):
-        wrapper = opt(wrapper)
+    for f in reversed(specs):
+        default = "" if f.default is None else f" [default: {f.default}]"
+        wrapper = click.option(*f.metadata["flags"], f.name, type=_click_type(f.name, hints[f.name]), default=None,
+                               help=f.metadata["help"] + default)(wrapper)
     return wrapper
 
 
@@ -141,33 +156,19 @@ def cli() -> None:
     """
 
 
-def summary_line(r: Result) -> str:
-    """One line after a reply: tokens, speed, method and K, acceptance."""
-    s = r.stats
-    how = s.method
-    if s.auto:
-        used = ", ".join(f"{m} {n}" for m, n in s.auto["rounds"].items() if n)
-        how = f"auto ({used} rounds)"
-    elif s.k:
-        how += f" k={s.k}"
-    acc = f", accepted {s.accepted}/{s.drafted} ({100 * s.acceptance_rate:.0f}%)" if s.drafted else ""
-    return (f"[{s.generated_tokens} tokens, {s.decode_tokens_per_second:.1f} tok/s, {how}{acc}, "
-            f"finish: {r.finish_reason}]")
-
-
 # -- generate, chat ---------------------------------------------------------------------------------
 
 
 @cli.command()
 @model_options
-@sampling_options
+@generation_options
 @click.option("--prompt", "-p", default=None, help="Raw prompt text, sent as is.")
 @click.option("--message", default=None, help="One user message, formatted with the model's chat template.")
 @click.option("--system", default=None, help="System message to go with --message.")
 @click.option("--recalibrate", is_flag=True, help="Measure this machine's costs again for auto.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, finish_reason, stats.")
 @_friendly_errors
-def generate(models: ModelArgs, options: dict[str, Any], prompt: Optional[str], message: Optional[str],
+def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str], message: Optional[str],
              system: Optional[str], recalibrate: bool, as_json: bool) -> None:
     """Generate a continuation of --prompt, or a reply to --message."""
     if (prompt is None) == (message is None):
@@ -180,9 +181,9 @@ def generate(models: ModelArgs, options: dict[str, Any], prompt: Optional[str], 
         if message is not None:
             messages = ([{"role": "system", "content": system}] if system else []) + [
                 {"role": "user", "content": message}]
-            stream = pair.stream_chat(messages, **options)
+            stream = pair.stream_chat(messages, options)
         else:
-            stream = pair.stream(prompt or "", **options)
+            stream = pair.stream(prompt or "", options)
         if as_json:
             for _ in stream:
                 pass
@@ -191,17 +192,17 @@ def generate(models: ModelArgs, options: dict[str, Any], prompt: Optional[str], 
         for ev in stream:
             click.echo(ev.text, nl=False)
         click.echo()
-        click.echo(summary_line(stream.result), err=True)
+        click.echo(stream.result.summary_line(), err=True)
 
 
 @cli.command()
 @model_options
-@sampling_options
+@generation_options
 @click.option("--system", default=None, help="System prompt.")
 @click.option("--show-drafts", is_flag=True, help="Colour tokens by where they came from (lookup, draft, target).")
 @click.option("--yes", "-y", is_flag=True, help="Download the pair without asking if it is missing.")
 @_friendly_errors
-def chat(models: ModelArgs, options: dict[str, Any], system: Optional[str], show_drafts: bool, yes: bool) -> None:
+def chat(models: ModelArgs, options: GenerationOptions, system: Optional[str], show_drafts: bool, yes: bool) -> None:
     """Talk to a model pair in the terminal, with streamed speculative output.
 
     PAIR is a name from `localspec models`; without one (and without
@@ -215,7 +216,7 @@ def chat(models: ModelArgs, options: dict[str, Any], system: Optional[str], show
     elif models.pair_name:
         _ensure_pulled(models.pair_name, yes)
     with models.open() as pair:
-        run_chat(ChatSession(pair, system, **options), show_drafts)
+        run_chat(ChatSession(pair, system, options), show_drafts)
 
 
 def _choose_pair(yes: bool) -> str:
@@ -288,7 +289,8 @@ def models(as_json: bool) -> None:
 @click.option("--target", "-t", type=click.Path(dir_okay=False, exists=True), required=True)
 @click.option("--draft", "-d", type=click.Path(dir_okay=False, exists=True), required=True)
 @click.option("--description", default="", help="A short description for `localspec models`.")
-@click.option("--k", type=click.IntRange(1, 16), default=4, show_default=True, help="Suggested draft length.")
+@click.option("--k", type=click.IntRange(1, K_LIMIT), default=4, show_default=True,
+              help="Suggested draft length for the draft model.")
 @click.option("--ctx", type=click.IntRange(min=256), default=4096, show_default=True, help="Suggested context.")
 @_friendly_errors
 def add(name: str, target: str, draft: str, description: str, k: int, ctx: int) -> None:
@@ -427,8 +429,8 @@ def _k_list(value: Optional[str], option: str) -> Optional[list[int]]:
         ks = [int(x) for x in value.split(",") if x.strip()]
     except ValueError:
         raise click.BadParameter(f"expected comma-separated whole numbers, got {value!r}", param_hint=option) from None
-    if not ks or any(k < 1 or k > 8 for k in ks):
-        raise click.BadParameter("each K must be from 1 to 8", param_hint=option)
+    if not ks or any(k < 1 or k > K_LIMIT for k in ks):
+        raise click.BadParameter(f"each K must be from 1 to {K_LIMIT}", param_hint=option)
     return ks
 
 

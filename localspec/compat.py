@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Optional
 
 from .backend import VocabInfo
 from .errors import VocabMismatchError
@@ -28,7 +27,6 @@ class Compatibility:
     ok: bool
     padded: bool
     message: str
-    first_difference: Optional[int] = None
 
 
 def compare(target: VocabInfo, draft: VocabInfo) -> Compatibility:
@@ -44,7 +42,7 @@ def compare(target: VocabInfo, draft: VocabInfo) -> Compatibility:
         return Compatibility(False, False, (
             f"Draft {d_name} and target {t_name} have different vocabularies: token id {i} is "
             f"{draft.texts[i]!r} in the draft but {target.texts[i]!r} in the target; "
-            "pick a draft from the same model family."), i)
+            "pick a draft from the same model family."))
     for what, t_id, d_id in (("BOS", target.bos, draft.bos), ("EOS", target.eos, draft.eos)):
         if t_id != d_id:
             return Compatibility(False, False, (

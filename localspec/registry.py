@@ -4,7 +4,6 @@ Schema (one table per pair)::
 
     [pairs."qwen2.5-coder-1.5b"]
     description = "Qwen2.5-Coder 1.5B Instruct, 0.5B coder draft"
-    family = "qwen2.5"
     k = 4          # suggested draft length
     ctx = 4096     # suggested context length
     target = { repo = "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF", file = "...gguf", sha256 = "..." }
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .errors import RegistryError
+from .options import K_LIMIT
 from .paths import home, write_atomic
 
 if sys.version_info >= (3, 11):
@@ -61,7 +61,6 @@ class PairSpec:
     target: ModelRef
     draft: ModelRef
     description: str = ""
-    family: str = ""
     k: int = 4
     ctx: int = 4096
     source: str = ""  # the file that defined it
@@ -103,11 +102,14 @@ def _pair(name: str, body: Any, source: str) -> PairSpec:
             raise RegistryError(
                 f"{where} has no '{role}'; add {role} = {{ repo = ..., file = ... }} or {{ path = ... }}.")
         refs[role] = _ref(body[role], f"{where}.{role}")
-    for key, kind in (("k", int), ("ctx", int), ("description", str), ("family", str)):
+    for key, kind in (("k", int), ("ctx", int), ("description", str)):
         if key in body and not isinstance(body[key], kind):
             raise RegistryError(f"{where}.{key} must be a {kind.__name__}, got {body[key]!r}.")
-    return PairSpec(name, refs["target"], refs["draft"], body.get("description", ""), body.get("family", ""),
-                    body.get("k", 4), body.get("ctx", 4096), source)
+    k = body.get("k", 4)
+    if not 1 <= k <= K_LIMIT:
+        raise RegistryError(f"{where}.k must be a draft length from 1 to {K_LIMIT}, got {k}.")
+    return PairSpec(name, refs["target"], refs["draft"], body.get("description", ""), k, body.get("ctx", 4096),
+                    source)
 
 
 def _ref(value: Any, where: str) -> ModelRef:

@@ -31,7 +31,7 @@ def test_generate_message_uses_the_chat_template(tiny_dir):
     r = run("generate", "-t", str(tiny_dir / "target.gguf"), "--message", "hi", "--system", "be brief",
             "-n", "8", "--method", "lookup", "--json")
     assert r.exit_code == 0
-    assert len(json.loads(r.output)["tokens"]) <= 8
+    assert len(json.loads(r.stdout)["tokens"]) <= 8
 
 
 def test_plain_output_streams_text_and_a_summary(tiny_dir):
