@@ -1,10 +1,15 @@
 """``localspec chat``: a terminal conversation with streamed speculative output.
 
 ``ChatSession`` holds the conversation and the settings and knows the slash
-commands; ``run_chat`` is the terminal loop around it (line input, colours,
+commands; ``run_chat`` is the terminal loop around it (input, colours,
 Ctrl-C and Ctrl-D). Each turn renders the whole conversation with the
 model's chat template; the models' caches keep the longest shared prefix,
 so only the new turn is processed.
+
+On a terminal, input goes through prompt_toolkit: a pasted block of several
+lines is one message (bracketed paste), and input history is kept from one
+run to the next. Anywhere, a block typed between two lines of three double
+quotes is one message, as in Ollama.
 """
 
 from __future__ import annotations
@@ -18,24 +23,27 @@ from typing import Any, Callable, Optional, TextIO
 
 import click
 
-from .acceptance import SamplingParams
-from .api import METHODS, Pair, Result
+from .api import Pair, Result, Stream
 from .engine import SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, TokenEvent
 from .errors import ConfigError, LocalspecError
+from .options import K_LIMIT, GenerationOptions
+from .paths import home
 
 #: Colour of a token by where it came from (with --show-drafts on a terminal).
 COLOURS = {"lookup": "cyan", "draft": "green", SOURCE_CORRECTION: "yellow", SOURCE_BONUS: "magenta"}
 
-HELP = """\
+HELP = f"""\
 commands:
   /help                 this list
   /reset                forget the conversation (keeps the system prompt)
   /stats                totals for this session
   /method NAME          auto, plain, draft or lookup
-  /k N                  tokens drafted per round (for auto: the most)
+  /k N                  tokens drafted per round, 0 to {K_LIMIT} (for auto: the most)
   /temperature T        0 for greedy, above 0 to sample
   /save FILE            write the conversation as JSON
   /exit                 leave (Ctrl-D works too)
+Several lines as one message: paste them (on a terminal), or type \"\"\" on a
+line of its own, then the lines, then \"\"\" again.
 Ctrl-C stops a reply; the conversation keeps what was shown."""
 
 
@@ -57,13 +65,13 @@ class ChatSession:
     Args:
         pair: the loaded models.
         system: optional system prompt.
-        options: generation options (method, k, temperature, top_p, seed, max_tokens...).
+        options: generation options (default: the pair's defaults).
     """
 
-    def __init__(self, pair: Pair, system: Optional[str] = None, **options: Any):
+    def __init__(self, pair: Pair, system: Optional[str] = None, options: Optional[GenerationOptions] = None):
         self.pair = pair
         self.system = system
-        self.options = options
+        self.options = options if options is not None else pair.defaults
         self.messages: list[dict[str, str]] = []
         self.totals = Totals()
         self.reset()
@@ -90,33 +98,31 @@ class ChatSession:
         if name == "/stats":
             return self.stats_text(), False
         if name == "/method":
-            if arg not in METHODS:
-                raise ConfigError(f"/method takes one of {', '.join(METHODS)}, got {arg!r}.")
             if arg == "draft" and self.pair.draft is None:
                 raise ConfigError("/method draft needs a draft model; this session has none.")
-            self.options["method"] = arg
-            self.options.pop("k", None)  # back to that method's default K
+            self.options = self.options.replace(method=arg, k=None)  # back to that method's default K
             return f"method: {arg}", False
         if name == "/k":
-            if not arg.isdigit() or not 0 <= int(arg) <= 16:
-                raise ConfigError(f"/k takes a whole number from 0 to 16, got {arg!r}.")
-            self.options["k"] = int(arg)
-            return f"k: {arg}", False
+            try:
+                k = int(arg)
+            except ValueError:
+                raise ConfigError(f"/k takes a whole number from 0 to {K_LIMIT}, got {arg!r}.") from None
+            self.options = self.options.replace(k=k)
+            return f"k: {k}", False
         if name == "/temperature":
             try:
                 t = float(arg)
             except ValueError:
                 raise ConfigError(f"/temperature takes a number, got {arg!r}.") from None
-            SamplingParams(temperature=t, top_p=self.options.get("top_p", 1.0))  # validates
-            self.options["temperature"] = t
+            self.options = self.options.replace(temperature=t)
             return f"temperature: {t:g}", False
         if name == "/save":
             if not arg:
                 raise ConfigError("/save needs a file name.")
             path = Path(arg).expanduser()
             try:
-                path.write_text(json.dumps({"messages": self.messages, "settings": self.options}, indent=1,
-                                           ensure_ascii=False))
+                path.write_text(json.dumps({"messages": self.messages, "settings": self.options.to_dict()},
+                                           indent=1, ensure_ascii=False))
             except OSError as exc:
                 raise ConfigError(f"Cannot write {path}: {exc.strerror}.") from exc
             return f"saved {len(self.messages)} messages to {path}", False
@@ -130,20 +136,22 @@ class ChatSession:
             so far joins the conversation, and both caches stay consistent.
         """
         self.messages.append({"role": "user", "content": user_text})
-        stream = None
         interrupted = False
+        stream: Optional[Stream] = None
         try:
-            stream = self.pair.stream_chat(self.messages, **self.options)
-            for ev in stream:
+            stream = self.pair.stream_chat(self.messages, self.options)
+            for ev in stream:  # the prompt is processed inside the first step
                 on_event(ev)
         except KeyboardInterrupt:
             interrupted = True  # leaving the loop closed the stream: caches are consistent
         except LocalspecError:
             self.messages.pop()  # e.g. the conversation no longer fits the context
             raise
-        if stream is None:  # Ctrl-C before generation started: the turn never happened
+        if interrupted and (stream is None or not stream.result.tokens):
+            # Ctrl-C before the first token (while the prompt was processed): the turn never happened.
             self.messages.pop()
             raise KeyboardInterrupt
+        assert stream is not None  # only Ctrl-C can leave it unset
         result = stream.result
         self.messages.append({"role": "assistant", "content": result.text})
         self._count(result)
@@ -168,24 +176,73 @@ class ChatSession:
         o = self.options
         return (f"turns {t.turns}, tokens {t.tokens}, {tps:.1f} tok/s decode\n"
                 f"accepted drafts: {acc}; rounds: {rounds}\n"
-                f"method {o.get('method') or 'auto'}, k {o.get('k') or 'default'}, "
-                f"temperature {o.get('temperature', 0.0):g}, top-p {o.get('top_p', 1.0):g}, "
-                f"max tokens {o.get('max_tokens', 256)}\n"
+                f"method {o.method}, k {'default' if o.k is None else o.k}, "
+                f"temperature {o.temperature:g}, top-p {o.top_p:g}, max tokens {o.max_tokens}\n"
                 f"context: {self.pair.target.n_past} of {self.pair.target.n_ctx} tokens")
 
 
-def run_chat(session: ChatSession, show_drafts: bool, stdout: Optional[TextIO] = None) -> None:
-    """The terminal loop: read a line, run a command or stream a reply, print a summary."""
-    from .cli import summary_line
+class Reader:
+    """Reads one message at a time: a line, a pasted block, or a \"\"\"-quoted block.
 
+    Args:
+        interactive: read from a terminal through prompt_toolkit (line
+            editing, bracketed paste, history kept in ``history_file``);
+            otherwise plain lines from ``stdin``.
+    """
+
+    QUOTES = '"""'
+
+    def __init__(self, interactive: bool, history_file: Optional[Path] = None, stdin: Optional[TextIO] = None):
+        self._stdin = stdin or sys.stdin
+        self._session: Any = None
+        if interactive:
+            from prompt_toolkit import PromptSession
+            from prompt_toolkit.history import FileHistory, InMemoryHistory
+
+            history: Any = InMemoryHistory()
+            if history_file is not None:
+                try:
+                    history_file.parent.mkdir(parents=True, exist_ok=True)
+                    history_file.touch(mode=0o600)  # what the user typed: theirs alone to read
+                    history = FileHistory(str(history_file))
+                except OSError:
+                    pass  # no history across runs, but chat still works
+            self._session = PromptSession(history=history)
+
+    def _line(self, prompt: str) -> str:
+        if self._session is not None:
+            return str(self._session.prompt(prompt))
+        line = self._stdin.readline()
+        if not line:
+            raise EOFError
+        return line.rstrip("\n")
+
+    def read(self) -> str:
+        """The next message (Ctrl-D or end of input: EOFError; Ctrl-C at the prompt: KeyboardInterrupt)."""
+        first = self._line(">>> ")
+        if not first.strip().startswith(self.QUOTES):
+            return first
+        text = first.strip()[len(self.QUOTES):]
+        if text.endswith(self.QUOTES):  # \"\"\"one line\"\"\"
+            return text[: -len(self.QUOTES)]
+        lines = [text] if text else []
+        while True:
+            line = self._line("... ")
+            if line.rstrip().endswith(self.QUOTES):
+                last = line.rstrip()[: -len(self.QUOTES)]
+                if last:
+                    lines.append(last)
+                return "\n".join(lines)
+            lines.append(line)
+
+
+def run_chat(session: ChatSession, show_drafts: bool, stdout: Optional[TextIO] = None,
+             reader: Optional[Reader] = None) -> None:
+    """The terminal loop: read a message, run a command or stream a reply, print a summary."""
     stdout = stdout or sys.stdout
     colour = stdout.isatty() and not os.environ.get("NO_COLOR")
-    interactive = sys.stdin.isatty()
-    if interactive:
-        try:
-            import readline  # noqa: F401 - line editing and history for input()
-        except ImportError:
-            pass
+    if reader is None:
+        reader = Reader(sys.stdin.isatty() and stdout.isatty(), home() / "chat_history")
 
     def say(text: str, **style: Any) -> None:
         click.echo(click.style(text, **style) if colour and style else text, file=stdout, color=colour)
@@ -206,28 +263,28 @@ def run_chat(session: ChatSession, show_drafts: bool, stdout: Optional[TextIO] =
 
     while True:
         try:
-            line = input(">>> " if interactive else "")
+            text = reader.read()
         except EOFError:
             say("")
             return
         except KeyboardInterrupt:
-            say("\n(Ctrl-D or /exit to leave)", dim=True)
+            say("(Ctrl-D or /exit to leave)", dim=True)
             continue
-        if not line.strip():
+        if not text.strip():
             continue
-        if line.startswith("/"):
+        if text.startswith("/"):
             try:
-                text, leave = session.command(line)
+                reply, leave = session.command(text)
             except ConfigError as exc:
                 say(f"error: {exc}", fg="red")
                 continue
-            if text:
-                say(text)
+            if reply:
+                say(reply)
             if leave:
                 return
             continue
         try:
-            result, interrupted = session.reply(line, on_event)
+            result, interrupted = session.reply(text, on_event)
         except LocalspecError as exc:
             say(f"error: {exc}", fg="red")
             continue
@@ -235,4 +292,4 @@ def run_chat(session: ChatSession, show_drafts: bool, stdout: Optional[TextIO] =
             say("[interrupted before the reply began; the turn was dropped]", fg="red")
             continue
         say(" [interrupted]" if interrupted else "", fg="red")
-        say(summary_line(result), dim=True)
+        say(result.summary_line(), dim=True)

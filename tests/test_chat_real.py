@@ -27,13 +27,13 @@ def test_chat_session_in_a_terminal(tmp_path, localspec_home):
     transcript = Path(os.environ.get("LOCALSPEC_CHAT_TRANSCRIPT", tmp_path / "transcript.txt"))
     child.logfile_read = open(transcript, "w")  # the screen as a person saw it
     try:
-        child.expect(">>> ")
+        child.expect(">>>")
 
         def turn(text: str) -> str:
             child.sendline(text)
             child.expect(SUMMARY)
             reply = child.before
-            child.expect(">>> ")
+            child.expect(">>>")
             return reply
 
         turn("My name is Ada Lovelace. Reply with one short sentence.")
@@ -42,7 +42,7 @@ def test_chat_session_in_a_terminal(tmp_path, localspec_home):
         assert "\x1b[" in second  # coloured tokens on a terminal with --show-drafts
         child.sendline("/stats")
         child.expect(r"turns 2, tokens \d+")
-        child.expect(">>> ")
+        child.expect(">>>")
         # Ctrl-C in the middle of a long reply
         child.sendline("Write a long poem about the sea, at least twenty lines.")
         child.expect_exact("twenty lines.")  # the terminal's echo of the line
@@ -50,15 +50,15 @@ def test_chat_session_in_a_terminal(tmp_path, localspec_home):
         child.sendintr()
         child.expect(r"\[interrupted\]")
         child.expect(SUMMARY)
-        child.expect(">>> ")
+        child.expect(">>>")
         after = turn("Now say just the word 'done'.")
         saved = tmp_path / "conv.json"
         child.sendline(f"/save {saved}")
         child.expect("saved 8 messages")
-        child.expect(">>> ")
+        child.expect(">>>")
         child.sendline("/reset")
         child.expect("conversation cleared")
-        child.expect(">>> ")
+        child.expect(">>>")
         child.sendline("/exit")
         child.expect(pexpect.EOF)
     finally:
