@@ -9,16 +9,21 @@ Every file is checked against the sha256 in models.toml. A file with no
 listed checksum has its sha256 recorded on first download (trust on first
 use) in ``checksums.json`` in the localspec home, and later pulls are
 checked against that. A mismatch refuses the file and deletes nothing.
+
+A file obtained some other way can be ``adopt``ed: if its sha256 is the one
+models.toml lists, it counts as that file's download from then on (nothing
+is copied; ``adopted.json`` in the localspec home says where it is).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NoReturn, Optional
+from typing import Callable, Iterator, NoReturn, Optional
 
 from .errors import HubError, RegistryError
 from .paths import home, write_atomic
@@ -52,6 +57,15 @@ def _checksums_file() -> Path:
     return home() / "checksums.json"
 
 
+def _adopted_file() -> Path:
+    return home() / "adopted.json"
+
+
+def _identity(path: Path) -> str:
+    st = path.stat()
+    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
 def _read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
@@ -74,8 +88,7 @@ def expected_sha256(ref: ModelRef) -> tuple[Optional[str], str]:
 
 def sha256_of(path: Path) -> str:
     """sha256 of a file, remembered per (path, size, mtime) so a verified file is not hashed again."""
-    st = path.stat()
-    ident = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    ident = _identity(path)
     store = _read_json(_checksums_file())
     known = store.get("hashed", {}).get(ident)
     if known:
@@ -98,7 +111,57 @@ def locate(ref: ModelRef) -> Optional[Path]:
     from huggingface_hub import try_to_load_from_cache
 
     found = try_to_load_from_cache(ref.repo or "", ref.file or "", cache_dir=hub_cache_dir(), revision=ref.revision)
-    return Path(found) if isinstance(found, str) else None
+    return Path(found) if isinstance(found, str) else _adopted_path(ref)
+
+
+def _adopted_path(ref: ModelRef) -> Optional[Path]:
+    """Where an adopted file of ``ref`` is, if it is still there at the recorded size."""
+    adopted = _read_json(_adopted_file()).get(_key(ref))
+    if isinstance(adopted, dict) and isinstance(adopted.get("path"), str):
+        p = Path(adopted["path"])
+        if p.is_file() and p.stat().st_size == adopted.get("bytes"):
+            return p
+    return None
+
+
+def adopt(ref: ModelRef, path: Path, sha256: Optional[str] = None) -> None:
+    """Make ``path``, a file already on disk, count as the download of ``ref`` (nothing is copied).
+
+    Args:
+        ref: a Hub file listed with a sha256 in models.toml.
+        path: the file.
+        sha256: its checksum if the caller has just computed it (saves hashing it again).
+
+    Raises:
+        HubError: ``ref`` lists no sha256, or the file's differs.
+    """
+    path = Path(path).resolve()
+    if not ref.sha256:
+        raise HubError(f"{_key(ref)} lists no sha256 in models.toml, so {path} cannot be checked against it; "
+                       "pull it instead.")
+    if sha256:
+        store = _read_json(_checksums_file())
+        store.setdefault("hashed", {})[_identity(path)] = sha256.lower()
+        _write_json(_checksums_file(), store)
+    _verify(ref, path, _quiet)
+    adopted = _read_json(_adopted_file())
+    adopted[_key(ref)] = {"path": str(path), "bytes": path.stat().st_size}
+    _write_json(_adopted_file(), adopted)
+
+
+@contextlib.contextmanager
+def _progress_bars(enabled: bool) -> Iterator[None]:
+    """huggingface_hub's progress bars on or off for one download, restored afterwards."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    was_disabled = are_progress_bars_disabled()
+    if not enabled:
+        disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not enabled and not was_disabled:
+            enable_progress_bars()
 
 
 def download(ref: ModelRef, say: Say = _quiet, progress: bool = True) -> Path:
@@ -113,19 +176,22 @@ def download(ref: ModelRef, say: Say = _quiet, progress: bool = True) -> Path:
         if p is None:
             raise HubError(f"The registered file {ref.path} is missing; re-add the pair with `localspec add`.")
         return p
+    adopted = _adopted_path(ref)
+    if adopted is not None:
+        _verify(ref, adopted, say)
+        return adopted
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
     what = _key(ref)
     offline = _truthy("HF_HUB_OFFLINE")
-    if not progress:
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
-        path = Path(hf_hub_download(
-            ref.repo or "", ref.file or "", revision=ref.revision, cache_dir=hub_cache_dir(),
-            endpoint=os.environ.get("HF_ENDPOINT") or None, token=os.environ.get("HF_TOKEN") or None,
-            local_files_only=offline,
-        ))  # type: ignore[arg-type]
+        with _progress_bars(progress):
+            path = Path(hf_hub_download(
+                ref.repo or "", ref.file or "", revision=ref.revision, cache_dir=hub_cache_dir(),
+                endpoint=os.environ.get("HF_ENDPOINT") or None, token=os.environ.get("HF_TOKEN") or None,
+                local_files_only=offline,
+            ))  # type: ignore[arg-type]
     except HfHubHTTPError as exc:
         return _raise_http(exc, ref, what)
     except (LocalEntryNotFoundError, OfflineModeIsEnabled) as exc:

@@ -13,7 +13,12 @@ Usage:
 
 Prints the directory holding ``target.gguf`` and ``draft.gguf``. The default
 directory is ``$LOCALSPEC_TEST_MODELS`` or ``~/.cache/localspec/test-models``.
-Only the standard library is used so it can run before the package is installed.
+
+The files are byte for byte the Hub files of the built-in pair
+``qwen2.5-coder-1.5b`` (same sha256), so when localspec is installed they are
+registered as that pair's download (nothing is copied): ``localspec chat``
+then works with no arguments. Assembling needs only the standard library, so
+it also runs before the package is installed (then nothing is registered).
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ import tempfile
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+#: The built-in pair these files are the download of.
+PAIR = "qwen2.5-coder-1.5b"
 
 MODELS = {
     "target.gguf": {
@@ -121,6 +129,22 @@ def assemble(path: Path, spec: dict) -> None:
         {"sha256": spec["sha256"], "size": st.st_size, "mtime_ns": st.st_mtime_ns}))
 
 
+def register(dest: Path) -> None:
+    """Make the assembled files count as the built-in pair's download, if localspec is installed."""
+    try:
+        from localspec import hub, registry
+        from localspec.errors import LocalspecError
+    except ImportError:
+        print(f"note: localspec is not installed, so {dest} was not registered as pair {PAIR}", file=sys.stderr)
+        return
+    try:
+        spec = registry.get_pair(PAIR)
+        for ref, filename in ((spec.target, "target.gguf"), (spec.draft, "draft.gguf")):
+            hub.adopt(ref, dest / filename, MODELS[filename]["sha256"])
+    except LocalspecError as exc:
+        print(f"note: {dest} was not registered as pair {PAIR}: {exc}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dest", type=Path, default=default_dest(),
@@ -136,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as exc:
             print(f"error: could not assemble {path}: {exc}", file=sys.stderr)
             return 1
+    register(args.dest)
     print(args.dest)
     return 0
 

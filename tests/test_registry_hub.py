@@ -124,9 +124,60 @@ def test_pull_downloads_verifies_and_records(fake_hub, home, tiny_dir):
     r = run("generate", "tiny", "-p", "The cat", "-n", "5", "--method", "draft", "--json")
     assert r.exit_code == 0, r.output
     assert len(json.loads(r.stdout)["tokens"]) == 5
+    assert json.loads(r.stdout)["stats"]["k"] == 3  # the pair's suggested draft length
+    r = run("generate", "tiny", "-p", "The cat", "-n", "5", "--method", "draft", "--k", "2", "--json")
+    assert json.loads(r.stdout)["stats"]["k"] == 2  # --k still wins
     listing = json.loads(run("models", "--json").stdout)
     tiny = next(row for row in listing if row["name"] == "tiny")
     assert tiny["downloaded"] and tiny["bytes_on_disk"] > 0 and str(home.parent / "hf") in tiny["target"]
+
+
+def _pull_in_a_terminal(name: str, *flags: str) -> str:
+    """Run `localspec pull` in a pseudo-terminal (progress bars only show on one) and return the screen."""
+    import os
+    import sys
+
+    pexpect = pytest.importorskip("pexpect")
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    child = pexpect.spawn(sys.executable, ["-m", "localspec", "pull", name, *flags], env=env, encoding="utf-8",
+                          timeout=60, dimensions=(24, 120))
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, child.before
+    return str(child.before)
+
+
+def test_pull_quiet_shows_no_progress_bar_and_leaves_the_environment_alone(fake_hub, home, tiny_dir):
+    import os
+
+    from huggingface_hub.utils import are_progress_bars_disabled
+
+    write_user_toml(home, tiny_pair_toml(tiny_dir))
+    screen = _pull_in_a_terminal("tiny", "--quiet")
+    assert "%|" not in screen and "draft" in screen, screen
+    shutil.rmtree(home.parent / "hf")
+    assert "%|" in _pull_in_a_terminal("tiny")  # without --quiet the same pull shows bars: the check can fail
+    # in-process, a quiet pull restores huggingface_hub's setting and leaves the environment as it was
+    shutil.rmtree(home.parent / "hf")
+    hub.pull(registry.get_pair("tiny"), progress=False)
+    assert "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ and not are_progress_bars_disabled()
+
+
+def test_a_file_on_disk_with_the_listed_checksum_counts_as_downloaded(home, tiny_dir, tmp_path):
+    write_user_toml(home, tiny_pair_toml(tiny_dir, sha(tiny_dir / "target.gguf")).replace(
+        'file = "d.gguf" }', f'file = "d.gguf", sha256 = "{sha(tiny_dir / "draft.gguf")}" }}'))
+    spec = registry.get_pair("tiny")
+    with pytest.raises(RegistryError, match="not downloaded"):
+        hub.resolve(spec)
+    with pytest.raises(HubError, match="sha256"):
+        hub.adopt(spec.target, tiny_dir / "draft.gguf")  # the wrong file is refused
+    hub.adopt(spec.target, tiny_dir / "target.gguf")
+    hub.adopt(spec.draft, tiny_dir / "draft.gguf", sha(tiny_dir / "draft.gguf"))
+    files = hub.resolve(spec)
+    assert (files.target, files.draft) == (tiny_dir / "target.gguf", tiny_dir / "draft.gguf")  # nothing copied
+    assert json.loads(run("models", "--json").stdout)[-1]["downloaded"]
+    r = run("pull", "tiny")  # nothing to download: the adopted files are checked and named
+    assert r.exit_code == 0 and str(tiny_dir / "target.gguf") in r.stdout
 
 
 def test_a_dropped_download_is_resumed_with_a_range_request(fake_hub, home, tiny_dir):
