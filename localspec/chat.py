@@ -32,6 +32,14 @@ from .paths import home
 #: Colour of a token by where it came from (with --show-drafts on a terminal).
 COLOURS = {"lookup": "cyan", "draft": "green", SOURCE_CORRECTION: "yellow", SOURCE_BONUS: "magenta"}
 
+#: Slash commands that set one generation option: the option, how to parse the value, what it must be.
+SETTERS: dict[str, tuple[str, Callable[[str], Any], str]] = {
+    "/k": ("k", int, f"a whole number from 0 to {K_LIMIT}"),
+    "/temperature": ("temperature", float, "a number"),
+    "/top-p": ("top_p", float, "a number in (0, 1]"),
+    "/max-tokens": ("max_tokens", int, "a whole number"),
+}
+
 HELP = f"""\
 commands:
   /help                 this list
@@ -40,6 +48,8 @@ commands:
   /method NAME          auto, plain, draft or lookup
   /k N                  tokens drafted per round, 0 to {K_LIMIT} (for auto: the most)
   /temperature T        0 for greedy, above 0 to sample
+  /top-p P              nucleus sampling mass (1: off)
+  /max-tokens N         the longest reply
   /save FILE            write the conversation as JSON
   /exit                 leave (Ctrl-D works too)
 Several lines as one message: paste them (on a terminal), or type \"\"\" on a
@@ -102,20 +112,14 @@ class ChatSession:
                 raise ConfigError("/method draft needs a draft model; this session has none.")
             self.options = self.options.replace(method=arg, k=None)  # back to that method's default K
             return f"method: {arg}", False
-        if name == "/k":
+        if name in SETTERS:
+            option, parse, what = SETTERS[name]
             try:
-                k = int(arg)
+                value = parse(arg)
             except ValueError:
-                raise ConfigError(f"/k takes a whole number from 0 to {K_LIMIT}, got {arg!r}.") from None
-            self.options = self.options.replace(k=k)
-            return f"k: {k}", False
-        if name == "/temperature":
-            try:
-                t = float(arg)
-            except ValueError:
-                raise ConfigError(f"/temperature takes a number, got {arg!r}.") from None
-            self.options = self.options.replace(temperature=t)
-            return f"temperature: {t:g}", False
+                raise ConfigError(f"{name} takes {what}, got {arg!r}.") from None
+            self.options = self.options.replace(**{option: value})  # validated there, once
+            return f"{name[1:]}: {value:g}", False
         if name == "/save":
             if not arg:
                 raise ConfigError("/save needs a file name.")

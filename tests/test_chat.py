@@ -81,8 +81,11 @@ def test_commands_change_settings_and_refuse_bad_values(session, tmp_path):
     assert session.options.method == "lookup" and session.options.k is None
     assert session.command("/k 5")[0] == "k: 5" and session.options.k == 5
     assert session.command("/temperature 0.7")[0] == "temperature: 0.7"
+    assert session.command("/top-p 0.9")[0] == "top-p: 0.9" and session.options.top_p == 0.9
+    assert session.command("/max-tokens 20")[0] == "max-tokens: 20" and session.options.max_tokens == 20
     for bad, cls in [("/method beam", ConfigError), ("/k many", ConfigError), ("/k 17", ConfigError),
-                     ("/k -1", ConfigError), ("/temperature hot", ConfigError),
+                     ("/k -1", ConfigError), ("/temperature hot", ConfigError), ("/top-p 0", SamplingError),
+                     ("/max-tokens 0", ConfigError), ("/max-tokens 2.5", ConfigError),
                      ("/temperature -1", SamplingError), ("/frobnicate", ConfigError), ("/save", ConfigError)]:
         before = session.options
         with pytest.raises(cls):

@@ -18,11 +18,14 @@ SUMMARY = re.compile(r"\[\d+ tokens, [\d.]+ tok/s, [^\]]*finish: \w+\]")
 
 
 def test_chat_session_in_a_terminal(tmp_path, localspec_home):
-    d = real_models_dir()
+    # The newcomer's path: the fetched test pair is registered as the built-in pair
+    # (as scripts/fetch_test_models.py does), and `localspec chat` needs no arguments.
+    d = real_models_dir()  # also puts scripts/ on the import path
+    from fetch_test_models import register
+
+    register(d)
     env = dict(os.environ, LOCALSPEC_HOME=str(localspec_home), COLUMNS="80", LINES="40", TERM="xterm")
-    child = pexpect.spawn(sys.executable, ["-m", "localspec", "chat", "-t", str(d / "target.gguf"),
-                                           "-d", str(d / "draft.gguf"), "-n", "48", "--show-drafts",
-                                           "--ctx", "2048"],
+    child = pexpect.spawn(sys.executable, ["-m", "localspec", "chat", "-n", "48", "--show-drafts", "--ctx", "2048"],
                           env=env, encoding="utf-8", timeout=240, dimensions=(40, 80))
     transcript = Path(os.environ.get("LOCALSPEC_CHAT_TRANSCRIPT", tmp_path / "transcript.txt"))
     child.logfile_read = open(transcript, "w")  # the screen as a person saw it

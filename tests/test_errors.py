@@ -98,3 +98,31 @@ def test_model_without_chat_template_refuses_chat(tmp_path):
     with localspec.load(tmp_path / "nt.gguf") as pair:
         with pytest.raises(ConfigError, match="no chat template"):
             pair.chat([{"role": "user", "content": "hi"}])
+
+
+def test_each_model_keeps_its_own_log_setting(tiny_dir, capfd):
+    from localspec.backend import Model
+    from localspec.errors import BackendError
+
+    target = Model(tiny_dir / "target.gguf", n_ctx=256, verbose=True)
+    assert "llama" in capfd.readouterr().err  # the verbose target shows llama.cpp's log
+    draft = Model(tiny_dir / "draft.gguf", n_ctx=256, verbose=False)
+    assert capfd.readouterr().err == ""  # the quiet draft does not
+    try:
+        for model, shown in ((draft, False), (target, True)):  # a quiet draft must not silence the target
+            with pytest.raises(BackendError, match="decode failed"):
+                model.eval([model.n_vocab + 5])  # an id out of range: llama.cpp logs why it refuses
+            err = capfd.readouterr().err
+            assert ("invalid token" in err) == shown, err
+    finally:
+        target.close()
+        draft.close()
+
+
+def test_the_command_line_starts_without_loading_llama_cpp():
+    import subprocess
+    import sys
+
+    code = "import sys, localspec.cli; print('llama_cpp' in sys.modules, 'numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
