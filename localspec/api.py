@@ -43,8 +43,9 @@ class Result:
     Attributes:
         text: the generated text (end-of-generation token not included).
         tokens: the generated token ids.
-        finish_reason: "stop" (the model ended its answer), "length"
-            (max_tokens reached or the context is full) or "interrupted".
+        finish_reason: "stop" (the model ended its answer, or a stop string
+            came: the text ends before it), "length" (max_tokens reached or
+            the context is full) or "interrupted".
         stats: counts and timings.
         prompt_tokens: the prompt's token ids.
     """
@@ -241,7 +242,7 @@ class Pair:
             prompt: raw text or token ids.
             options: the generation options (default: the pair's defaults):
                 max_tokens, temperature, top_k, top_p, min_p, seed, method, k,
-                ngram; see ``GenerationOptions``.
+                ngram, stop; see ``GenerationOptions``.
             **changes: single options to change, e.g. ``temperature=0.7``.
 
         Returns:
@@ -269,7 +270,7 @@ class Pair:
         check_prompt(self.target, len(prompt_tokens))  # before any work, calibration included
         drafter, k = self.drafter(opts, prompt_text, prompt_tokens)
         g = Generation(self.target, prompt_tokens, drafter=drafter, k=k, params=opts.sampling,
-                       max_tokens=opts.max_tokens, rng=np.random.default_rng(opts.seed))
+                       max_tokens=opts.max_tokens, rng=np.random.default_rng(opts.seed), stop=opts.stop)
         return Stream(g, prompt_tokens)
 
     def drafter(self, opts: GenerationOptions, prompt_text: Optional[str] = None,

@@ -68,6 +68,8 @@ class GenerationStats:
     method: str
     k: int
     prompt_tokens: int = 0
+    #: Prompt tokens found in the cache (an earlier turn's), so not processed again.
+    cached_prompt_tokens: int = 0
     generated_tokens: int = 0
     rounds: int = 0
     drafted: int = 0
@@ -190,6 +192,40 @@ def speculative_round(
     return Round(draft, kept, nxt)
 
 
+class StopText:
+    """Finds stop strings in streamed text, holding back what could be the start of one.
+
+    ``feed`` returns the text that is safe to show: everything before a
+    complete stop string (then ``stopped`` is True), or everything except a
+    tail that a stop string could still begin with.
+    """
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = [x for x in stops if x]
+        self.stopped = False
+        self._held = ""
+
+    def feed(self, text: str) -> str:
+        if not self.stops or self.stopped:
+            return "" if self.stopped else text
+        buf = self._held + text
+        hits = [i for i in (buf.find(x) for x in self.stops) if i >= 0]
+        if hits:
+            self.stopped = True
+            self._held = ""
+            return buf[: min(hits)]
+        # keep back the longest tail of buf that is a proper prefix of some stop string
+        keep = max((n for x in self.stops for n in range(1, min(len(x) - 1, len(buf)) + 1)
+                    if buf.endswith(x[:n])), default=0)
+        self._held = buf[len(buf) - keep:]
+        return buf[: len(buf) - keep]
+
+    def flush(self) -> str:
+        """What is held back, once no more text will come."""
+        held, self._held = self._held, ""
+        return held
+
+
 class Generation:
     """Iterates over TokenEvents; afterwards ``finish_reason`` and ``stats`` are final.
 
@@ -205,6 +241,7 @@ class Generation:
         params: sampling parameters for the target (and the draft model); default greedy.
         max_tokens: most tokens to generate.
         rng: source of randomness for sampling (default: a fresh unseeded one).
+        stop: strings that end the generation (the text stops before the first one).
 
     Raises:
         ContextOverflowError: the prompt leaves no room in the context.
@@ -221,6 +258,7 @@ class Generation:
         params: Optional[SamplingParams] = None,
         max_tokens: int = 256,
         rng: Optional[np.random.Generator] = None,
+        stop: Sequence[str] = (),
     ):
         if max_tokens < 1:
             raise ConfigError(f"max_tokens must be at least 1, got {max_tokens}.")
@@ -245,6 +283,7 @@ class Generation:
         #: Text of a final incomplete UTF-8 sequence, set when generation ends.
         self.tail_text = ""
         self._prompt = np.asarray(prompt, dtype=np.int32)
+        self._stop = StopText(stop)
         self._events = self._run()
 
     def __iter__(self) -> Generation:
@@ -292,7 +331,9 @@ class Generation:
         t_start = time.perf_counter()
         busy0 = self._llama_busy()
         t_mark: Optional[float] = None  # start of decode time not yet counted; None while the consumer runs
+        stop = self._stop
         try:
+            stats.cached_prompt_tokens = min(target.common_prefix(prompt), len(prompt) - 1)
             logits = target.sync(prompt)  # prefill, reusing the cached prefix (e.g. earlier chat turns)
             if drafter is not None:
                 drafter.prefill(prompt)  # a draft model processes the prompt now, not in round 1
@@ -314,8 +355,10 @@ class Generation:
                         stats.accepted_at[position] += 1
                     stats.decode_seconds += time.perf_counter() - t_mark
                     t_mark = None
-                    yield TokenEvent(tok, detok.feed(tok), source, by)
+                    yield TokenEvent(tok, stop.feed(detok.feed(tok)), source, by)
                     t_mark = time.perf_counter()
+                    if stop.stopped:  # the text is cut where the stop string began
+                        return "stop"
                     if stats.generated_tokens >= self.max_tokens:
                         return "length"
                 room = target.n_ctx - n - 1  # a round adds up to len(draft) + 1 tokens to the context
@@ -341,5 +384,6 @@ class Generation:
             if t_mark is not None:  # the round that found EOS (or failed) after the last yield
                 stats.decode_seconds += time.perf_counter() - t_mark
             stats.llama_seconds = self._llama_busy() - busy0
-            self.tail_text = detok.flush()
+            tail = stop.feed(detok.flush())  # an incomplete character could still complete a stop string
+            self.tail_text = tail if stop.stopped else tail + stop.flush()
 

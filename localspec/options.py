@@ -28,6 +28,8 @@ AUTO_KMAX = 8
 DEFAULT_K = {"auto": AUTO_KMAX, "plain": 0, "draft": 4, "lookup": 8}
 #: Bounds of the draft length everywhere (API, CLI, chat, bench, models.toml).
 K_LIMIT = 16
+#: The most stop strings one generation takes.
+MAX_STOPS = 16
 
 
 def _is_number(x: object) -> bool:
@@ -106,6 +108,8 @@ class GenerationOptions:
         k: tokens drafted per round; None for the method's default (draft 4,
             or the pair's suggestion; lookup 8; for auto the most, 8).
         ngram: (min, max) n-gram lengths prompt lookup matches.
+        stop: strings that end the generation; the text is cut where the
+            first one begins (it is not included) and finish_reason is "stop".
     """
 
     max_tokens: int = _opt(256, "Most tokens to generate.", "--max-tokens", "-n")
@@ -119,6 +123,7 @@ class GenerationOptions:
     k: Optional[int] = _opt(None, f"Tokens drafted per round, 0 to {K_LIMIT} (default: 4 for draft or the pair's "
                                   f"suggestion, 8 for lookup; for auto the most, {AUTO_KMAX}).", "--k", "-k")
     ngram: tuple[int, int] = _opt((1, 3), "Lookup n-gram lengths (min, max).")
+    stop: tuple[str, ...] = _opt((), "Stop where this text appears, without it (repeatable).", "--stop")
 
     def __post_init__(self) -> None:
         SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)  # checks the sampling values
@@ -133,6 +138,10 @@ class GenerationOptions:
         ng = self.ngram
         if not (isinstance(ng, tuple) and len(ng) == 2 and all(_is_whole(n) for n in ng) and 1 <= ng[0] <= ng[1]):
             raise ConfigError(f"The lookup n-gram range must be (min, max) with 1 <= min <= max, got {ng!r}.")
+        if not (isinstance(self.stop, tuple) and all(isinstance(x, str) and x for x in self.stop)):
+            raise ConfigError(f"stop must be a list of non-empty strings, got {self.stop!r}.")
+        if len(self.stop) > MAX_STOPS:
+            raise ConfigError(f"At most {MAX_STOPS} stop strings are allowed, got {len(self.stop)}.")
 
     @property
     def sampling(self) -> SamplingParams:
@@ -158,8 +167,11 @@ class GenerationOptions:
         if unknown:
             raise ConfigError(f"Unknown generation option {sorted(unknown)[0]!r}; "
                               f"known options: {', '.join(OPTION_NAMES)}.")
-        if "ngram" in changes and isinstance(changes["ngram"], list):
-            changes["ngram"] = tuple(changes["ngram"])
+        for name in ("ngram", "stop"):  # JSON and keyword callers give lists
+            if isinstance(changes.get(name), list):
+                changes[name] = tuple(changes[name])
+        if isinstance(changes.get("stop"), str):
+            changes["stop"] = (changes["stop"],)
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:

@@ -334,3 +334,41 @@ def test_accepted_counts_only_emitted_tokens_when_max_tokens_cuts_a_round(tiny_d
             from_draft = sum(1 for _ in r.tokens) - 1  # every token after the first came from the draft
             assert r.stats.accepted == from_draft == n - 1
             assert r.stats.drafted == 8  # one round drafted 8; only n - 1 were emitted
+
+
+# -- stop strings ----------------------------------------------------------------------------------
+
+
+def test_stop_text_holds_back_a_possible_start_and_cuts_at_the_first_stop():
+    from localspec.engine import StopText
+
+    st = StopText(["END", "\n\n"])
+    assert st.feed("abc E") == "abc "  # "E" could start "END"
+    assert st.feed("x") == "Ex"  # it did not
+    assert st.feed("y\n") == "y"
+    assert st.feed("\nmore") == "" and st.stopped  # "\n\n" spans two pieces
+    assert st.feed("after") == "" and st.flush() == ""
+    st = StopText(["END"])
+    assert st.feed("tail EN") == "tail " and st.flush() == "EN"  # released when nothing more comes
+
+
+@pytest.mark.parametrize("method,k", [("plain", 0), ("draft", 4), ("lookup", 8)])
+def test_a_stop_string_cuts_the_text_before_it_and_stops(tiny_pair, method, k):
+    ref = tiny_pair.generate(PROMPTS[2], max_tokens=60, method="plain")
+    stop = ref.text[20:23]  # three characters from the middle, usually spread over tokens
+    cut = ref.text.find(stop)
+    r = tiny_pair.generate(PROMPTS[2], max_tokens=60, method=method, k=k, stop=[stop, "never appears"])
+    assert r.text == ref.text[:cut] and r.finish_reason == "stop"
+    assert r.tokens == ref.tokens[: len(r.tokens)] and len(r.tokens) < len(ref.tokens)
+    events = list(tiny_pair.stream(PROMPTS[2], max_tokens=60, method=method, k=k, stop=stop))
+    assert "".join(ev.text for ev in events) == ref.text[:cut]  # streamed text never shows the stop string
+    # the cache is consistent after a stop in the middle of a round
+    assert tiny_pair.generate(PROMPTS[2], max_tokens=60, method=method, k=k).tokens == ref.tokens
+
+
+def test_stop_strings_are_validated(tiny_pair):
+    from localspec.errors import ConfigError
+
+    for bad in ([""], [3], ["x"] * 17):
+        with pytest.raises(ConfigError, match="stop"):
+            tiny_pair.generate("hi", stop=bad)
