@@ -136,12 +136,14 @@ def generation_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         given = {f.name: kwargs.pop(f.name) for f in specs}
         with errors_as_messages():
-            options = GenerationOptions().replace(**{k: v for k, v in given.items() if v is not None})
+            options = GenerationOptions().replace(**{k: v for k, v in given.items() if v not in (None, ())})
         return fn(*args, options=options, **kwargs)
 
     for f in reversed(specs):
-        default = "" if f.default is None else f" [default: {f.default}]"
-        wrapper = click.option(*f.metadata["flags"], f.name, type=_click_type(f.name, hints[f.name]), default=None,
+        repeatable = typing.get_origin(hints[f.name]) is tuple and f.name != "ngram"
+        default = "" if f.default in (None, ()) else f" [default: {f.default}]"
+        kind = str if repeatable else _click_type(f.name, hints[f.name])
+        wrapper = click.option(*f.metadata["flags"], f.name, type=kind, default=None, multiple=repeatable,
                                help=f.metadata["help"] + default)(wrapper)
     return wrapper
 
@@ -252,6 +254,59 @@ def _ensure_pulled(name: str, yes: bool) -> None:
                              default=True):
             raise click.Abort()
     pull(spec, say=lambda m: click.echo(m, err=True))
+
+
+@cli.command()
+@model_options
+@generation_options
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; anything but loopback needs --api-key.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port (0: any free one).")
+@click.option("--api-key", envvar="LOCALSPEC_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' on /v1 requests (or set LOCALSPEC_API_KEY).")
+@click.option("--max-queue", type=click.IntRange(0, 1000), default=8, show_default=True,
+              help="Requests that may wait while one generates; more get 503.")
+@_friendly_errors
+def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, api_key: Optional[str],
+          max_queue: int) -> None:
+    """Serve the pair over an OpenAI-compatible HTTP API (chat and completions, streamed or not).
+
+    The generation options given here are the defaults for requests that
+    leave them out; without --max-tokens a request may fill the context.
+    """
+    import ipaddress
+
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and not api_key:
+        raise click.ClickException(f"Binding {host} would let anyone who can reach this machine use the models; "
+                                   "give --api-key KEY, or bind 127.0.0.1.")
+    try:
+        import uvicorn
+
+        from .server import Server, create_app
+    except ImportError as exc:
+        raise click.ClickException(f"localspec serve needs the server extra ({exc.name} is missing): "
+                                   "pip install 'localspec[server]'.") from None
+    given_max_tokens = click.get_current_context().get_parameter_source("max_tokens") is not (
+        click.core.ParameterSource.DEFAULT)
+    with models.open() as pair:
+        if not given_max_tokens:
+            options = options.replace(max_tokens=pair.target.n_ctx)  # a request may fill the context
+        if options.method == "auto":
+            pair.calibrate()  # now, not during the first request
+        name = models.pair_name or pair.target.path.stem
+        server = Server(pair, name, options, api_key=api_key, max_queue=max_queue)
+        config = uvicorn.Config(create_app(server), host=host, port=port, log_level="warning")
+        web = uvicorn.Server(config)
+        click.echo(f"localspec serve: model {name!r} on http://{host}:{port}/v1 "
+                   f"({'API key required' if api_key else 'no API key'}); Ctrl-C stops", err=True)
+        try:
+            web.run()
+        finally:
+            server.worker.shutdown(wait=True, cancel_futures=True)
 
 
 # -- model pairs ------------------------------------------------------------------------------------

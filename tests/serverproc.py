@@ -1,0 +1,73 @@
+"""Start `localspec serve` as a real process on a free loopback port, for the server tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Optional
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServeProcess:
+    """`localspec serve ARGS` on 127.0.0.1:PORT; ``url`` is its /v1 base."""
+
+    def __init__(self, args: list[str], home: Path, timeout: float = 120):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.url = self.base + "/v1"
+        env = dict(os.environ, LOCALSPEC_HOME=str(home))
+        self.log = open(home / f"serve-{self.port}.log", "w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "localspec", "serve", *args, "--port", str(self.port)],
+                                     env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"localspec serve exited with {self.proc.returncode}: {self.output()}")
+            try:
+                self.get("/health")
+                return
+            except OSError:
+                time.sleep(0.2)
+        self.close()
+        raise RuntimeError(f"localspec serve did not answer within {timeout} s: {self.output()}")
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.base + path, timeout=10) as r:
+            return json.loads(r.read())
+
+    def post(self, path: str, body: bytes, headers: Optional[dict[str, str]] = None) -> tuple[int, Any, dict]:
+        """POST raw bytes; returns (status, parsed JSON body, headers) even for error statuses."""
+        req = urllib.request.Request(self.base + path, data=body, method="POST",
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read()), dict(r.headers)
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}"), dict(e.headers)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
