@@ -295,10 +295,13 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
     with models.open() as pair:
         if not given_max_tokens:
             options = options.replace(max_tokens=pair.target.n_ctx)  # a request may fill the context
-        if options.method == "auto":
-            pair.calibrate()  # now, not during the first request
         name = models.pair_name or pair.target.path.stem
         server = Server(pair, name, options, api_key=api_key, max_queue=max_queue)
+        if options.method == "auto":
+            # Now rather than in the first request, and on the worker thread that will generate:
+            # llama.cpp's OpenMP threads belong to the thread that calls it, and a second team left
+            # over from another thread slowed every later batch by a fifth here.
+            server.worker.submit(pair.calibrate).result()
         config = uvicorn.Config(create_app(server), host=host, port=port, log_level="warning")
         web = uvicorn.Server(config)
         click.echo(f"localspec serve: model {name!r} on http://{host}:{port}/v1 "

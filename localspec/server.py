@@ -167,7 +167,7 @@ def _stats(r: Result) -> dict[str, Any]:
         "prompt_n": processed, "cache_n": s.cached_prompt_tokens, "prompt_ms": 1000 * s.prefill_seconds,
         "prompt_per_second": processed / s.prefill_seconds if s.prefill_seconds else 0.0,
         "predicted_n": s.generated_tokens, "predicted_ms": 1000 * s.decode_seconds,
-        "predicted_per_second": s.decode_tokens_per_second,
+        "predicted_per_second": s.generated_tokens / s.decode_seconds if s.decode_seconds else 0.0,
         "draft_n": s.drafted, "draft_n_accepted": s.accepted,
     }
     rounds = s.auto["rounds"] if s.auto else {s.method: s.rounds}

@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from email.message import Message
 from pathlib import Path
 from typing import Any, Optional
 
@@ -52,15 +53,15 @@ class ServeProcess:
         with urllib.request.urlopen(self.base + path, timeout=10) as r:
             return json.loads(r.read())
 
-    def post(self, path: str, body: bytes, headers: Optional[dict[str, str]] = None) -> tuple[int, Any, dict]:
-        """POST raw bytes; returns (status, parsed JSON body, headers) even for error statuses."""
+    def post(self, path: str, body: bytes, headers: Optional[dict[str, str]] = None) -> tuple[int, Any, Message]:
+        """POST raw bytes; returns (status, parsed JSON body, headers: case-insensitive) even for error statuses."""
         req = urllib.request.Request(self.base + path, data=body, method="POST",
                                      headers={"Content-Type": "application/json", **(headers or {})})
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
-                return r.status, json.loads(r.read()), dict(r.headers)
+                return r.status, json.loads(r.read()), r.headers
         except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"{}"), dict(e.headers)
+            return e.code, json.loads(e.read() or b"{}"), e.headers
 
     def close(self) -> None:
         if self.proc.poll() is None:
