@@ -1,14 +1,17 @@
-"""``localspec bench``: speculative methods against plain decoding, in one run.
+"""``localspec bench``: speculative methods against plain decoding and the peers, in one run.
 
-For every prompt of a suite and every method (plain; lookup and draft at
-several K; auto), generations are repeated with the repetitions interleaved
-across methods (plain, A, B, ..., plain, A, B, ...) so that drift in machine
-speed hits all methods alike. Each run starts from empty caches, so prefill
-is timed the same way for all, and decode is timed separately. The speedup
-of a method is plain's decode time over the method's, per token, taken from
-the same repetition; the table shows the median and the spread.
+For every prompt of a suite and every method (plain; llama-cpp-python's own
+``Llama``, plain and with its prompt-lookup draft, the "peers"; lookup and
+draft at several K; auto), generations are repeated with the repetitions
+interleaved across methods (plain, A, B, ..., plain, A, B, ...) so that drift
+in machine speed hits all methods alike. Each run starts from empty caches,
+so prefill is timed the same way for all, and decode is timed separately.
+A method's speedup is a reference's decode time over the method's, per token,
+taken from the same repetition: the headline reference is llama-cpp-python's
+plain decoding (what a user would otherwise run), the second one localspec's
+own plain path. The table shows medians and the spread.
 
-Greedy runs are also checked for exactness against plain decoding:
+Greedy runs are also checked for exactness against both plain decodings:
 identical tokens, a divergence where plain's own top-two logits were a
 numeric tie, or a real mismatch (a bug; it makes the command fail).
 """
@@ -30,8 +33,10 @@ import numpy as np
 from .api import Pair
 from .auto import CostProfile, expected_tokens, round_cost
 from .backend import gpu_offload_supported
+from .engine import GenerationStats
 from .errors import ConfigError
 from .options import GenerationOptions
+from .peers import PEER_LOOKUP, PEER_METHODS, PEER_PLAIN, PeerRunner
 
 #: A divergence counts as a numeric tie below this top-two logit margin of plain decoding,
 #: or below twice the measured batch-shape noise of this build if that is larger.
@@ -58,6 +63,10 @@ class MethodSpec:
 
     @property
     def label(self) -> str:
+        if self.method == PEER_PLAIN:
+            return "lcp plain"
+        if self.method == PEER_LOOKUP:
+            return f"lcp lookup k={self.k}"
         return self.method if self.method in ("plain", "auto") else f"{self.method} k={self.k}"
 
 
@@ -117,11 +126,16 @@ def load_suite(path: Optional[Path] = None, categories: Sequence[str] = (), quic
 
 
 def default_methods(has_draft: bool, quick: bool, lookup_k: Optional[Sequence[int]] = None,
-                    draft_k: Optional[Sequence[int]] = None, auto: bool = True) -> list[MethodSpec]:
-    """Plain first, then lookup and draft at several K, then auto."""
+                    draft_k: Optional[Sequence[int]] = None, auto: bool = True,
+                    peers: bool = True) -> list[MethodSpec]:
+    """Plain first, then the peers (llama-cpp-python plain, its lookup with 2 and 10 tokens),
+    lookup and draft at several K, then auto."""
     lookup_k = lookup_k or ((2, 4) if quick else (2, 4, 8))
     draft_k = draft_k or ((1, 2) if quick else (1, 2, 4, 8))
-    methods = [MethodSpec("plain")] + [MethodSpec("lookup", k) for k in lookup_k]
+    methods = [MethodSpec("plain")]
+    if peers:
+        methods += [MethodSpec(PEER_PLAIN), MethodSpec(PEER_LOOKUP, 2), MethodSpec(PEER_LOOKUP, 10)]
+    methods += [MethodSpec("lookup", k) for k in lookup_k]
     if has_draft:
         methods += [MethodSpec("draft", k) for k in draft_k]
     return methods + ([MethodSpec("auto", 8)] if auto else [])
@@ -165,6 +179,11 @@ class Row:
     acceptance_by_position: list[float]
     predicted_speedup: Optional[float]
     exactness: str  # identical / tie / MISMATCH / "reference" for plain / "-" when sampled
+    #: Against llama-cpp-python's plain decoding (the headline), when the peers ran.
+    speedup_peer: Optional[float] = None
+    speedup_peer_min: Optional[float] = None
+    speedup_peer_max: Optional[float] = None
+    exactness_peer: str = "-"
     #: Decode time outside llama.cpp per round (Python and numpy), median over repetitions.
     overhead_ms_per_round: float = 0.0
     #: Round statistics summed over repetitions (what predictions are made from).
@@ -291,6 +310,7 @@ def run_bench(
     reps: int = 3,
     max_tokens: int = 128,
     temperatures: Sequence[float] = (0.0,),
+    top_p: float = 1.0,
     progress: Optional[Callable[[str], None]] = None,
     checksums: bool = True,
 ) -> BenchReport:
@@ -303,6 +323,7 @@ def run_bench(
         reps: repetitions per method, interleaved.
         max_tokens: tokens per generation.
         temperatures: 0 for greedy (checked for exactness); others sample with seed = repetition.
+        top_p: nucleus mass for the sampled runs (localspec's and the peers').
         progress: called once per generation with a short description.
         checksums: hash the model files for the report.
     """
@@ -317,21 +338,27 @@ def run_bench(
                                   "step_seconds": profile.verify[0], "batch_noise": noise,
                                   "tie_margin": max(TIE_MARGIN, 2 * noise)},
                          settings={"reps": reps, "max_tokens": max_tokens, "temperatures": list(temperatures),
-                                   "methods": [m.label for m in methods]})
+                                   "top_p": top_p, "methods": [m.label for m in methods]})
     runs: list[Run] = []
-    for temperature in temperatures:
-        for pi, rep, spec in schedule(len(prompts), methods, reps):
-            bp = prompts[pi]
-            tokens = prompt_ids[bp.name]
-            if rep == 0 and spec == methods[0]:
-                _generate(pair, tokens, spec, temperature, 0, min(16, max_tokens))  # warm-up
-            r = _generate(pair, tokens, spec, temperature, rep, max_tokens)
-            runs.append(Run(bp.name, bp.category, spec.method, spec.k, rep, temperature, r.tokens,
-                            r.stats.to_dict()))
-            if progress:
-                progress(f"{bp.name} {spec.label}")
+    peers = PeerRunner(pair.target) if any(m.method in PEER_METHODS for m in methods) else None
+    if peers is not None:
+        report.settings["peer"] = {"library": "llama-cpp-python Llama.generate", **peers.settings}
+    try:
+        for temperature in temperatures:
+            for pi, rep, spec in schedule(len(prompts), methods, reps):
+                bp = prompts[pi]
+                tokens = prompt_ids[bp.name]
+                if rep == 0 and (spec == methods[0] or pi == 0):  # warm-up: plain per prompt, the rest once
+                    _generate(pair, peers, tokens, spec, temperature, 0, min(16, max_tokens), top_p)
+                out, stats = _generate(pair, peers, tokens, spec, temperature, rep, max_tokens, top_p)
+                runs.append(Run(bp.name, bp.category, spec.method, spec.k, rep, temperature, out, stats.to_dict()))
+                if progress:
+                    progress(f"{bp.name} {spec.label}")
+    finally:
+        if peers is not None:
+            peers.close()
     report.rows = _summarise(pair, prompt_ids, runs, profile, max(TIE_MARGIN, 2 * noise))
-    report.mismatches = sum(row.exactness == "MISMATCH" for row in report.rows)
+    report.mismatches = sum(row.exactness == "MISMATCH" or row.exactness_peer == "MISMATCH" for row in report.rows)
     report.machine = machine_info(pair, checksums)
     return report
 
@@ -340,13 +367,19 @@ def _prompt_tokens(pair: Pair, bp: BenchPrompt) -> list[int]:
     return pair.chat_tokens(bp.messages) if bp.messages is not None else pair.tokenize(bp.text or "")
 
 
-def _generate(pair: Pair, tokens: list[int], spec: MethodSpec, temperature: float, seed: int, max_tokens: int):
+def _generate(pair: Pair, peers: Optional[PeerRunner], tokens: list[int], spec: MethodSpec, temperature: float,
+              seed: int, max_tokens: int, top_p: float) -> tuple[list[int], GenerationStats]:
+    top_p = top_p if temperature > 0 else 1.0
+    if spec.method in PEER_METHODS:
+        assert peers is not None
+        return peers.generate(spec.method, spec.k, tokens, temperature, seed, max_tokens, top_p)
     # Empty caches: every run prefills the whole prompt, so no method inherits another's work.
     pair.target.reset()
     if pair.draft is not None:
         pair.draft.reset()
-    return pair.generate(tokens, GenerationOptions(max_tokens=max_tokens, method=spec.method, k=spec.k,
-                                                   temperature=temperature, seed=seed))
+    r = pair.generate(tokens, GenerationOptions(max_tokens=max_tokens, method=spec.method, k=spec.k,
+                                                temperature=temperature, top_p=top_p, seed=seed))
+    return r.tokens, r.stats
 
 
 def _summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], profile: CostProfile,
@@ -355,19 +388,28 @@ def _summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], pr
     by_key: dict[tuple, list[Run]] = {}
     for run in runs:
         by_key.setdefault((run.prompt, run.method, run.k, run.temperature), []).append(run)
+
+    def ratios(group: list[Run], reference: Optional[list[Run]]) -> list[float]:
+        """Decode speed over the reference's, repetition by repetition."""
+        ref = {r.rep: r for r in reference or []}
+        return [_tps(r) / _tps(ref[r.rep]) for r in group if r.rep in ref and _tps(ref[r.rep]) > 0]
+
     for (name, method, k, temperature), group in by_key.items():
-        plain = {r.rep: r for r in by_key[(name, "plain", 0, temperature)]}
-        speedups = [_tps(r) / _tps(plain[r.rep]) for r in group if _tps(plain[r.rep]) > 0]
+        plain = by_key[(name, "plain", 0, temperature)]
+        peer = by_key.get((name, PEER_PLAIN, 0, temperature))
+        speedups, vs_peer = ratios(group, plain), ratios(group, peer)
         last = group[-1].stats
         drafted = sum(r.stats["drafted"] for r in group)
         accepted = sum(r.stats["accepted"] for r in group)
         merged = {key: sum(r.stats[key] for r in group)
                   for key in ("rounds", "empty_rounds", "rejected_rounds", "drafted", "accepted")}
-        exactness, divergence = "-", None
-        if method == "plain":
-            exactness = "reference"
-        elif temperature == 0:
-            exactness, divergence = _exactness(pair, prompt_ids[name], plain[0].tokens, group, tie_margin)
+        exactness, divergence, exactness_peer = "-", None, "-"
+        if temperature == 0:
+            exactness, divergence = ("reference", None) if method == "plain" else _exactness(
+                pair, prompt_ids[name], plain[0].tokens, group, tie_margin)
+            if peer is not None:
+                exactness_peer = "reference" if method == PEER_PLAIN else _exactness(
+                    pair, prompt_ids[name], peer[0].tokens, group, tie_margin)[0]
         rows.append(Row(
             prompt=name, category=group[0].category, method=method, k=k, temperature=temperature,
             decode_tps=statistics.median(_tps(r) for r in group),
@@ -382,6 +424,10 @@ def _summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], pr
             overhead_ms_per_round=statistics.median(r.stats["overhead_ms_per_round"] for r in group),
             round_stats=merged,
             auto_rounds=last["auto"]["rounds"] if last.get("auto") else None,
+            speedup_peer=statistics.median(vs_peer) if vs_peer else None,
+            speedup_peer_min=min(vs_peer) if vs_peer else None,
+            speedup_peer_max=max(vs_peer) if vs_peer else None,
+            exactness_peer=exactness_peer,
         ))
     return rows
 
@@ -414,30 +460,40 @@ def render_table(report: BenchReport) -> str:
            f"verify n tokens / 1: {verify}",
            f"batch-shape logit noise of this build: {p.get('batch_noise', 0):.3f} "
            f"(divergences below a {p.get('tie_margin', TIE_MARGIN):.3f} top-two margin count as ties)", ""]
-    header = (f"{'prompt':<15} {'temp':>4} {'method':<11} {'tok/s':>7} {'speedup':>7} {'(min-max)':>11} "
-              f"{'pred':>5} {'accept':>6} {'tok/rnd':>7}  exactness")
+    peers = any(r.speedup_peer is not None for r in report.rows)
+    if peers:
+        out.append("lcp = llama-cpp-python's own Llama (plain, and its prompt-lookup draft), same file and threads; "
+                   "'vs lcp' is the headline speedup, 'vs plain' is against localspec's plain path.")
+    header = (f"{'prompt':<15} {'temp':>4} {'method':<15} {'tok/s':>6} {'vs lcp':>6} {'(min-max)':>11} "
+              f"{'vs plain':>8} {'pred':>5} {'accept':>6} {'tok/rnd':>7}  exactness (vs plain / vs lcp)")
     out += [header, "-" * len(header)]
     last_prompt = None
     for row in report.rows:
         name = row.prompt if row.prompt != last_prompt else ""
         last_prompt = row.prompt
-        spread = f"({row.speedup_min:.2f}-{row.speedup_max:.2f})" if row.method != "plain" else ""
+        vs_peer = f"{row.speedup_peer:.2f}x" if row.speedup_peer is not None else "-"
+        spread = (f"({row.speedup_peer_min:.2f}-{row.speedup_peer_max:.2f})"
+                  if row.speedup_peer_min is not None and row.method != PEER_PLAIN else "")
         pred = f"{row.predicted_speedup:.2f}" if row.predicted_speedup is not None else "-"
-        acc = f"{100 * row.acceptance:.0f}%" if row.method != "plain" else "-"
-        verdict = row.exactness
+        acc = f"{100 * row.acceptance:.0f}%" if row.method in ("lookup", "draft", "auto") else "-"
+        tpr = f"{row.tokens_per_round:.2f}" if row.method not in PEER_METHODS else "-"
+        verdict = row.exactness + (f" / {row.exactness_peer}" if peers else "")
         if row.divergence:
             verdict += f" @{int(row.divergence['token'])} (margin {row.divergence['margin']:.3f})"
         if row.auto_rounds:
             verdict += "  [" + " ".join(f"{m}:{n}" for m, n in row.auto_rounds.items() if n) + "]"
-        out.append(f"{name:<15} {row.temperature:>4.1f} {MethodSpec(row.method, row.k).label:<11} "
-                   f"{row.decode_tps:>7.1f} {row.speedup:>6.2f}x {spread:>11} {pred:>5} {acc:>6} "
-                   f"{row.tokens_per_round:>7.2f}  {verdict}")
-    out += ["", "median speedup over plain across prompts:"]
-    for label in report.settings.get("methods", [])[1:]:
-        values = [r.speedup for r in report.rows if MethodSpec(r.method, r.k).label == label]
-        if values:
-            out.append(f"  {label:<11} {statistics.median(values):.2f}x  (worst {min(values):.2f}x, "
-                       f"best {max(values):.2f}x)")
+        out.append(f"{name:<15} {row.temperature:>4.1f} {MethodSpec(row.method, row.k).label:<15} "
+                   f"{row.decode_tps:>6.1f} {vs_peer:>6} {spread:>11} {row.speedup:>7.2f}x {pred:>5} {acc:>6} "
+                   f"{tpr:>7}  {verdict}")
+    for title, attr in ((("median speedup over llama-cpp-python plain across prompts:", "speedup_peer"),) if peers
+                        else ()) + (("median speedup over localspec plain across prompts:", "speedup"),):
+        out += ["", title]
+        for label in report.settings.get("methods", [])[1:]:
+            values = [getattr(r, attr) for r in report.rows
+                      if MethodSpec(r.method, r.k).label == label and getattr(r, attr) is not None]
+            if values:
+                out.append(f"  {label:<15} {statistics.median(values):.2f}x  (worst {min(values):.2f}x, "
+                           f"best {max(values):.2f}x)")
     if report.mismatches:
         out.append(f"\n{report.mismatches} MISMATCH(ES) against plain decoding: this is a bug, please report it.")
     return "\n".join(out)
@@ -453,16 +509,27 @@ def write_plot(report: BenchReport, path: Path) -> None:
     except ImportError as exc:
         raise ConfigError("--plot needs matplotlib: pip install 'localspec[plot]'.") from exc
     methods = [m for m in ("lookup", "draft") if any(r.method == m for r in report.rows)]
+    vs_peer = any(r.speedup_peer is not None for r in report.rows)
+    reference = "llama-cpp-python plain" if vs_peer else "localspec plain"
+
+    def value(r: Row) -> float:
+        return float(r.speedup_peer if vs_peer and r.speedup_peer is not None else r.speedup)
+
     fig, axes = plt.subplots(1, max(1, len(methods)), figsize=(6 * max(1, len(methods)), 4.5), squeeze=False)
     for ax, method in zip(axes[0], methods, strict=False):
         for category in sorted({r.category for r in report.rows}):
-            pts = sorted((r.k, r.speedup) for r in report.rows
+            pts = sorted((r.k, value(r)) for r in report.rows
                          if r.method == method and r.category == category and r.temperature == 0)
             if pts:
                 ax.plot([k for k, _ in pts], [s for _, s in pts], marker="o", label=category)
         ax.set_xticks(sorted({r.k for r in report.rows if r.method == method}))
-        ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="plain")
-        ax.set_title(f"{method}: speedup over plain decoding")
+        ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label=reference)
+        for label, style in (("plain", ":"), ("auto", "-.")):
+            ours = [value(r) for r in report.rows if r.method == label and r.temperature == 0]
+            if ours and vs_peer:
+                ax.axhline(statistics.median(ours), color="grey", linestyle=style, linewidth=1,
+                           label=f"localspec {label} (median)")
+        ax.set_title(f"{method}: speedup over {reference}")
         ax.set_xlabel("K (tokens drafted per round)")
         ax.set_ylabel("decode speedup (x)")
         ax.legend(fontsize=8)

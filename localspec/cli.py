@@ -438,26 +438,33 @@ def calibrate(models: ModelArgs, recalibrate: bool, as_json: bool) -> None:
 @click.option("--k-lookup", "k_lookup", type=str, default=None, help="Lookup draft lengths, e.g. 2,4,8.")
 @click.option("--k-draft", "k_draft", type=str, default=None, help="Draft-model draft lengths, e.g. 1,2,4,8.")
 @click.option("--no-auto", is_flag=True, help="Leave auto mode out.")
-@click.option("--sampled", is_flag=True, help="Also run at a sampling temperature (seeded by repetition).")
-@click.option("--sampled-temperature", type=float, default=0.8, show_default=True)
+@click.option("--no-peers", is_flag=True,
+              help="Leave out llama-cpp-python's own Llama (plain, and its prompt lookup with 2 and 10 tokens).")
+@click.option("--sampled", is_flag=True, help="Also run sampled (seeded by repetition), against the peers too.")
+@click.option("--sampled-temperature", type=float, default=0.7, show_default=True)
+@click.option("--sampled-top-p", type=float, default=0.9, show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write everything measured, with machine info, to this JSON file.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of speedup against K per category (needs matplotlib).")
 @_friendly_errors
 def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], quick: bool, reps: Optional[int],
-          max_tokens: Optional[int], k_lookup: Optional[str], k_draft: Optional[str], no_auto: bool,
-          sampled: bool, sampled_temperature: float, json_path: Optional[str], plot_path: Optional[str]) -> None:
-    """Compare plain decoding, lookup, draft and auto on a prompt suite, side by side.
+          max_tokens: Optional[int], k_lookup: Optional[str], k_draft: Optional[str], no_auto: bool, no_peers: bool,
+          sampled: bool, sampled_temperature: float, sampled_top_p: float, json_path: Optional[str],
+          plot_path: Optional[str]) -> None:
+    """Compare plain decoding, lookup, draft and auto, and llama-cpp-python's own decoding, side by side.
 
-    Exits with status 1 if any greedy run differs from plain decoding other than at a numeric tie.
+    Speedups are shown against llama-cpp-python's plain decoding (what you would
+    otherwise run) and against localspec's plain path. Exits with status 1 if any
+    greedy run differs from plain decoding other than at a numeric tie.
     """
     from .bench import default_methods, load_suite, render_table, run_bench, write_json, write_plot
 
     prompts = load_suite(Path(suite) if suite else None, categories, quick)
     with models.open() as pair:
         methods = default_methods(pair.draft is not None, quick, _k_list(k_lookup, "--k-lookup"),
-                                  _k_list(k_draft, "--k-draft"), auto=not no_auto)
+                                  _k_list(k_draft, "--k-draft"), auto=not no_auto, peers=not no_peers)
+        GenerationOptions(temperature=sampled_temperature, top_p=sampled_top_p)  # bad values fail before any work
         reps = reps or (2 if quick else 3)
         max_tokens = max_tokens or (64 if quick else 128)
         temperatures = (0.0, sampled_temperature) if sampled else (0.0,)
@@ -467,7 +474,7 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
         pair.calibrate()
         with click.progressbar(length=total, label="running", file=sys.stderr) as bar:
             report = run_bench(pair, prompts, methods, reps=reps, max_tokens=max_tokens,
-                               temperatures=temperatures, progress=lambda _: bar.update(1),
+                               temperatures=temperatures, top_p=sampled_top_p, progress=lambda _: bar.update(1),
                                checksums=json_path is not None)
         click.echo(render_table(report))
         if json_path:

@@ -72,12 +72,19 @@ def test_run_bench_reports_every_method_and_exactness(tiny_pair):
     report = run_bench(tiny_pair, QUICK, methods, reps=2, max_tokens=24, checksums=False)
     assert len(report.rows) == len(QUICK) * len(methods)
     assert report.mismatches == 0
+    assert {"llama-cpp-python", "llama-cpp-python-lookup"} <= {m.method for m in methods}  # the peers run by default
     for row in report.rows:
         if row.method == "plain":
             assert row.exactness == "reference" and row.speedup == pytest.approx(1.0)
         else:
             assert row.exactness in ("identical", "tie")
             assert row.speedup_min <= row.speedup <= row.speedup_max
+        if row.method == "llama-cpp-python":
+            assert row.exactness_peer == "reference" and row.speedup_peer == pytest.approx(1.0)
+        else:  # every row is also checked and timed against llama-cpp-python's own plain decoding
+            assert row.exactness_peer in ("identical", "tie") and row.speedup_peer > 0
+            assert row.speedup_peer_min <= row.speedup_peer <= row.speedup_peer_max
+    assert report.settings["peer"]["n_threads"] == tiny_pair.target.n_threads
     assert report.machine["threads"] == tiny_pair.target.n_threads
     assert len(report.profile["verify"]) == 9
 
@@ -105,11 +112,13 @@ def test_quick_bench_writes_table_json_and_png(tiny_dir, tmp_path):
                                  "--quick", "-n", "16", "--json", str(out_json), "--plot", str(out_png)])
     assert r.exit_code == 0, r.output
     assert "speedup" in r.output and "lookup k=2" in r.output and "auto" in r.output
+    assert "lcp lookup k=10" in r.output and "over llama-cpp-python plain" in r.output
     data = json.loads(out_json.read_text())
     assert {"rows", "profile", "machine", "settings", "mismatches"} <= set(data)
     row = data["rows"][1]
     for key in ("decode_tps", "speedup", "speedup_min", "speedup_max", "acceptance", "tokens_per_round",
-                "acceptance_by_position", "predicted_speedup", "exactness", "prefill_seconds"):
+                "acceptance_by_position", "predicted_speedup", "exactness", "prefill_seconds", "speedup_peer",
+                "exactness_peer"):
         assert key in row
     m = data["machine"]
     for key in ("cpu", "threads", "gpu_layers", "llama_cpp_python", "models"):

@@ -1,0 +1,91 @@
+"""What a user would run instead: llama-cpp-python's high-level ``Llama``, as bench rows.
+
+``PeerRunner`` loads the bench's target file into llama-cpp-python's own
+``Llama`` with the same threads, context and GPU layers, once plain and once
+with its built-in ``LlamaPromptLookupDecoding`` draft, and generates with
+``Llama.generate`` (the loop under ``create_completion``) so its runs are
+timed like localspec's: prefill up to the first token, decode from the first
+token to the last (the step that finds the end-of-generation token included).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Sequence
+
+from .backend import Model
+from .engine import GenerationStats
+
+#: Bench method names of the peer rows.
+PEER_PLAIN = "llama-cpp-python"
+PEER_LOOKUP = "llama-cpp-python-lookup"
+PEER_METHODS = (PEER_PLAIN, PEER_LOOKUP)
+
+
+class PeerRunner:
+    """llama-cpp-python's ``Llama`` on ``target``'s file and settings.
+
+    Args:
+        target: localspec's loaded target (its path, context, threads and GPU
+            layers are copied; its cache is not touched).
+    """
+
+    def __init__(self, target: Model):
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        self._lookup_cls = LlamaPromptLookupDecoding
+        settings: dict[str, Any] = dict(n_ctx=target.n_ctx, n_threads=target.n_threads,
+                                        n_threads_batch=target.n_threads, n_gpu_layers=target.n_gpu_layers,
+                                        flash_attn=bool(target.flash_attn), verbose=False)
+        self.settings = {k: v for k, v in settings.items() if k != "verbose"}
+        self.plain = Llama(str(target.path), **settings)
+        # A draft model makes Llama keep logits for every position, but it sizes that buffer from the
+        # logits_all argument (n_batch rows otherwise), so past n_batch positions it fails unless asked
+        # for explicitly. The draft object is swapped per K.
+        self.lookup = Llama(str(target.path), draft_model=LlamaPromptLookupDecoding(num_pred_tokens=2),
+                            logits_all=True, **settings)
+        self._is_eog = target.is_eog
+
+    def close(self) -> None:
+        for llama in (self.plain, self.lookup):
+            llama.close()
+
+    def generate(self, method: str, k: int, prompt: Sequence[int], temperature: float, seed: int,
+                 max_tokens: int, top_p: float = 1.0) -> tuple[list[int], GenerationStats]:
+        """One timed generation from an empty cache; returns the tokens (end token excluded) and stats."""
+        llama = self.plain if method == PEER_PLAIN else self.lookup
+        if method == PEER_LOOKUP:
+            llama.draft_model = self._lookup_cls(num_pred_tokens=k)
+        llama.reset()  # an empty cache: the whole prompt is processed, as in localspec's rows
+        llama.set_seed(seed)
+        stats = GenerationStats(method=method, k=k, prompt_tokens=len(prompt))
+        tokens: list[int] = []
+        t0 = time.perf_counter()
+        t_first: Optional[float] = None
+        t_end = t0
+        for tok in llama.generate(list(prompt), temp=temperature, top_k=0, top_p=top_p, min_p=0.0,
+                                  typical_p=1.0, repeat_penalty=1.0, reset=True):
+            t_end = time.perf_counter()
+            if t_first is None:
+                t_first = t_end
+            if self._is_eog(int(tok)):
+                break
+            tokens.append(int(tok))
+            if len(tokens) >= max_tokens:
+                break
+        t_first = t_first if t_first is not None else t_end
+        stats.generated_tokens = len(tokens)
+        stats.prefill_seconds = t_first - t0
+        stats.decode_seconds = t_end - t_first
+        return tokens, stats
+
+
+def available() -> bool:
+    """True when llama-cpp-python's high-level API can be imported (it ships with localspec's dependency)."""
+    try:
+        import llama_cpp.llama_speculative  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
