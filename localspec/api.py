@@ -25,7 +25,15 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .auto import KMAX, CostProfile, auto_drafter, calibrate, calibration_cached
+from .auto import (
+    KMAX,
+    CostProfile,
+    auto_drafter,
+    calibrate,
+    calibration_cached,
+    choose_threads,
+    threads_cached,
+)
 from .backend import Model, read_vocab
 from .compat import check_vocab
 from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
@@ -141,10 +149,13 @@ class Pair:
         self.draft_k = None if draft_k is None else check_k(draft_k, "The suggested draft length k")
         self.notify = notify or _stderr
         self._profile: Optional[CostProfile] = None
+        self._sweep: dict[int, float] = {}  # seconds per step by thread count, once measured
 
     def calibrate(self, refresh: bool = False) -> CostProfile:
         """The machine's cost profile for auto mode (cached on disk; measured on first use).
 
+        When the pair was loaded without ``n_threads``, the fastest thread
+        count is measured first (also cached) and both models switch to it.
         Measuring takes a few seconds, says so through ``notify``, and leaves
         both models' caches empty (the next generation prefills its prompt).
 
@@ -152,11 +163,31 @@ class Pair:
             refresh: measure again instead of reusing the cached profile.
         """
         if self._profile is None or refresh:
+            self.choose_threads(refresh)
             if refresh or not calibration_cached(self.target, self.draft, KMAX):
                 self.notify("localspec: measuring this machine's costs for auto mode (a few seconds, once per "
                             "models and settings; `localspec calibrate` shows them)")
             self._profile = calibrate(self.target, self.draft, KMAX, refresh=refresh)
         return self._profile
+
+    def choose_threads(self, refresh: bool = False) -> dict[int, float]:
+        """Switch both models to the fastest measured thread count, unless the caller set one.
+
+        Returns:
+            seconds per target step at each thread count tried (empty when the caller chose).
+        """
+        if not self.target.threads_unset:
+            return {}
+        if self._sweep and not refresh:
+            return self._sweep
+        if refresh or not threads_cached(self.target, self.draft):
+            self.notify("localspec: measuring the fastest thread count for this machine (once; --threads overrides)")
+        best, sweep = choose_threads(self.target, self.draft, refresh)
+        for model in (self.target, self.draft):
+            if model is not None:
+                model.set_threads(best)
+        self._sweep = sweep
+        return sweep
 
     def set_profile(self, profile: Optional[CostProfile]) -> None:
         """Use this cost profile for auto mode instead of measuring (e.g. to simulate a GPU).
@@ -268,6 +299,7 @@ class Pair:
 
     def _start(self, prompt_tokens: list[int], prompt_text: Optional[str], opts: GenerationOptions) -> Stream:
         check_prompt(self.target, len(prompt_tokens))  # before any work, calibration included
+        self.choose_threads()  # once per machine (cached); plain decoding runs at the fastest count too
         drafter, k = self.drafter(opts, prompt_text, prompt_tokens)
         g = Generation(self.target, prompt_tokens, drafter=drafter, k=k, params=opts.sampling,
                        max_tokens=opts.max_tokens, rng=np.random.default_rng(opts.seed), stop=opts.stop)

@@ -34,7 +34,7 @@ from typing import Optional
 
 import numpy as np
 
-from .backend import Model, gpu_offload_supported
+from .backend import Model, default_threads, gpu_offload_supported
 from .drafters import EMPTY_DRAFT, Draft, ModelDrafter, PromptLookupDrafter
 from .options import AUTO_KMAX, SamplingParams
 from .paths import cache_dir, write_atomic
@@ -310,6 +310,41 @@ def _file_identity(path: Path) -> str:
     return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
 
 
+def threads_key(target: Model, draft: Optional[Model]) -> str:
+    """Identity of what the fastest thread count depends on (everything but the thread count)."""
+    import llama_cpp
+
+    parts = ["threads", _file_identity(target.path), _file_identity(draft.path) if draft else "-",
+             llama_cpp.__version__, "gpu" if gpu_offload_supported() else "cpu", f"ngl={target.n_gpu_layers}",
+             f"fa={target.flash_attn}", f"cores={default_threads()}"]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
+
+
+def threads_cached(target: Model, draft: Optional[Model], cache_file: Optional[Path] = None) -> bool:
+    """True when ``choose_threads`` would reuse a stored choice."""
+    return threads_key(target, draft) in _read_store(cache_file or cache_dir() / "calibration.json")
+
+
+def choose_threads(target: Model, draft: Optional[Model], refresh: bool = False,
+                   cache_file: Optional[Path] = None) -> tuple[int, dict[int, float]]:
+    """The fastest thread count for single-token steps on this machine, measured once and cached.
+
+    Returns:
+        (threads, seconds per step at each thread count tried).
+    """
+    path = cache_file or cache_dir() / "calibration.json"
+    key = threads_key(target, draft)
+    rec = _read_store(path).get(key)
+    if rec and not refresh:
+        return int(rec["threads"]), {int(n): float(t) for n, t in rec["step_seconds"].items()}
+    sweep = measure_threads(target, default_threads())
+    best = min(sweep, key=lambda n: sweep[n])
+    store = _read_store(path)
+    store[key] = {"threads": best, "step_seconds": sweep, "target": str(target.path), "measured_at": time.time()}
+    write_atomic(path, json.dumps(store, indent=1))
+    return best, sweep
+
+
 def calibration_key(target: Model, draft: Optional[Model], kmax: int) -> str:
     """Identity of everything a calibration depends on."""
     import llama_cpp
@@ -331,11 +366,13 @@ def _median_time(fn, reps: int) -> float:
     return float(np.median(times))
 
 
-def measure(target: Model, draft: Optional[Model], kmax: int = KMAX, reps: int = 2,
-            context_tokens: int = 64) -> CostProfile:
+def measure(target: Model, draft: Optional[Model], kmax: int = KMAX, reps: int = 5,
+            context_tokens: int = 256) -> CostProfile:
     """Time verification of 1..kmax+1 tokens on the target and one draft step.
 
-    Runs after a context of ``context_tokens`` tokens, like a real round.
+    Runs after a context of ``context_tokens`` tokens (a typical prompt), with
+    warm caches, like a real round. ``reps`` passes over every n, alternating
+    upwards and downwards so drift hits all n alike; each n takes the median.
     Leaves both caches holding that calibration context.
     """
     base = target.tokenize(_CALIBRATION_TEXT, add_special=False)
@@ -348,10 +385,14 @@ def measure(target: Model, draft: Optional[Model], kmax: int = KMAX, reps: int =
 
     target.truncate(0)
     target.eval(ctx, logits="none")
-    run(target, kmax + 1)  # warm-up: buffers sized for the largest batch
-    # Passes over n = 1..kmax+1 rather than repetitions of each n, so drift hits all alike.
-    passes = [[_median_time(lambda n=n: run(target, n), 1) for n in range(1, kmax + 2)] for _ in range(reps)]
-    verify = [float(np.median(col)) for col in zip(*passes, strict=True)]
+    for n in (kmax + 1, 1):
+        run(target, n)  # warm-up: buffers sized for the largest batch, and the single-token graph
+    sizes = list(range(1, kmax + 2))
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for rep in range(reps):
+        for n in sizes if rep % 2 == 0 else sizes[::-1]:
+            times[n].append(_median_time(lambda n=n: run(target, n), 1))
+    verify = [float(np.median(times[n])) for n in sizes]
     # Costs must not fall with n. Noise is mostly upward spikes (scheduling, a cold graph), so
     # each n takes the cheapest time seen for any n at least as large, not the dearest below it.
     verify = [float(v) for v in np.minimum.accumulate(verify[::-1])[::-1]]
@@ -366,6 +407,33 @@ def measure(target: Model, draft: Optional[Model], kmax: int = KMAX, reps: int =
     rng = np.random.default_rng(0)
     lookup_cost = _median_time(lambda: lookup.propose(arr, kmax, rng), 20)
     return CostProfile(verify, step, lookup_cost, "measured")
+
+
+def measure_threads(target: Model, max_threads: int, steps: int = 7) -> dict[int, float]:
+    """Seconds per single-token step of the target at 1..max_threads threads (median of ``steps``).
+
+    Leaves the target at the thread count it had, with an empty cache.
+    """
+    base = target.tokenize(_CALIBRATION_TEXT, add_special=False)
+    ctx = (base * 4)[:128]
+    was = target.n_threads
+    out: dict[int, float] = {}
+    target.reset()
+    target.eval(ctx, logits="none")
+    try:
+        for n in range(1, max_threads + 1):
+            target.set_threads(n)
+
+            def step() -> None:
+                target.eval(base[:1], logits="last")
+                target.truncate(len(ctx))
+
+            step()  # warm-up at this thread count
+            out[n] = _median_time(step, steps)
+    finally:
+        target.set_threads(was)
+        target.reset()
+    return out
 
 
 def _read_store(path: Path) -> dict[str, dict]:

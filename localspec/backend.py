@@ -209,6 +209,8 @@ class Model:
         if cache_type not in CACHE_TYPES:
             raise ConfigError(f"Unknown KV cache type {cache_type!r}; choose one of {', '.join(CACHE_TYPES)}.")
         self._log = LlamaLog(verbose)
+        #: True when the caller left the thread count to localspec (see ``auto.choose_threads``).
+        self.threads_unset = not n_threads
         self.n_threads = n_threads if n_threads else default_threads()
         if n_gpu_layers is None:
             n_gpu_layers = -1 if gpu_offload_supported() else 0
@@ -307,6 +309,13 @@ class Model:
             self.close()
         except Exception:
             pass
+
+    def set_threads(self, n: int) -> None:
+        """Use ``n`` threads for decoding and prompt processing from now on."""
+        if n < 1:
+            raise ConfigError(f"The thread count must be at least 1, got {n}.")
+        ll.llama_set_n_threads(self._ctx, n, n)
+        self.n_threads = n
 
     # -- vocabulary ---------------------------------------------------------
 

@@ -190,6 +190,10 @@ class Row:
     round_stats: Optional[dict[str, int]] = None
     divergence: Optional[dict[str, float]] = None
     auto_rounds: Optional[dict[str, int]] = None
+    #: Mean decode time per round, measured and as the cost profile predicts it from the rounds' draft
+    #: lengths (how well calibration describes real rounds); None for the peers.
+    round_ms: Optional[float] = None
+    round_ms_predicted: Optional[float] = None
 
 
 @dataclass
@@ -268,6 +272,18 @@ def predicted_speedup(profile: CostProfile, method: str, stats: dict[str, Any]) 
     tokens = f * expected_tokens(alpha, k) + (1 - f)
     cost = f * round_cost(profile, method, k) + (1 - f) * profile.verify[0]
     return tokens / cost * profile.verify[0]
+
+
+def predicted_round_seconds(profile: CostProfile, stats: dict[str, Any]) -> float:
+    """Decode seconds the profile predicts for a run's rounds: verify(drafted + 1) each, plus draft-model steps."""
+    counts = list(stats["proposed_at"]) + [0]
+    total = stats["empty_rounds"] * profile.verify[0]
+    v = profile.verify
+    for j in range(1, len(counts)):
+        rounds = counts[j - 1] - counts[j]  # rounds that drafted exactly j tokens
+        cost = v[j] if j < len(v) else v[-1] + (j - len(v) + 1) * (v[-1] - v[-2])  # beyond the profile: linear
+        total += rounds * cost
+    return total + stats.get("draft_model_tokens", 0) * profile.draft_step
 
 
 def machine_info(pair: Pair, checksums: bool = True) -> dict[str, Any]:
@@ -404,6 +420,7 @@ def _summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], pr
         merged = {key: sum(r.stats[key] for r in group)
                   for key in ("rounds", "empty_rounds", "rejected_rounds", "drafted", "accepted")}
         exactness, divergence, exactness_peer = "-", None, "-"
+
         if temperature == 0:
             exactness, divergence = ("reference", None) if method == "plain" else _exactness(
                 pair, prompt_ids[name], plain[0].tokens, group, tie_margin)
@@ -424,12 +441,19 @@ def _summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], pr
             overhead_ms_per_round=statistics.median(r.stats["overhead_ms_per_round"] for r in group),
             round_stats=merged,
             auto_rounds=last["auto"]["rounds"] if last.get("auto") else None,
+            round_ms=_per_round(sum(r.stats["decode_seconds"] for r in group), merged["rounds"]),
+            round_ms_predicted=_per_round(sum(predicted_round_seconds(profile, r.stats) for r in group),
+                                          merged["rounds"]),
             speedup_peer=statistics.median(vs_peer) if vs_peer else None,
             speedup_peer_min=min(vs_peer) if vs_peer else None,
             speedup_peer_max=max(vs_peer) if vs_peer else None,
             exactness_peer=exactness_peer,
         ))
     return rows
+
+
+def _per_round(seconds: float, rounds: int) -> Optional[float]:
+    return 1000 * seconds / rounds if rounds else None
 
 
 def _exactness(pair: Pair, prompt_tokens: list[int], ref: list[int], group: list[Run],
@@ -461,11 +485,14 @@ def render_table(report: BenchReport) -> str:
            f"batch-shape logit noise of this build: {p.get('batch_noise', 0):.3f} "
            f"(divergences below a {p.get('tie_margin', TIE_MARGIN):.3f} top-two margin count as ties)", ""]
     peers = any(r.speedup_peer is not None for r in report.rows)
+    out.append("round ms: mean decode time per round, measured/predicted by the cost profile from the rounds' "
+               "draft lengths.")
     if peers:
         out.append("lcp = llama-cpp-python's own Llama (plain, and its prompt-lookup draft), same file and threads; "
                    "'vs lcp' is the headline speedup, 'vs plain' is against localspec's plain path.")
     header = (f"{'prompt':<15} {'temp':>4} {'method':<15} {'tok/s':>6} {'vs lcp':>6} {'(min-max)':>11} "
-              f"{'vs plain':>8} {'pred':>5} {'accept':>6} {'tok/rnd':>7}  exactness (vs plain / vs lcp)")
+              f"{'vs plain':>8} {'pred':>5} {'accept':>6} {'tok/rnd':>7} {'round ms':>11}  "
+              "exactness (vs plain / vs lcp)")
     out += [header, "-" * len(header)]
     last_prompt = None
     for row in report.rows:
@@ -478,13 +505,15 @@ def render_table(report: BenchReport) -> str:
         acc = f"{100 * row.acceptance:.0f}%" if row.method in ("lookup", "draft", "auto") else "-"
         tpr = f"{row.tokens_per_round:.2f}" if row.method not in PEER_METHODS else "-"
         verdict = row.exactness + (f" / {row.exactness_peer}" if peers else "")
+        rms = (f"{row.round_ms:.0f}/{row.round_ms_predicted:.0f}"
+               if row.round_ms is not None and row.round_ms_predicted is not None else "-")
         if row.divergence:
             verdict += f" @{int(row.divergence['token'])} (margin {row.divergence['margin']:.3f})"
         if row.auto_rounds:
             verdict += "  [" + " ".join(f"{m}:{n}" for m, n in row.auto_rounds.items() if n) + "]"
         out.append(f"{name:<15} {row.temperature:>4.1f} {MethodSpec(row.method, row.k).label:<15} "
                    f"{row.decode_tps:>6.1f} {vs_peer:>6} {spread:>11} {row.speedup:>7.2f}x {pred:>5} {acc:>6} "
-                   f"{tpr:>7}  {verdict}")
+                   f"{tpr:>7} {rms:>11}  {verdict}")
     for title, attr in ((("median speedup over llama-cpp-python plain across prompts:", "speedup_peer"),) if peers
                         else ()) + (("median speedup over localspec plain across prompts:", "speedup"),):
         out += ["", title]

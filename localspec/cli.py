@@ -106,7 +106,7 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--ctx", "n_ctx", type=click.IntRange(min=0), default=None,
                      help="Context length in tokens (0: the model's own; default: the pair's, else 4096)."),
         click.option("--threads", "n_threads", type=click.IntRange(min=1), default=None,
-                     help="CPU threads (default: all available cores)."),
+                     help="CPU threads (default: the fastest, measured once by `localspec calibrate`)."),
         click.option("--gpu-layers", "n_gpu_layers", type=int, default=None,
                      help="Layers to offload to the GPU; -1 all (default on GPU builds), 0 none."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's log."),
@@ -418,11 +418,18 @@ def calibrate(models: ModelArgs, recalibrate: bool, as_json: bool) -> None:
 
     with models.open() as pair:
         profile = pair.calibrate(refresh=recalibrate)
+        sweep = pair.choose_threads()  # cached by now: what the choice was made from
         if as_json:
             click.echo(json.dumps({"source": profile.source, "verify_seconds": profile.verify,
                                    "draft_step_seconds": profile.draft_step, "lookup_seconds": profile.lookup,
-                                   "relative": profile.relative()}))
+                                   "relative": profile.relative(), "threads": pair.target.n_threads,
+                                   "thread_sweep_step_seconds": sweep}))
             return
+        if sweep:
+            click.echo("threads: " + "  ".join(f"{n}: {1000 * t:.1f} ms/step" for n, t in sweep.items())
+                       + f"  -> using {pair.target.n_threads} (--threads overrides)")
+        else:
+            click.echo(f"threads: {pair.target.n_threads} (set with --threads)")
         click.echo(predicted_table(profile, pair.draft is not None))
 
 

@@ -74,6 +74,8 @@ class GenerationStats:
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
+    #: Drafted tokens that came from the draft model (each one a draft-model step).
+    draft_model_tokens: int = 0
     #: Rounds in which the drafter proposed nothing (plain steps), and rounds with a rejected guess.
     empty_rounds: int = 0
     rejected_rounds: int = 0
@@ -370,6 +372,8 @@ class Generation:
                 stats.drafted += len(rnd.draft.tokens)
                 stats.empty_rounds += not rnd.draft.tokens
                 stats.rejected_rounds += rnd.kept < len(rnd.draft.tokens)
+                if rnd.draft.by == "draft":
+                    stats.draft_model_tokens += len(rnd.draft.tokens)
                 for i in range(len(rnd.draft.tokens)):
                     stats.proposed_at[i] += 1
                 pending = rnd.emitted()

@@ -138,6 +138,36 @@ def test_calibration_is_cached_per_settings_and_refreshable(tiny_dir, tmp_path):
         assert calibrate(t, None, cache_file=cache).source == "measured"  # a damaged cache is re-measured
 
 
+def test_the_thread_count_is_measured_once_and_the_fastest_is_used(tiny_dir, tmp_path, monkeypatch):
+    from localspec import auto
+    from localspec.backend import default_threads
+
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    calls = []
+    real = auto.measure_threads
+
+    def counted(target, max_threads, steps=7):
+        calls.append(max_threads)
+        return real(target, max_threads, steps)
+
+    monkeypatch.setattr(auto, "measure_threads", counted)
+    notices: list[str] = []
+    with localspec.load(tiny_dir / "target.gguf", tiny_dir / "draft.gguf", n_ctx=512) as pair:
+        pair.notify = notices.append
+        sweep = pair.choose_threads()
+        assert sorted(sweep) == list(range(1, default_threads() + 1)) and all(t > 0 for t in sweep.values())
+        best = min(sweep, key=lambda n: sweep[n])
+        assert pair.target.n_threads == pair.draft.n_threads == best
+        assert any("thread count" in n for n in notices)
+        pair.generate("hello", max_tokens=3, method="plain")  # decodes at the chosen count
+    with localspec.load(tiny_dir / "target.gguf", tiny_dir / "draft.gguf", n_ctx=512) as pair:
+        pair.generate("hello", max_tokens=3, method="plain")  # a new process-like pair: from the cache
+        assert pair.target.n_threads == best and calls == [default_threads()]
+    with localspec.load(tiny_dir / "target.gguf", n_ctx=512, n_threads=1) as pair:
+        assert pair.choose_threads() == {} and pair.target.n_threads == 1  # --threads wins, nothing measured
+    assert calls == [default_threads()]
+
+
 PROMPTS = ["The cat sat on the mat and the dog sat on the", "in the end, in the end, in the end, in the",
            "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n"]
 
