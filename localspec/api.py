@@ -335,6 +335,7 @@ def load(
     n_threads: Optional[int] = None,
     n_gpu_layers: Optional[int] = None,
     verbose: bool = False,
+    flash_attn: Optional[bool] = None,
     defaults: Optional[GenerationOptions] = None,
     draft_k: Optional[int] = None,
 ) -> Pair:
@@ -347,6 +348,7 @@ def load(
         n_threads: CPU threads for both (default: all available cores).
         n_gpu_layers: layers to offload for both; -1 all (default on GPU builds), 0 none.
         verbose: show llama.cpp's log for these models.
+        flash_attn: force flash attention on or off (default: off on the CPU, llama.cpp's choice on a GPU).
         defaults: generation options used where a call does not give them.
         draft_k: suggested draft length for the draft model (see ``Pair``).
 
@@ -354,12 +356,14 @@ def load(
         ModelFileError: a file is missing, not a GGUF, or fails to load.
         VocabMismatchError: the draft's vocabulary differs from the target's.
     """
-    t = Model(target, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, verbose=verbose)
+    t = Model(target, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
+              verbose=verbose)
     d = None
     try:
         if draft is not None:
             check_vocab(t.vocab_info(), read_vocab(draft))  # before the draft's weights are loaded
-            d = Model(draft, n_ctx=t.n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, verbose=verbose)
+            d = Model(draft, n_ctx=t.n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
+                      verbose=verbose)
         return Pair(t, d, defaults=defaults, draft_k=draft_k)
     except BaseException:
         t.close()

@@ -40,6 +40,8 @@ from .options import AUTO_KMAX, SamplingParams
 from .paths import cache_dir, write_atomic
 
 KMAX = AUTO_KMAX
+#: Bumped whenever ``measure`` changes, so profiles measured the old way are measured again.
+CALIBRATION_VERSION = 2
 #: Speculate only when the predicted speedup clears this, so estimation noise cannot make auto slower than plain.
 MIN_GAIN = 1.1
 _CALIBRATION_TEXT = (
@@ -353,6 +355,7 @@ def calibration_key(target: Model, draft: Optional[Model], kmax: int) -> str:
         _file_identity(target.path), _file_identity(draft.path) if draft else "-",
         llama_cpp.__version__, "gpu" if gpu_offload_supported() else "cpu",
         f"threads={target.n_threads}", f"ngl={target.n_gpu_layers}", f"fa={target.flash_attn}", f"kmax={kmax}",
+        f"calibration={CALIBRATION_VERSION}",
     ]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 

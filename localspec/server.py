@@ -190,6 +190,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    checked: float = field(default_factory=time.monotonic)  # when the client was last seen connected
 
     def put(self, kind: str, value: Any) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
@@ -214,12 +215,22 @@ class Server:
         self.api_key = api_key
         self.max_queue = max_queue
         self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-generate")
-        self.admitted = 0  # running + waiting; only touched on the event loop's thread
+        self.admitted = 0  # running + waiting; only touched on the event loop's thread (see release)
         self.counts = {"completed": 0, "cancelled": 0, "failed": 0}
         self.created = int(time.time())
 
+    def release(self) -> None:
+        """A job left the worker (called on the event loop's thread)."""
+        self.admitted -= 1
+
     def generate(self, job: Job) -> None:
         """Run one job on the worker thread, sending events back to the loop."""
+        try:
+            self._generate(job)
+        finally:
+            job.loop.call_soon_threadsafe(self.release)  # admission ends when the worker is done with it
+
+    def _generate(self, job: Job) -> None:
         if job.cancelled.is_set():  # its client left while it waited
             self.counts["cancelled"] += 1
             job.put("done", None)
@@ -319,13 +330,16 @@ def create_app(server: Server) -> FastAPI:
 
 
 async def _next_event(job: Job, request: Request) -> tuple[str, Any]:
-    """The job's next event; a client that went away cancels the job."""
+    """The job's next event; a client that went away cancels the job (checked twice a second)."""
     while True:
+        if time.monotonic() - job.checked > 0.5:
+            job.checked = time.monotonic()
+            if await request.is_disconnected():
+                job.cancelled.set()
         try:
             return await asyncio.wait_for(job.events.get(), timeout=0.5)
         except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                job.cancelled.set()
+            continue
 
 
 def _envelope(server: Server, job: Job, rid: str, chunk: bool) -> dict[str, Any]:
@@ -347,8 +361,9 @@ async def _whole(server: Server, job: Job, request: Request) -> Any:
                 return value.response()
             else:
                 break
-    finally:
-        server.admitted -= 1
+    except BaseException:  # the server is stopping, or the handler was cancelled
+        job.cancelled.set()
+        raise
     if value is None:  # cancelled: nobody is listening
         return JSONResponse({}, status_code=499)
     r: Result = value
@@ -367,10 +382,8 @@ async def _stream(server: Server, job: Job, request: Request) -> Any:
         first = await _next_event(job, request)  # prefill happens before it: a too-long prompt fails here
     except BaseException:
         job.cancelled.set()
-        server.admitted -= 1
         raise
     if first[0] == "error":
-        server.admitted -= 1
         return first[1].response()
 
     def chunk(text: Optional[str], finish: Optional[str] = None, role: bool = False) -> dict[str, Any]:
@@ -413,7 +426,6 @@ async def _stream(server: Server, job: Job, request: Request) -> Any:
                 kind, value = await _next_event(job, request)
         finally:
             job.cancelled.set()  # the client went away (or we are done): stop generating
-            server.admitted -= 1
 
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -296,6 +296,35 @@ def test_a_padding_id_in_a_sampled_draft_is_a_rejection_with_the_residual(tiny_p
     assert p > 1e-3, f"chi-square p = {p:.2e}: A came {spec.get(a, 0)} times against {plain[a]} plain"
 
 
+def test_a_draft_model_with_a_larger_vocabulary_keeps_the_plain_distribution(tiny_dir, tmp_path, monkeypatch):
+    from tinymodel import vocabulary, write_tiny_model
+
+    from localspec.drafters import ModelDrafter
+
+    n = len(vocabulary()[0])
+    # every real token has a padding clone with the same logit: half the draft's mass is on ids the target lacks
+    write_tiny_model(tmp_path / "d.gguf", seed=0, noise=0.35, pad_to=2 * n, pad_clones=True)
+    padded = {"n": 0}
+    real_propose = ModelDrafter.propose
+
+    def spy(self, context, k, rng):
+        d = real_propose(self, context, k, rng)
+        padded["n"] += any(t >= n for t in d.tokens)
+        return d
+
+    monkeypatch.setattr(ModelDrafter, "propose", spy)
+    with pytest.warns(UserWarning, match="padding"):
+        pair = localspec.load(tiny_dir / "target.gguf", tmp_path / "d.gguf", n_ctx=1024)
+    with pair:
+        prompt = "The cat sat on the mat and the dog sat on the"
+        for position in (1, 3):
+            plain = token_counts(pair, prompt, 2500, position, method="plain")
+            spec = token_counts(pair, prompt, 2500, position, method="draft", k=3)
+            p = same_distribution(plain, spec)
+            assert p > 1e-3, f"position {position}: chi-square p = {p:.2e}"
+    assert padded["n"] > 1000  # padding ids really were proposed
+
+
 def test_a_padding_id_in_a_greedy_draft_ends_the_draft_and_output_stays_exact(tiny_pair):
     from localspec.engine import Generation
 

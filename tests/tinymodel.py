@@ -66,6 +66,7 @@ def write_tiny_model(
     tokenizer: str = "gpt2",
     chat_template: Optional[str] = CHAT_TEMPLATE,
     eos: Optional[int] = None,
+    pad_clones: bool = False,
 ) -> Path:
     """Write a tiny llama GGUF and return its path.
 
@@ -80,9 +81,18 @@ def write_tiny_model(
         chat_template: Jinja2 chat template stored in the file (None for none).
         eos: end-of-generation token id (default ``<|im_end|>``); pointing it at
             an ordinary token makes a model that stops where a test wants.
+        pad_clones: give padding token i the embedding and output row of real
+            token i, so the model puts as much probability on each padding
+            token as on its original (half its mass when ``pad_to`` doubles the
+            vocabulary), and the real tokens keep the unpadded model's weights.
     """
     tokens, types = vocabulary(pad_to, rename)
     n_vocab = len(tokens)
+    n_real = len(vocabulary()[0]) if pad_clones else n_vocab  # rows drawn at random; the rest are clones
+
+    def rows(scale: float) -> np.ndarray:
+        w = weight(n_real, n_embd, scale=scale)
+        return w if n_real == n_vocab else w[np.arange(n_vocab) % n_real]
     rng = np.random.default_rng(seed)
     noise_rng = np.random.default_rng(noise_seed)
     head_dim = n_embd // n_head
@@ -116,7 +126,7 @@ def write_tiny_model(
         w.add_chat_template(chat_template)
 
     s = 1.0 / np.sqrt(n_embd)
-    w.add_tensor("token_embd.weight", weight(n_vocab, n_embd, scale=1.0))
+    w.add_tensor("token_embd.weight", rows(1.0))
     for i in range(n_layer):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
         w.add_tensor(f"blk.{i}.attn_q.weight", weight(n_embd, n_embd, scale=s))
@@ -128,7 +138,7 @@ def write_tiny_model(
         w.add_tensor(f"blk.{i}.ffn_up.weight", weight(n_ff, n_embd, scale=s))
         w.add_tensor(f"blk.{i}.ffn_down.weight", weight(n_embd, n_ff, scale=1.0 / np.sqrt(n_ff)))
     w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
-    w.add_tensor("output.weight", weight(n_vocab, n_embd, scale=0.5))
+    w.add_tensor("output.weight", rows(0.5))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
