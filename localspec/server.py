@@ -41,12 +41,13 @@ from .errors import ConfigError, ContextOverflowError, LocalspecError, SamplingE
 from .options import GenerationOptions
 
 #: Request fields that would change the output and that localspec does not implement, with the
-#: value that means "not used": a request giving anything else gets a 400, never a silent ignore.
-UNSUPPORTED = {
-    "n": 1, "best_of": 1, "logprobs": None, "top_logprobs": None, "echo": False, "suffix": None,
-    "tools": None, "tool_choice": None, "functions": None, "function_call": None, "logit_bias": None,
-    "presence_penalty": 0, "frequency_penalty": 0, "repeat_penalty": 1, "typical_p": 1, "mirostat": 0,
-    "grammar": None, "json_schema": None, "audio": None, "modalities": None, "prediction": None,
+#: values that mean "not used": a request giving anything else gets a 400, never a silent ignore.
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "n": (1,), "best_of": (1,), "logprobs": (False,), "top_logprobs": (0,), "echo": (False,), "suffix": ("",),
+    "tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],), "function_call": ("none", "auto"),
+    "logit_bias": ({},), "presence_penalty": (0,), "frequency_penalty": (0,), "repeat_penalty": (1,),
+    "typical_p": (1,), "mirostat": (0,), "grammar": ("",), "json_schema": ({},), "audio": ({},),
+    "modalities": (["text"],), "prediction": ({},),
 }
 #: OpenAI's and localspec's option names -> GenerationOptions fields.
 OPTION_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",
@@ -97,8 +98,8 @@ def parse_request(body: Any, chat: bool, defaults: GenerationOptions, models: tu
         raise ApiError(404, f"The model {model!r} does not exist; this server has {', '.join(models)}.",
                        param="model", code="model_not_found")
     for name, neutral in UNSUPPORTED.items():
-        value = body.get(name, neutral)
-        if value not in (neutral, None) and value != [] and value != {}:
+        value = body.get(name)
+        if value is not None and value not in neutral:
             raise ApiError(400, f"localspec does not support {name!r} (got {value!r}); leave it out.",
                            param=name, code="unsupported_parameter")
     fmt = body.get("response_format")
