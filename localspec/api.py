@@ -25,15 +25,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .auto import (
-    KMAX,
-    CostProfile,
-    auto_drafter,
-    calibrate,
-    calibration_cached,
-    choose_threads,
-    threads_cached,
-)
+from .auto import KMAX, CostProfile, auto_drafter, calibrate, choose_threads
 from .backend import Model, read_vocab
 from .compat import check_vocab
 from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
@@ -164,10 +156,7 @@ class Pair:
         """
         if self._profile is None or refresh:
             self.choose_threads(refresh)
-            if refresh or not calibration_cached(self.target, self.draft, KMAX):
-                self.notify("localspec: measuring this machine's costs for auto mode (a few seconds, once per "
-                            "models and settings; `localspec calibrate` shows them)")
-            self._profile = calibrate(self.target, self.draft, KMAX, refresh=refresh)
+            self._profile = calibrate(self.target, self.draft, KMAX, refresh=refresh, notify=self.notify)
         return self._profile
 
     def choose_threads(self, refresh: bool = False) -> dict[int, float]:
@@ -180,9 +169,7 @@ class Pair:
             return {}
         if self._sweep and not refresh:
             return self._sweep
-        if refresh or not threads_cached(self.target, self.draft):
-            self.notify("localspec: measuring the fastest thread count for this machine (once; --threads overrides)")
-        best, sweep = choose_threads(self.target, self.draft, refresh)
+        best, sweep = choose_threads(self.target, self.draft, refresh, notify=self.notify)
         for model in (self.target, self.draft):
             if model is not None:
                 model.set_threads(best)

@@ -30,7 +30,7 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -314,31 +314,27 @@ def _file_identity(path: Path) -> str:
 
 def threads_key(target: Model, draft: Optional[Model]) -> str:
     """Identity of what the fastest thread count depends on (everything but the thread count)."""
-    import llama_cpp
-
-    parts = ["threads", _file_identity(target.path), _file_identity(draft.path) if draft else "-",
-             llama_cpp.__version__, "gpu" if gpu_offload_supported() else "cpu", f"ngl={target.n_gpu_layers}",
-             f"fa={target.flash_attn}", f"cores={default_threads()}"]
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
-
-
-def threads_cached(target: Model, draft: Optional[Model], cache_file: Optional[Path] = None) -> bool:
-    """True when ``choose_threads`` would reuse a stored choice."""
-    return threads_key(target, draft) in _read_store(cache_file or cache_dir() / "calibration.json")
+    return _key(["threads", *_setup(target, draft), f"cores={default_threads()}"])
 
 
 def choose_threads(target: Model, draft: Optional[Model], refresh: bool = False,
-                   cache_file: Optional[Path] = None) -> tuple[int, dict[int, float]]:
+                   cache_file: Optional[Path] = None, notify: Optional[Callable[[str], None]] = None,
+                   ) -> tuple[int, dict[int, float]]:
     """The fastest thread count for single-token steps on this machine, measured once and cached.
+
+    Args:
+        notify: told in one line when a measurement starts.
 
     Returns:
         (threads, seconds per step at each thread count tried).
     """
-    path = cache_file or cache_dir() / "calibration.json"
+    path = _store_path(cache_file)
     key = threads_key(target, draft)
     rec = _read_store(path).get(key)
     if rec and not refresh:
         return int(rec["threads"]), {int(n): float(t) for n, t in rec["step_seconds"].items()}
+    if notify is not None:
+        notify("localspec: measuring the fastest thread count for this machine (once; --threads overrides)")
     sweep = measure_threads(target, default_threads())
     best = min(sweep, key=lambda n: sweep[n])
     store = _read_store(path)
@@ -347,17 +343,22 @@ def choose_threads(target: Model, draft: Optional[Model], refresh: bool = False,
     return best, sweep
 
 
-def calibration_key(target: Model, draft: Optional[Model], kmax: int) -> str:
-    """Identity of everything a calibration depends on."""
+def _setup(target: Model, draft: Optional[Model]) -> list[str]:
+    """The model files, library, device and settings every measurement depends on."""
     import llama_cpp
 
-    parts = [
-        _file_identity(target.path), _file_identity(draft.path) if draft else "-",
-        llama_cpp.__version__, "gpu" if gpu_offload_supported() else "cpu",
-        f"threads={target.n_threads}", f"ngl={target.n_gpu_layers}", f"fa={target.flash_attn}", f"kmax={kmax}",
-        f"calibration={CALIBRATION_VERSION}",
-    ]
+    return [_file_identity(target.path), _file_identity(draft.path) if draft else "-", llama_cpp.__version__,
+            "gpu" if gpu_offload_supported() else "cpu", f"ngl={target.n_gpu_layers}", f"fa={target.flash_attn}"]
+
+
+def _key(parts: list[str]) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
+
+
+def calibration_key(target: Model, draft: Optional[Model], kmax: int) -> str:
+    """Identity of everything a calibration depends on."""
+    return _key([*_setup(target, draft), f"threads={target.n_threads}", f"kmax={kmax}",
+                 f"calibration={CALIBRATION_VERSION}"])
 
 
 def _median_time(fn, reps: int) -> float:
@@ -449,15 +450,12 @@ def _read_store(path: Path) -> dict[str, dict]:
     return {}
 
 
-def calibration_cached(target: Model, draft: Optional[Model], kmax: int = KMAX,
-                       cache_file: Optional[Path] = None) -> bool:
-    """True when ``calibrate`` would reuse a stored profile instead of measuring."""
-    path = cache_file or cache_dir() / "calibration.json"
-    return calibration_key(target, draft, kmax) in _read_store(path)
+def _store_path(cache_file: Optional[Path]) -> Path:
+    return cache_file or cache_dir() / "calibration.json"
 
 
 def calibrate(target: Model, draft: Optional[Model], kmax: int = KMAX, refresh: bool = False,
-              cache_file: Optional[Path] = None) -> CostProfile:
+              cache_file: Optional[Path] = None, notify: Optional[Callable[[str], None]] = None) -> CostProfile:
     """The cached cost profile for these models and settings, measuring it if needed.
 
     Measuring leaves both models' caches empty.
@@ -465,13 +463,17 @@ def calibrate(target: Model, draft: Optional[Model], kmax: int = KMAX, refresh: 
     Args:
         refresh: measure again even if a cached profile exists.
         cache_file: JSON file of profiles (default: ``calibration.json`` in the cache dir).
+        notify: told in one line when a measurement starts.
     """
-    path = cache_file or cache_dir() / "calibration.json"
+    path = _store_path(cache_file)
     key = calibration_key(target, draft, kmax)
     store = _read_store(path)
     if not refresh and key in store:
         rec = store[key]
         return CostProfile(rec["verify"], rec["draft_step"], rec["lookup"], "cache")
+    if notify is not None:
+        notify("localspec: measuring this machine's costs for auto mode (a few seconds, once per models and "
+               "settings; `localspec calibrate` shows them)")
     profile = measure(target, draft, kmax)
     target.reset()
     if draft is not None:

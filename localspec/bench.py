@@ -401,6 +401,7 @@ def _generate(pair: Pair, peers: Optional[PeerRunner], tokens: list[int], spec: 
 def _summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], profile: CostProfile,
                tie_margin: float) -> list[Row]:
     rows = []
+    margins: dict[tuple[int, ...], float] = {}
     by_key: dict[tuple, list[Run]] = {}
     for run in runs:
         by_key.setdefault((run.prompt, run.method, run.k, run.temperature), []).append(run)
@@ -423,10 +424,10 @@ def _summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], pr
 
         if temperature == 0:
             exactness, divergence = ("reference", None) if method == "plain" else _exactness(
-                pair, prompt_ids[name], plain[0].tokens, group, tie_margin)
+                pair, prompt_ids[name], plain[0].tokens, group, tie_margin, margins)
             if peer is not None:
                 exactness_peer = "reference" if method == PEER_PLAIN else _exactness(
-                    pair, prompt_ids[name], peer[0].tokens, group, tie_margin)[0]
+                    pair, prompt_ids[name], peer[0].tokens, group, tie_margin, margins)[0]
         rows.append(Row(
             prompt=name, category=group[0].category, method=method, k=k, temperature=temperature,
             decode_tps=statistics.median(_tps(r) for r in group),
@@ -456,12 +457,20 @@ def _per_round(seconds: float, rounds: int) -> Optional[float]:
     return 1000 * seconds / rounds if rounds else None
 
 
-def _exactness(pair: Pair, prompt_tokens: list[int], ref: list[int], group: list[Run],
-               tie_margin: float) -> tuple[str, Optional[dict]]:
-    """The worst verdict over a method's repetitions against plain's tokens."""
+def _exactness(pair: Pair, prompt_tokens: list[int], ref: list[int], group: list[Run], tie_margin: float,
+               margins: dict[tuple[int, ...], float]) -> tuple[str, Optional[dict]]:
+    """The worst verdict over a method's repetitions against a plain run's tokens.
+
+    ``margins`` remembers plain decoding's margin by prompt and reference prefix: it costs one
+    decode step per token, and repetitions, methods and the two references (localspec's and
+    llama-cpp-python's plain tokens, usually equal) mostly diverge at the same place.
+    """
 
     def margin(i: int) -> float:
-        return margin_at(pair, prompt_tokens, ref, i)
+        key = (*prompt_tokens, -1, *ref[:i])
+        if key not in margins:
+            margins[key] = margin_at(pair, prompt_tokens, ref, i)
+        return margins[key]
 
     worst: tuple[str, Optional[dict]] = ("identical", None)
     for run in group:

@@ -89,6 +89,17 @@ class GenerationStats:
     #: For method "auto": rounds per method, the choices it made and the estimates behind them.
     auto: Optional[dict] = None
 
+    def count_round(self, draft: Draft, kept: int) -> None:
+        """Count one verified round (accepted tokens are counted when emitted, not here)."""
+        self.rounds += 1
+        self.drafted += len(draft.tokens)
+        self.empty_rounds += not draft.tokens
+        self.rejected_rounds += kept < len(draft.tokens)
+        if draft.by == "draft":
+            self.draft_model_tokens += len(draft.tokens)
+        for i in range(len(draft.tokens)):
+            self.proposed_at[i] += 1
+
     @property
     def acceptance_rate(self) -> float:
         """Accepted drafted tokens over drafted tokens."""
@@ -368,14 +379,7 @@ class Generation:
                     return "length"
                 self._check_cache(context[:n])
                 rnd = speculative_round(target, drafter, context[:n], min(self.k, room), self.params, self.rng)
-                stats.rounds += 1
-                stats.drafted += len(rnd.draft.tokens)
-                stats.empty_rounds += not rnd.draft.tokens
-                stats.rejected_rounds += rnd.kept < len(rnd.draft.tokens)
-                if rnd.draft.by == "draft":
-                    stats.draft_model_tokens += len(rnd.draft.tokens)
-                for i in range(len(rnd.draft.tokens)):
-                    stats.proposed_at[i] += 1
+                stats.count_round(rnd.draft, rnd.kept)
                 pending = rnd.emitted()
         finally:
             # Whatever ended the loop (a stop, an exception, Ctrl-C, the consumer
