@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Does the order in which models are loaded change their decode speed? (It did here.)
+
+Loads the same GGUF twice in one process (optionally after another model or
+a load that is closed again) and times single-token decode steps on each,
+with the repetitions interleaved. On the 2-core test VM, at one thread, the
+copy loaded second decoded 4-8% faster, which is why llama-cpp-python's
+rows in `localspec bench` (loaded after localspec's pair) can look faster
+than localspec's plain path at one thread.
+
+Usage:
+    python scripts/load_order.py MODEL.gguf [--threads 1] [--reps 4] [--before OTHER.gguf] [--closed-first]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from localspec.backend import Model
+
+
+def steps_per_second(m: Model, prompt: list[int], n: int = 30) -> float:
+    m.reset()
+    m.eval(prompt, logits="last")
+    tok = prompt[-1]
+    t0 = time.perf_counter()
+    for _ in range(n):
+        tok = int(np.argmax(m.eval([tok], logits="all")[0]))
+    return n / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--reps", type=int, default=4)
+    p.add_argument("--before", help="another GGUF to load first")
+    p.add_argument("--closed-first", action="store_true", help="load and close the model once first")
+    a = p.parse_args()
+    keep = [Model(a.before, n_ctx=4096, n_threads=a.threads)] if a.before else []
+    if a.closed_first:
+        Model(a.model, n_ctx=4096, n_threads=a.threads).close()
+    first = Model(a.model, n_ctx=4096, n_threads=a.threads)
+    second = Model(a.model, n_ctx=4096, n_threads=a.threads)
+    prompt = first.tokenize("def merge(a, b):\n    out = []\n" * 20)
+    one, two = [], []
+    for _ in range(a.reps):
+        one.append(steps_per_second(first, prompt))
+        two.append(steps_per_second(second, prompt))
+    print(f"steps/s, loaded first: {[round(x, 2) for x in one]}; loaded second: {[round(x, 2) for x in two]}; "
+          f"first/second = {statistics.median(one) / statistics.median(two):.3f}")
+    for m in [first, second, *keep]:
+        m.close()
+
+
+if __name__ == "__main__":
+    main()
