@@ -25,12 +25,13 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .auto import KMAX, CostProfile, auto_drafter, calibrate, choose_threads
+from .auto import KMAX, CostProfile, auto_drafter, calibrate, choose_threads, history_estimates
 from .backend import Model, read_vocab
 from .compat import check_vocab
 from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from .engine import Generation, GenerationStats, TokenEvent, check_prompt
 from .errors import ConfigError
+from .history import PROMPT_KEEP, HistoryDrafter, HistoryStore
 from .options import GenerationOptions, check_k
 
 PathLike = Union[str, os.PathLike]
@@ -82,10 +83,12 @@ class Stream:
     generation and leaves both models' caches consistent.
     """
 
-    def __init__(self, generation: Generation, prompt_tokens: list[int]):
+    def __init__(self, generation: Generation, prompt_tokens: list[int],
+                 on_end: Optional[Callable[[Generation], None]] = None):
         self._g = generation
         self._prompt_tokens = prompt_tokens
         self._text: list[str] = []
+        self._on_end = on_end
 
     def __iter__(self) -> Iterator[TokenEvent]:
         try:
@@ -95,6 +98,9 @@ class Stream:
         finally:
             self._g.close()
             self._text.append(self._g.tail_text)  # an incomplete final character, if any
+            on_end, self._on_end = self._on_end, None
+            if on_end is not None:
+                on_end(self._g)
 
     @property
     def result(self) -> Result:
@@ -130,11 +136,14 @@ class Pair:
             (models.toml's ``k``), used by method "draft" when ``k`` is not given.
         notify: where one-line notices go (default: stderr), e.g. that auto
             mode is measuring this machine for the first time.
+        history: True to draft from (and record into) the target's history
+            store in the localspec data directory, opened on first use; a
+            ``HistoryStore`` to use that one; False for none.
     """
 
     def __init__(self, target: Model, draft: Optional[Model] = None, *,
                  defaults: Optional[GenerationOptions] = None, draft_k: Optional[int] = None,
-                 notify: Optional[Callable[[str], None]] = None):
+                 notify: Optional[Callable[[str], None]] = None, history: Union[bool, HistoryStore] = False):
         self.target = target
         self.draft = draft
         self.defaults = defaults or GenerationOptions()
@@ -142,6 +151,20 @@ class Pair:
         self.notify = notify or _stderr
         self._profile: Optional[CostProfile] = None
         self._sweep: dict[int, float] = {}  # seconds per step by thread count, once measured
+        self._history = history
+        self._history_alpha = history_estimates()  # what auto learned about history, kept across generations
+
+    @property
+    def history(self) -> Optional[HistoryStore]:
+        """The history store generations draft from and are recorded in (None: history is off)."""
+        if self._history is True:
+            self._history = HistoryStore(self.target.path, warn=self.notify)
+        return self._history if isinstance(self._history, HistoryStore) else None
+
+    def set_history(self, history: Union[bool, HistoryStore]) -> None:
+        """Switch history on (True: the target's own store), to another store, or off (False)."""
+        self._history = history
+        self._history_alpha = history_estimates()
 
     def calibrate(self, refresh: bool = False) -> CostProfile:
         """The machine's cost profile for auto mode (cached on disk; measured on first use).
@@ -290,7 +313,17 @@ class Pair:
         drafter, k = self.drafter(opts, prompt_text, prompt_tokens)
         g = Generation(self.target, prompt_tokens, drafter=drafter, k=k, params=opts.sampling,
                        max_tokens=opts.max_tokens, rng=np.random.default_rng(opts.seed), stop=opts.stop)
-        return Stream(g, prompt_tokens)
+        store = self.history if opts.history else None
+        return Stream(g, prompt_tokens, (lambda done: self._record(store, prompt_tokens, done)) if store else None)
+
+    def _record(self, store: HistoryStore, prompt_tokens: list[int], done: Generation) -> None:
+        """Record a finished generation: the prompt's new part (what the cache did not hold) and the reply."""
+        fresh = prompt_tokens[done.stats.cached_prompt_tokens:][-PROMPT_KEEP:]
+        try:
+            store.add(fresh + done.tokens, done.stats.drafted_by.get("history", 0),
+                      done.stats.accepted_by.get("history", 0))
+        except OSError as exc:  # a full or read-only disk must not cost the reply
+            self.notify(f"localspec: could not record this generation in {store.path}: {exc.strerror or exc}.")
 
     def drafter(self, opts: GenerationOptions, prompt_text: Optional[str] = None,
                 prompt_tokens: Sequence[int] = ()) -> tuple[Optional[Drafter], int]:
@@ -301,17 +334,30 @@ class Pair:
         k = opts.draft_length(self.draft_k)
         if opts.method == "plain" or k == 0:
             return None, 0
+        store = self.history if opts.history else None
         if opts.method == "auto":
             text = prompt_text if prompt_text is not None else self.target.detokenize(prompt_tokens)
             drafter = auto_drafter(self.calibrate(), self.draft, opts.sampling, text,
-                                   np.asarray(prompt_tokens, dtype=np.int32), k)
+                                   np.asarray(prompt_tokens, dtype=np.int32), k,
+                                   history=store.index if store is not None else None,
+                                   history_alpha=self._history_alpha)
             return drafter, k
+        if opts.method == "history":
+            if store is None:
+                raise ConfigError("Method 'history' needs the history store, which is off for this call "
+                                  "(history=False, --no-history or LOCALSPEC_HISTORY=off).")
+            return HistoryDrafter(store.index), k
         if opts.method == "draft":
             if self.draft is None:
                 raise ConfigError("Method 'draft' needs a draft model; load one (--draft) or use 'lookup'.")
             return ModelDrafter(self.draft, opts.sampling), k
         lo, hi = opts.ngram
         return PromptLookupDrafter(max_ngram=hi, min_ngram=lo), k
+
+
+def history_enabled() -> bool:
+    """History's global switch: on unless ``LOCALSPEC_HISTORY`` is off, 0, false or no."""
+    return os.environ.get("LOCALSPEC_HISTORY", "on").strip().lower() not in ("off", "0", "false", "no")
 
 
 def load(
@@ -325,6 +371,7 @@ def load(
     flash_attn: Optional[bool] = None,
     defaults: Optional[GenerationOptions] = None,
     draft_k: Optional[int] = None,
+    history: Optional[bool] = None,
 ) -> Pair:
     """Load a target model and, optionally, a draft model of the same family.
 
@@ -338,6 +385,9 @@ def load(
         flash_attn: force flash attention on or off (default: off on the CPU, llama.cpp's choice on a GPU).
         defaults: generation options used where a call does not give them.
         draft_k: suggested draft length for the draft model (see ``Pair``).
+        history: draft from the target's earlier generations and record new
+            ones (default: on, unless the environment sets ``LOCALSPEC_HISTORY=off``).
+            The store is opened on the first generation that uses it.
 
     Raises:
         ModelFileError: a file is missing, not a GGUF, or fails to load.
@@ -351,7 +401,9 @@ def load(
             check_vocab(t.vocab_info(), read_vocab(draft))  # before the draft's weights are loaded
             d = Model(draft, n_ctx=t.n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
                       verbose=verbose)
-        return Pair(t, d, defaults=defaults, draft_k=draft_k)
+        if history is None:
+            history = history_enabled()
+        return Pair(t, d, defaults=defaults, draft_k=draft_k, history=history)
     except BaseException:
         t.close()
         if d is not None:

@@ -1,4 +1,4 @@
-"""Auto mode: choose prompt lookup, the draft model or plain decoding, and K, each round.
+"""Auto mode: choose prompt lookup, history, the draft model or plain decoding, and K, each round.
 
 The choice maximises expected tokens per second under a cost model:
 
@@ -8,13 +8,15 @@ The choice maximises expected tokens per second under a cost model:
   version, device, threads, GPU layers);
 * each method's per-token acceptance alpha is **estimated online** with a
   prior (from a look at the prompt) and exponential decay, separately for
-  lookup matches of each n-gram length. Lookup is also scored in rounds it
-  sits out: its first guess is compared with the token the target chose,
-  which costs nothing, so a lookup that starts to pay is noticed at once;
+  lookup matches of each n-gram length and history matches of each length
+  band (history's estimates outlive one generation: the pair keeps them).
+  Lookup and history are also scored in rounds they sit out: their first
+  guess is compared with the token the target chose, which costs nothing,
+  so a guesser that starts to pay is noticed at once;
 * with acceptance alpha and draft length K, a round yields on average
   (1 - alpha^(K+1)) / (1 - alpha) tokens (the accepted prefix plus the
   target's own token) and costs verify(K+1) plus K draft steps (draft model)
-  or the lookup search; plain decoding yields 1 token per verify(1).
+  or the search (lookup, history); plain decoding yields 1 token per verify(1).
 
 On a compute-bound CPU, verify(K+1) grows almost linearly with K, so only a
 well-matched lookup pays; on a memory-bound GPU verify(K+1) ~ verify(1) and
@@ -36,6 +38,7 @@ import numpy as np
 
 from .backend import Model, default_threads, gpu_offload_supported
 from .drafters import EMPTY_DRAFT, Draft, ModelDrafter, PromptLookupDrafter
+from .history import HistoryDrafter, HistoryIndex
 from .options import AUTO_KMAX, SamplingParams
 from .paths import cache_dir, write_atomic
 
@@ -98,7 +101,7 @@ def round_cost(profile: CostProfile, method: str, k: int) -> float:
     """Seconds for one round of ``method`` with draft length k."""
     if method == "plain" or k == 0:
         return profile.verify[0]
-    extra = k * profile.draft_step if method == "draft" else profile.lookup
+    extra = k * profile.draft_step if method == "draft" else profile.lookup  # lookup and history: a search
     return profile.verify[k] + extra
 
 
@@ -171,7 +174,7 @@ def prompt_prior(text: str, prompt_tokens: np.ndarray) -> float:
 class AutoReport:
     """What auto did in one generation, for stats."""
 
-    rounds: dict[str, int] = field(default_factory=lambda: {"plain": 0, "lookup": 0, "draft": 0})
+    rounds: dict[str, int] = field(default_factory=lambda: {"plain": 0, "lookup": 0, "history": 0, "draft": 0})
     #: Each change of choice: round number, method, k, alpha it acted on, predicted speedup.
     changes: list[dict[str, object]] = field(default_factory=list)
     alpha: dict[str, float] = field(default_factory=dict)
@@ -181,12 +184,27 @@ class AutoReport:
         return asdict(self)
 
 
-# (predicted speedup, method, k, alpha, its estimate, the lookup draft)
+# (predicted speedup, method, k, alpha, its estimate, the lookup or history draft)
 _Choice = tuple[float, str, int, float, Optional[AcceptanceEstimate], Draft]
+
+#: History matches are weighed by length band: 2-3, 4-7, 8-15 and 16 or more tokens.
+HISTORY_BANDS = (2, 4, 8, 16)
+#: Prior acceptance per band: a long match in earlier output is usually followed the same way.
+HISTORY_PRIORS = (0.3, 0.5, 0.7, 0.85)
+
+
+def history_band(match: int) -> int:
+    """The length band of a history match (an index into HISTORY_BANDS)."""
+    return max(i for i, lo in enumerate(HISTORY_BANDS) if match >= lo or i == 0)
+
+
+def history_estimates() -> dict[int, AcceptanceEstimate]:
+    """Fresh acceptance estimates for history matches, one per band (a pair keeps them across generations)."""
+    return {i: AcceptanceEstimate(p) for i, p in enumerate(HISTORY_PRIORS)}
 
 
 class AutoDrafter:
-    """A drafter that picks lookup, the draft model, or nothing (plain) each round.
+    """A drafter that picks lookup, history, the draft model, or nothing (plain) each round.
 
     Args:
         profile: the machine's costs (see ``calibrate``).
@@ -196,14 +214,21 @@ class AutoDrafter:
         lookup_prior: prior acceptance for lookup (see ``prompt_prior``).
         explore_every: at most one exploratory round per this many rounds,
             to re-check a method the estimates have ruled out.
+        history: the history drafter, or None.
+        history_alpha: its estimates by match band (see ``history_estimates``);
+            updated in place, so a caller can keep them for the next generation.
     """
 
     name = "auto"
 
     def __init__(self, profile: CostProfile, lookup: PromptLookupDrafter, model: Optional[ModelDrafter],
-                 kmax: int = KMAX, lookup_prior: float = 0.25, explore_every: int = 32):
+                 kmax: int = KMAX, lookup_prior: float = 0.25, explore_every: int = 32,
+                 history: Optional[HistoryDrafter] = None,
+                 history_alpha: Optional[dict[int, AcceptanceEstimate]] = None):
         self.profile = profile
         self.lookup = lookup
+        self.history = history
+        self.history_alpha = history_alpha if history_alpha is not None else history_estimates()
         self.kmax = min(kmax, profile.kmax)
         # A draft model that could not pay even if it were always right is never run
         # (nor fed the prompt): on a compute-bound CPU this is the usual case.
@@ -217,9 +242,9 @@ class AutoDrafter:
         self.draft_alpha = AcceptanceEstimate(0.6)
         self._report = AutoReport(profile=profile.relative())
         self._pending: Optional[tuple[AcceptanceEstimate, str]] = None
-        # lookup's unused first guess in a plain round, scored against the token that came
-        self._shadow: Optional[tuple[AcceptanceEstimate, int, int]] = None
-        self._last_tried = {"lookup": 0, "draft": 0}
+        # lookup's and history's unused first guesses in a plain round, scored against the token that came
+        self._shadows: list[tuple[AcceptanceEstimate, int, int]] = []
+        self._last_tried = {"lookup": 0, "history": 0, "draft": 0}
         self._round = 0
         self._last_choice: Optional[tuple[str, int]] = None
 
@@ -230,11 +255,10 @@ class AutoDrafter:
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """Choose a method and K for this round and return its draft (empty for plain)."""
         self._round += 1
-        if self._shadow is not None:
-            shadow_est, shadow_guess, at = self._shadow
+        for shadow_est, shadow_guess, at in self._shadows:
             if len(context) == at + 1:  # exactly the plain round's token was added
                 shadow_est.update(1, int(context[-1] == shadow_guess))
-            self._shadow = None
+        self._shadows = []
         kmax = min(k, self.kmax)
         choices: list[_Choice] = [
             (1.0, "plain", 0, 0.0, None, EMPTY_DRAFT)]
@@ -244,6 +268,12 @@ class AutoDrafter:
                 lk = self.lookup_alpha[self.lookup.last_match]
                 kk, speed = best_k(self.profile, "lookup", lk.alpha, min(kmax, len(guess.tokens)))
                 choices.append((speed, "lookup", kk, lk.alpha, lk, guess))
+            if self.history is not None:
+                recalled = self.history.propose(context, kmax, rng)
+                if recalled.tokens:
+                    hk = self.history_alpha[history_band(self.history.last_match)]
+                    kk, speed = best_k(self.profile, "history", hk.alpha, min(kmax, len(recalled.tokens)))
+                    choices.append((speed, "history", kk, hk.alpha, hk, recalled))
             if self.model is not None:
                 kk, speed = best_k(self.profile, "draft", self.draft_alpha.alpha, kmax)
                 choices.append((speed, "draft", kk, self.draft_alpha.alpha, self.draft_alpha, EMPTY_DRAFT))
@@ -256,15 +286,15 @@ class AutoDrafter:
         if method == "plain":
             self._pending = None
             for choice in choices:
-                if choice[1] == "lookup" and choice[4] is not None:
-                    self._shadow = (choice[4], choice[5].tokens[0], len(context))
+                if choice[1] in ("lookup", "history") and choice[4] is not None:
+                    self._shadows.append((choice[4], choice[5].tokens[0], len(context)))
             self._note("plain", 0, alpha, 1.0)
             return EMPTY_DRAFT
         self._last_tried[method] = self._round
         self._note(method, kk, alpha, speed)
         self._pending = (est, method) if est is not None else None
-        if method == "lookup":
-            return Draft(draft.tokens[:kk], None, "lookup")
+        if method in ("lookup", "history"):
+            return Draft(draft.tokens[:kk], None, method)
         assert self.model is not None
         return self.model.propose(context, kk, rng)
 
@@ -290,6 +320,9 @@ class AutoDrafter:
         self._report.alpha = {"draft": round(self.draft_alpha.alpha, 3)} if self.model else {}
         for n, est in self.lookup_alpha.items():
             self._report.alpha[f"lookup{n}"] = round(est.alpha, 3)
+        if self.history is not None:
+            for band, est in self.history_alpha.items():
+                self._report.alpha[f"history{HISTORY_BANDS[band]}+"] = round(est.alpha, 3)
 
     def report(self) -> dict[str, object]:
         """Rounds per method, the choices made and the estimates behind them."""
@@ -487,11 +520,20 @@ def calibrate(target: Model, draft: Optional[Model], kmax: int = KMAX, refresh: 
 
 
 def auto_drafter(profile: CostProfile, draft_model: Optional[Model], params: SamplingParams,
-                 prompt_text: str, prompt_tokens: np.ndarray, kmax: int = KMAX) -> AutoDrafter:
-    """An AutoDrafter for one generation, with the lookup prior set from the prompt."""
+                 prompt_text: str, prompt_tokens: np.ndarray, kmax: int = KMAX,
+                 history: Optional[HistoryIndex] = None,
+                 history_alpha: Optional[dict[int, AcceptanceEstimate]] = None) -> AutoDrafter:
+    """An AutoDrafter for one generation, with the lookup prior set from the prompt.
+
+    Args:
+        history: the index of earlier generations to draft from (None: no history).
+        history_alpha: history's acceptance estimates, kept by the caller across generations.
+    """
     model = ModelDrafter(draft_model, params) if draft_model is not None else None
     return AutoDrafter(profile, PromptLookupDrafter(), model, kmax=kmax,
-                       lookup_prior=prompt_prior(prompt_text, prompt_tokens))
+                       lookup_prior=prompt_prior(prompt_text, prompt_tokens),
+                       history=HistoryDrafter(history) if history is not None else None,
+                       history_alpha=history_alpha)
 
 
 def predicted_table(profile: CostProfile, has_draft: bool, alphas: tuple[float, ...] = (0.3, 0.5, 0.7, 0.9)) -> str:

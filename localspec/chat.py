@@ -30,7 +30,8 @@ from .options import K_LIMIT, GenerationOptions
 from .paths import home
 
 #: Colour of a token by where it came from (with --show-drafts on a terminal).
-COLOURS = {"lookup": "cyan", "draft": "green", SOURCE_CORRECTION: "yellow", SOURCE_BONUS: "magenta"}
+COLOURS = {"lookup": "cyan", "history": "blue", "draft": "green", SOURCE_CORRECTION: "yellow",
+           SOURCE_BONUS: "magenta"}
 
 #: Slash commands that set one generation option: the option, how to parse the value, what it must be.
 SETTERS: dict[str, tuple[str, Callable[[str], Any], str]] = {
@@ -45,7 +46,7 @@ commands:
   /help                 this list
   /reset                forget the conversation (keeps the system prompt)
   /stats                totals for this session
-  /method NAME          auto, plain, draft or lookup
+  /method NAME          auto, plain, draft, lookup or history
   /k N                  tokens drafted per round, 0 to {K_LIMIT} (for auto: the most)
   /temperature T        0 for greedy, above 0 to sample
   /top-p P              nucleus sampling mass (1: off)
@@ -256,7 +257,8 @@ def run_chat(session: ChatSession, show_drafts: bool, stdout: Optional[TextIO] =
         dim=True)
     if show_drafts and colour:
         say("colours: " + " ".join(click.style(name, fg=c) for name, c in (
-            ("lookup", "cyan"), ("draft", "green"), ("correction", "yellow"), ("bonus", "magenta"))), dim=True)
+            ("lookup", "cyan"), ("history", "blue"), ("draft", "green"), ("correction", "yellow"),
+            ("bonus", "magenta"))), dim=True)
 
     def on_event(ev: TokenEvent) -> None:
         fg = None

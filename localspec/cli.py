@@ -146,7 +146,8 @@ def generation_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     for f in reversed(specs):
         repeatable = typing.get_origin(hints[f.name]) is tuple and f.name != "ngram"
-        default = "" if f.default in (None, ()) else f" [default: {f.default}]"
+        shown = {True: "on", False: "off"}.get(f.default, f.default) if isinstance(f.default, bool) else f.default
+        default = "" if f.default in (None, ()) else f" [default: {shown}]"
         kind = str if repeatable else _click_type(f.name, hints[f.name])
         wrapper = click.option(*f.metadata["flags"], f.name, type=kind, default=None, multiple=repeatable,
                                help=f.metadata["help"] + default)(wrapper)
@@ -407,6 +408,53 @@ def check(pair_name: Optional[str], target: Optional[str], draft: Optional[str])
     if not result.ok:
         raise click.ClickException(result.message)
     click.echo(("warning: " if result.padded else "ok: ") + result.message)
+
+
+# -- history ---------------------------------------------------------------------------------------
+
+
+@cli.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the stores as JSON.")
+@click.pass_context
+@_friendly_errors
+def history(ctx: click.Context, as_json: bool) -> None:
+    """Show what each model's history store holds, and how often its guesses were right.
+
+    Generations are recorded per target model (prompt and reply tokens) and
+    later drafts copy what followed the same text before. Turn it off per
+    call with --no-history, or everywhere with LOCALSPEC_HISTORY=off.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from .history import history_dir, list_stores
+
+    stores = list_stores()
+    if as_json:
+        click.echo(json.dumps([{"file": str(path), "model": model, "records": c.records, "tokens": c.tokens,
+                                "bytes": c.bytes, "drafted": c.drafted, "accepted": c.accepted,
+                                "hit_rate": c.hit_rate} for path, model, c in stores], indent=1))
+        return
+    if not stores:
+        click.echo(f"no history yet ({history_dir()})")
+        return
+    for path, model, c in stores:
+        hits = f"{c.accepted}/{c.drafted} drafted tokens accepted ({100 * c.hit_rate:.0f}%)" if c.drafted else \
+            "no history drafts yet"
+        click.echo(f"{model}: {c.records} generations, {c.tokens} tokens, {c.bytes / 1e6:.2f} MB; {hits}")
+        click.echo(f"  {path}")
+
+
+@history.command("clear")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask.")
+@_friendly_errors
+def history_clear(yes: bool) -> None:
+    """Delete every model's history store."""
+    from .history import clear_stores, history_dir
+
+    if not yes:
+        click.confirm(f"Delete all recorded generations in {history_dir()}?", abort=True)
+    removed = clear_stores()
+    click.echo(f"history cleared ({removed} file{'s' if removed != 1 else ''} removed)")
 
 
 # -- measuring --------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ class TokenEvent:
         text: text completed by this token (may be empty mid-character).
         source: "draft", "target", "correction" or "bonus" (see the SOURCE_* names).
         drafter: for an accepted drafted token, which drafter guessed it
-            ("draft" model or "lookup"); empty otherwise.
+            ("draft" model, "lookup" or "history"); empty otherwise.
     """
 
     token: int
@@ -76,6 +76,9 @@ class GenerationStats:
     accepted: int = 0
     #: Drafted tokens that came from the draft model (each one a draft-model step).
     draft_model_tokens: int = 0
+    #: Drafted and accepted tokens by drafter ("lookup", "history", "draft").
+    drafted_by: dict[str, int] = field(default_factory=dict)
+    accepted_by: dict[str, int] = field(default_factory=dict)
     #: Rounds in which the drafter proposed nothing (plain steps), and rounds with a rejected guess.
     empty_rounds: int = 0
     rejected_rounds: int = 0
@@ -97,6 +100,8 @@ class GenerationStats:
         self.rejected_rounds += kept < len(draft.tokens)
         if draft.by == "draft":
             self.draft_model_tokens += len(draft.tokens)
+        if draft.tokens:
+            self.drafted_by[draft.by] = self.drafted_by.get(draft.by, 0) + len(draft.tokens)
         for i in range(len(draft.tokens)):
             self.proposed_at[i] += 1
 
@@ -366,6 +371,7 @@ class Generation:
                     if position >= 0:  # a drafted token counts as accepted once it is emitted
                         stats.accepted += 1
                         stats.accepted_at[position] += 1
+                        stats.accepted_by[by] = stats.accepted_by.get(by, 0) + 1
                     stats.decode_seconds += time.perf_counter() - t_mark
                     t_mark = None
                     yield TokenEvent(tok, stop.feed(detok.feed(tok)), source, by)

@@ -20,12 +20,12 @@ from typing import Any, Optional
 
 from .errors import ConfigError, SamplingError
 
-#: Drafting methods. "auto" picks lookup, the draft model or plain decoding each round.
-METHODS = ("auto", "plain", "draft", "lookup")
+#: Drafting methods. "auto" picks lookup, history, the draft model or plain decoding each round.
+METHODS = ("auto", "plain", "draft", "lookup", "history")
 #: The most tokens drafted per round that auto considers (and calibrates for).
 AUTO_KMAX = 8
 #: Draft length when ``k`` is not given (for auto: the longest it considers).
-DEFAULT_K = {"auto": AUTO_KMAX, "plain": 0, "draft": 4, "lookup": 8}
+DEFAULT_K = {"auto": AUTO_KMAX, "plain": 0, "draft": 4, "lookup": 8, "history": 8}
 #: Bounds of the draft length everywhere (API, CLI, chat, bench, models.toml).
 K_LIMIT = 16
 #: The most stop strings one generation takes.
@@ -102,14 +102,17 @@ class GenerationOptions:
         temperature: 0 for greedy decoding, otherwise sampling.
         top_k, top_p, min_p: sampling filters (0, 1.0 and 0.0 turn them off).
         seed: seed for sampling (None: a random one).
-        method: "auto" (default: picks lookup, the draft model or plain
-            decoding and K each round from measured costs), "draft" (needs a
-            draft model), "lookup" or "plain".
+        method: "auto" (default: picks prompt lookup, history, the draft
+            model or plain decoding and K each round from measured costs),
+            "draft" (needs a draft model), "lookup", "history" (what followed
+            the same text in earlier generations) or "plain".
         k: tokens drafted per round; None for the method's default (draft 4,
-            or the pair's suggestion; lookup 8; for auto the most, 8).
+            or the pair's suggestion; lookup and history 8; for auto the most, 8).
         ngram: (min, max) n-gram lengths prompt lookup matches.
         stop: strings that end the generation; the text is cut where the
             first one begins (it is not included) and finish_reason is "stop".
+        history: draft from this model's earlier generations and record
+            this one (when the pair has a history store; see ``localspec.load``).
     """
 
     max_tokens: int = _opt(256, "Most tokens to generate.", "--max-tokens", "-n")
@@ -118,12 +121,14 @@ class GenerationOptions:
     top_p: float = _opt(1.0, "Nucleus sampling mass (1: off).", "--top-p")
     min_p: float = _opt(0.0, "Drop tokens below min-p times the top probability (0: off).", "--min-p")
     seed: Optional[int] = _opt(None, "Sampling seed (default: random).", "--seed")
-    method: str = _opt("auto", "How to draft: auto picks prompt lookup, the draft model or plain decoding "
-                               "(and K) each round from this machine's measured costs.", "--method", "-m")
+    method: str = _opt("auto", "How to draft: auto picks prompt lookup, history, the draft model or plain "
+                               "decoding (and K) each round from this machine's measured costs.", "--method", "-m")
     k: Optional[int] = _opt(None, f"Tokens drafted per round, 0 to {K_LIMIT} (default: 4 for draft or the pair's "
                                   f"suggestion, 8 for lookup; for auto the most, {AUTO_KMAX}).", "--k", "-k")
     ngram: tuple[int, int] = _opt((1, 3), "Lookup n-gram lengths (min, max).")
     stop: tuple[str, ...] = _opt((), "Stop where this text appears, without it (repeatable).", "--stop")
+    history: bool = _opt(True, "Draft from this model's earlier generations, and record this one.",
+                         "--history/--no-history")
 
     def __post_init__(self) -> None:
         SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)  # checks the sampling values
@@ -140,6 +145,8 @@ class GenerationOptions:
             raise ConfigError(f"The lookup n-gram range must be (min, max) with 1 <= min <= max, got {ng!r}.")
         if not (isinstance(self.stop, tuple) and all(isinstance(x, str) and x for x in self.stop)):
             raise ConfigError(f"stop must be a list of non-empty strings, got {self.stop!r}.")
+        if not isinstance(self.history, bool):
+            raise ConfigError(f"history must be true or false, got {self.history!r}.")
         if len(self.stop) > MAX_STOPS:
             raise ConfigError(f"At most {MAX_STOPS} stop strings are allowed, got {len(self.stop)}.")
 

@@ -52,7 +52,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 #: OpenAI's and localspec's option names -> GenerationOptions fields.
 OPTION_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",
                  "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed", "stop": "stop",
-                 "method": "method", "k": "k"}
+                 "method": "method", "k": "k", "history": "history"}
 
 
 class ApiError(Exception):
