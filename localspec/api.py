@@ -152,7 +152,8 @@ class Pair:
         self._profile: Optional[CostProfile] = None
         self._sweep: dict[int, float] = {}  # seconds per step by thread count, once measured
         self._history = history
-        self._history_alpha = history_estimates()  # what auto learned about history, kept across generations
+        #: What auto has learned about history's guesses (acceptance by match band), kept across generations.
+        self.history_alpha = history_estimates()
 
     @property
     def history(self) -> Optional[HistoryStore]:
@@ -161,10 +162,14 @@ class Pair:
             self._history = HistoryStore(self.target.path, warn=self.notify)
         return self._history if isinstance(self._history, HistoryStore) else None
 
-    def set_history(self, history: Union[bool, HistoryStore]) -> None:
-        """Switch history on (True: the target's own store), to another store, or off (False)."""
-        self._history = history
-        self._history_alpha = history_estimates()
+    def set_history(self, history: Union[bool, HistoryStore]) -> Union[bool, HistoryStore]:
+        """Switch history on (True: the target's own store), to another store, or off (False).
+
+        Auto's estimates of history start afresh. Returns the previous setting.
+        """
+        previous, self._history = self._history, history
+        self.history_alpha = history_estimates()
+        return previous
 
     def calibrate(self, refresh: bool = False) -> CostProfile:
         """The machine's cost profile for auto mode (cached on disk; measured on first use).
@@ -340,7 +345,7 @@ class Pair:
             drafter = auto_drafter(self.calibrate(), self.draft, opts.sampling, text,
                                    np.asarray(prompt_tokens, dtype=np.int32), k,
                                    history=store.index if store is not None else None,
-                                   history_alpha=self._history_alpha)
+                                   history_alpha=self.history_alpha)
             return drafter, k
         if opts.method == "history":
             if store is None:

@@ -23,6 +23,8 @@ import json
 import os
 import platform
 import statistics
+import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -31,10 +33,11 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from .api import Pair
-from .auto import CostProfile, expected_tokens, round_cost
+from .auto import CostProfile, expected_tokens, history_estimates, round_cost
 from .backend import gpu_offload_supported
 from .engine import GenerationStats
 from .errors import ConfigError
+from .history import HistoryDrafter, HistoryStore
 from .options import GenerationOptions
 from .peers import PEER_LOOKUP, PEER_METHODS, PEER_PLAIN, PeerRunner
 
@@ -56,10 +59,11 @@ class BenchPrompt:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A method and its draft length."""
+    """A method and its draft length; auto runs with an empty history store unless ``history`` is False."""
 
     method: str
     k: int = 0
+    history: bool = True
 
     @property
     def label(self) -> str:
@@ -67,14 +71,17 @@ class MethodSpec:
             return "lcp plain"
         if self.method == PEER_LOOKUP:
             return f"lcp lookup k={self.k}"
-        return self.method if self.method in ("plain", "auto") else f"{self.method} k={self.k}"
+        if self.method == "auto":
+            return "auto" if self.history else "auto -history"
+        return self.method if self.method == "plain" else f"{self.method} k={self.k}"
 
 
-def load_suite(path: Optional[Path] = None, categories: Sequence[str] = (), quick: bool = False) -> list[BenchPrompt]:
+def load_suite(path: Optional[Path] = None, categories: Sequence[str] = (), quick: bool = False,
+               builtin: str = "suite.jsonl") -> list[BenchPrompt]:
     """The built-in suite, or a JSONL file of ``{"category", "prompt" | "messages"}`` lines.
 
     Args:
-        path: a JSONL file; None for the suite shipped with localspec.
+        path: a JSONL file; None for the file ``builtin`` shipped with localspec.
         categories: keep only these categories (empty: all).
         quick: keep only the prompts marked ``"quick"`` (the built-in suite
             marks one per kind of text); a user suite without marks keeps its
@@ -85,8 +92,8 @@ def load_suite(path: Optional[Path] = None, categories: Sequence[str] = (), quic
             or a filter that leaves nothing.
     """
     if path is None:
-        source = "built-in suite"
-        lines = resources.files("localspec").joinpath("data/suite.jsonl").read_text(encoding="utf-8").splitlines()
+        source = f"built-in {builtin}"
+        lines = resources.files("localspec").joinpath(f"data/{builtin}").read_text(encoding="utf-8").splitlines()
     else:
         source = str(path)
         try:
@@ -127,9 +134,10 @@ def load_suite(path: Optional[Path] = None, categories: Sequence[str] = (), quic
 
 def default_methods(has_draft: bool, quick: bool, lookup_k: Optional[Sequence[int]] = None,
                     draft_k: Optional[Sequence[int]] = None, auto: bool = True,
-                    peers: bool = True) -> list[MethodSpec]:
+                    peers: bool = True, history_check: bool = False) -> list[MethodSpec]:
     """Plain first, then the peers (llama-cpp-python plain, its lookup with 2 and 10 tokens),
-    lookup and draft at several K, then auto."""
+    lookup and draft at several K, then auto (with an empty history; ``history_check`` adds
+    auto without history, to show an empty store costs nothing)."""
     lookup_k = lookup_k or ((2, 4) if quick else (2, 4, 8))
     draft_k = draft_k or ((1, 2) if quick else (1, 2, 4, 8))
     methods = [MethodSpec("plain")]
@@ -138,6 +146,8 @@ def default_methods(has_draft: bool, quick: bool, lookup_k: Optional[Sequence[in
     methods += [MethodSpec("lookup", k) for k in lookup_k]
     if has_draft:
         methods += [MethodSpec("draft", k) for k in draft_k]
+    if auto and history_check:
+        methods.append(MethodSpec("auto", 8, history=False))
     return methods + ([MethodSpec("auto", 8)] if auto else [])
 
 
@@ -158,6 +168,7 @@ class Run:
     temperature: float
     tokens: list[int]
     stats: dict[str, Any]
+    history: bool = True
 
 
 @dataclass
@@ -194,6 +205,12 @@ class Row:
     #: lengths (how well calibration describes real rounds); None for the peers.
     round_ms: Optional[float] = None
     round_ms_predicted: Optional[float] = None
+    #: False for the "auto -history" row (auto without a history store).
+    history: bool = True
+
+    @property
+    def label(self) -> str:
+        return MethodSpec(self.method, self.k, self.history).label
 
 
 @dataclass
@@ -359,6 +376,11 @@ def run_bench(
     peers = PeerRunner(pair.target) if any(m.method in PEER_METHODS for m in methods) else None
     if peers is not None:
         report.settings["peer"] = {"library": "llama-cpp-python Llama.generate", **peers.settings}
+    # Auto runs with an empty history store of its own, emptied before each run: the user's store is
+    # neither used nor changed, and no repetition learns from another.
+    scratch = tempfile.TemporaryDirectory(prefix="localspec-bench-")
+    empty = HistoryStore(pair.target.path, directory=Path(scratch.name))
+    saved = pair.set_history(empty)
     try:
         for temperature in temperatures:
             for pi, rep, spec in schedule(len(prompts), methods, reps):
@@ -366,11 +388,15 @@ def run_bench(
                 tokens = prompt_ids[bp.name]
                 if rep == 0 and (spec == methods[0] or pi == 0):  # warm-up: plain per prompt, the rest once
                     _generate(pair, peers, tokens, spec, temperature, 0, min(16, max_tokens), top_p)
+                empty.clear()
                 out, stats = _generate(pair, peers, tokens, spec, temperature, rep, max_tokens, top_p)
-                runs.append(Run(bp.name, bp.category, spec.method, spec.k, rep, temperature, out, stats.to_dict()))
+                runs.append(Run(bp.name, bp.category, spec.method, spec.k, rep, temperature, out, stats.to_dict(),
+                                spec.history))
                 if progress:
                     progress(f"{bp.name} {spec.label}")
     finally:
+        pair.set_history(saved)
+        scratch.cleanup()
         if peers is not None:
             peers.close()
     report.rows = _summarise(pair, prompt_ids, runs, profile, max(TIE_MARGIN, 2 * noise))
@@ -394,7 +420,8 @@ def _generate(pair: Pair, peers: Optional[PeerRunner], tokens: list[int], spec: 
     if pair.draft is not None:
         pair.draft.reset()
     r = pair.generate(tokens, GenerationOptions(max_tokens=max_tokens, method=spec.method, k=spec.k,
-                                                temperature=temperature, top_p=top_p, seed=seed))
+                                                temperature=temperature, top_p=top_p, seed=seed,
+                                                history=spec.history and spec.method in ("auto", "history")))
     return r.tokens, r.stats
 
 
@@ -404,16 +431,16 @@ def _summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], pr
     margins: dict[tuple[int, ...], float] = {}
     by_key: dict[tuple, list[Run]] = {}
     for run in runs:
-        by_key.setdefault((run.prompt, run.method, run.k, run.temperature), []).append(run)
+        by_key.setdefault((run.prompt, run.method, run.k, run.temperature, run.history), []).append(run)
 
     def ratios(group: list[Run], reference: Optional[list[Run]]) -> list[float]:
         """Decode speed over the reference's, repetition by repetition."""
         ref = {r.rep: r for r in reference or []}
         return [_tps(r) / _tps(ref[r.rep]) for r in group if r.rep in ref and _tps(ref[r.rep]) > 0]
 
-    for (name, method, k, temperature), group in by_key.items():
-        plain = by_key[(name, "plain", 0, temperature)]
-        peer = by_key.get((name, PEER_PLAIN, 0, temperature))
+    for (name, method, k, temperature, history), group in by_key.items():
+        plain = by_key[(name, "plain", 0, temperature, True)]
+        peer = by_key.get((name, PEER_PLAIN, 0, temperature, True))
         speedups, vs_peer = ratios(group, plain), ratios(group, peer)
         last = group[-1].stats
         drafted = sum(r.stats["drafted"] for r in group)
@@ -429,7 +456,7 @@ def _summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], pr
                 exactness_peer = "reference" if method == PEER_PLAIN else _exactness(
                     pair, prompt_ids[name], peer[0].tokens, group, tie_margin, margins)[0]
         rows.append(Row(
-            prompt=name, category=group[0].category, method=method, k=k, temperature=temperature,
+            prompt=name, category=group[0].category, method=method, k=k, temperature=temperature, history=history,
             decode_tps=statistics.median(_tps(r) for r in group),
             prefill_seconds=statistics.median(r.stats["prefill_seconds"] for r in group),
             speedup=statistics.median(speedups) if speedups else 0.0,
@@ -520,7 +547,7 @@ def render_table(report: BenchReport) -> str:
             verdict += f" @{int(row.divergence['token'])} (margin {row.divergence['margin']:.3f})"
         if row.auto_rounds:
             verdict += "  [" + " ".join(f"{m}:{n}" for m, n in row.auto_rounds.items() if n) + "]"
-        out.append(f"{name:<15} {row.temperature:>4.1f} {MethodSpec(row.method, row.k).label:<15} "
+        out.append(f"{name:<15} {row.temperature:>4.1f} {row.label:<15} "
                    f"{row.decode_tps:>6.1f} {vs_peer:>6} {spread:>11} {row.speedup:>7.2f}x {pred:>5} {acc:>6} "
                    f"{tpr:>7} {rms:>11}  {verdict}")
     for title, attr in ((("median speedup over llama-cpp-python plain across prompts:", "speedup_peer"),) if peers
@@ -528,7 +555,7 @@ def render_table(report: BenchReport) -> str:
         out += ["", title]
         for label in report.settings.get("methods", [])[1:]:
             values = [getattr(r, attr) for r in report.rows
-                      if MethodSpec(r.method, r.k).label == label and getattr(r, attr) is not None]
+                      if r.label == label and getattr(r, attr) is not None]
             if values:
                 out.append(f"  {label:<15} {statistics.median(values):.2f}x  (worst {min(values):.2f}x, "
                            f"best {max(values):.2f}x)")
@@ -580,3 +607,178 @@ def write_plot(report: BenchReport, path: Path) -> None:
 def write_json(report: BenchReport, path: Path) -> None:
     """The whole report as JSON."""
     Path(path).write_text(json.dumps(report.to_dict(), indent=1))
+
+
+# -- related requests: what the history drafter is for ---------------------------------------------
+
+
+def load_related(path: Optional[Path] = None) -> list[BenchPrompt]:
+    """The related-requests workload (run in order), built in or from a JSONL file like a suite."""
+    return load_suite(path, builtin="related.jsonl")
+
+
+@dataclass
+class RelatedRow:
+    """One request of the workload: speed with an empty history and with the earlier requests' history."""
+
+    prompt: str
+    category: str
+    lcp_tps: float
+    empty_tps: float
+    earlier_tps: float
+    #: Against llama-cpp-python plain, medians over repetitions (and the spread of the second).
+    speedup_empty: float
+    speedup_earlier: float
+    speedup_earlier_min: float
+    speedup_earlier_max: float
+    #: Tokens drafted from history and accepted, with the earlier requests' history (summed over repetitions).
+    history_drafted: int
+    history_accepted: int
+    rounds: dict[str, int]
+    exactness: str  # worst over both localspec rows against llama-cpp-python's plain tokens
+
+
+@dataclass
+class RelatedReport:
+    """What ``run_related`` measured."""
+
+    rows: list[RelatedRow] = field(default_factory=list)
+    costs: dict[str, float] = field(default_factory=dict)
+    store: dict[str, int] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
+    mismatches: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_related(pair: Pair, prompts: Sequence[BenchPrompt], *, reps: int = 3, max_tokens: int = 128,
+                progress: Optional[Callable[[str], None]] = None, checksums: bool = True) -> RelatedReport:
+    """Run related requests in order: llama-cpp-python plain, auto with an empty history, auto with
+    the history of the requests before it (recorded as a user's would be), greedy.
+
+    Each repetition starts the "earlier" store empty and auto's history estimates afresh, so request i
+    always sees exactly requests 0..i-1 of the same repetition. The user's own store is not touched.
+    """
+    pair.calibrate()
+    ids = {bp.name: _prompt_tokens(pair, bp) for bp in prompts}
+    noise = batch_noise(pair, ids[prompts[0].name])
+    tie_margin = max(TIE_MARGIN, 2 * noise)
+    peers = PeerRunner(pair.target)
+    report = RelatedReport(settings={"reps": reps, "max_tokens": max_tokens, "tie_margin": tie_margin,
+                                     "requests": [bp.name for bp in prompts],
+                                     "peer": {"library": "llama-cpp-python Llama.generate", **peers.settings}})
+    scratch = tempfile.TemporaryDirectory(prefix="localspec-related-")
+    empty = HistoryStore(pair.target.path, directory=Path(scratch.name) / "empty")
+    earlier = HistoryStore(pair.target.path, directory=Path(scratch.name) / "earlier")
+    saved = pair.set_history(empty)
+    runs: dict[tuple[str, str], list[Run]] = {}
+    updates: list[float] = []
+    opts = GenerationOptions(max_tokens=max_tokens, method="auto")
+
+    def ours(store: HistoryStore, estimates: dict, tokens: list[int]) -> tuple[list[int], GenerationStats]:
+        pair.set_history(store)
+        pair.history_alpha = estimates  # auto updates them in place: a repetition's requests share them
+        pair.target.reset()  # every run prefills its whole prompt, like the peer's
+        if pair.draft is not None:
+            pair.draft.reset()
+        r = pair.generate(tokens, opts)
+        return r.tokens, r.stats
+
+    try:
+        first = ids[prompts[0].name]
+        peers.generate(PEER_PLAIN, 0, first, 0.0, 0, 16)  # warm-up of both sides
+        ours(empty, history_estimates(), first)
+        for rep in range(reps):
+            earlier.clear()
+            estimates = history_estimates()  # as a freshly loaded pair has them
+            for bp in prompts:
+                tokens = ids[bp.name]
+                for row in ("lcp", "empty", "earlier"):
+                    if row == "lcp":
+                        out, stats = peers.generate(PEER_PLAIN, 0, tokens, 0.0, rep, max_tokens)
+                    elif row == "empty":
+                        empty.clear()
+                        out, stats = ours(empty, history_estimates(), tokens)
+                    else:
+                        out, stats = ours(earlier, estimates, tokens)
+                        updates.append(earlier.last_add_seconds)
+                    runs.setdefault((bp.name, row), []).append(
+                        Run(bp.name, bp.category, row, 0, rep, 0.0, out, stats.to_dict()))
+                    if progress:
+                        progress(f"{bp.name} {row}")
+        report.costs = _history_costs(earlier, [ids[bp.name] + runs[(bp.name, "earlier")][-1].tokens
+                                                for bp in prompts], updates)
+        c = earlier.counts
+        report.store = {"records": c.records, "tokens": c.tokens, "bytes": c.bytes}
+    finally:
+        pair.set_history(saved)
+        scratch.cleanup()
+        peers.close()
+    margins: dict[tuple[int, ...], float] = {}
+    for bp in prompts:
+        lcp, empty_runs, earlier_runs = (runs[(bp.name, row)] for row in ("lcp", "empty", "earlier"))
+        vs_empty = [_tps(r) / _tps(p) for r, p in zip(empty_runs, lcp, strict=True)]
+        vs_earlier = [_tps(r) / _tps(p) for r, p in zip(earlier_runs, lcp, strict=True)]
+        verdict, _ = _exactness(pair, ids[bp.name], lcp[0].tokens, empty_runs + earlier_runs, tie_margin, margins)
+        rounds: dict[str, int] = {}
+        for r in earlier_runs:
+            for m, n in (r.stats["auto"] or {}).get("rounds", {}).items():
+                rounds[m] = rounds.get(m, 0) + n
+        report.rows.append(RelatedRow(
+            prompt=bp.name, category=bp.category, lcp_tps=statistics.median(_tps(r) for r in lcp),
+            empty_tps=statistics.median(_tps(r) for r in empty_runs),
+            earlier_tps=statistics.median(_tps(r) for r in earlier_runs),
+            speedup_empty=statistics.median(vs_empty), speedup_earlier=statistics.median(vs_earlier),
+            speedup_earlier_min=min(vs_earlier), speedup_earlier_max=max(vs_earlier),
+            history_drafted=sum(r.stats["drafted_by"].get("history", 0) for r in earlier_runs),
+            history_accepted=sum(r.stats["accepted_by"].get("history", 0) for r in earlier_runs),
+            rounds={m: n for m, n in rounds.items() if n}, exactness=verdict))
+    report.mismatches = sum(row.exactness == "MISMATCH" for row in report.rows)
+    report.machine = machine_info(pair, checksums)
+    return report
+
+
+def _history_costs(store: HistoryStore, contexts: list[list[int]], updates: list[float]) -> dict[str, float]:
+    """Lookup time per round (every position of each request's prompt and reply) and update time per request."""
+    drafter = HistoryDrafter(store.index)
+    rng = np.random.default_rng(0)
+    times = []
+    for ctx in contexts:
+        arr = np.asarray(ctx, dtype=np.int32)
+        for n in range(2, len(arr) + 1):
+            t0 = time.perf_counter()
+            drafter.propose(arr[:n], 8, rng)
+            times.append(time.perf_counter() - t0)
+    return {"lookup_us_median": 1e6 * float(np.median(times)), "lookup_us_p99": 1e6 * float(np.percentile(times, 99)),
+            "update_ms_median": 1e3 * float(np.median(updates)), "update_ms_max": 1e3 * float(max(updates))}
+
+
+def render_related(report: RelatedReport) -> str:
+    """The related-requests report as a terminal table."""
+    out = ["Related requests, run in order. 'empty': auto with an empty history; 'earlier': auto with the history "
+           "of the requests before it. Speedups are against llama-cpp-python plain (same file and threads), "
+           "medians over repetitions.",
+           f"{'request':<14} {'lcp tok/s':>9} {'empty':>6} {'earlier':>7} {'(min-max)':>11} "
+           f"{'history accepted':>17}  exactness  rounds (earlier)"]
+    out.append("-" * len(out[-1]))
+    for row in report.rows:
+        hist = f"{row.history_accepted}/{row.history_drafted}" if row.history_drafted else "-"
+        out.append(f"{row.prompt:<14} {row.lcp_tps:>9.1f} {row.speedup_empty:>5.2f}x {row.speedup_earlier:>6.2f}x "
+                   f"{f'({row.speedup_earlier_min:.2f}-{row.speedup_earlier_max:.2f})':>11} {hist:>17}  "
+                   f"{row.exactness:<9}  " + " ".join(f"{m}:{n}" for m, n in row.rounds.items()))
+    if report.rows:
+        later = [r.speedup_earlier for r in report.rows]
+        out += ["", f"with the earlier requests' history: median {statistics.median(later):.2f}x, worst "
+                    f"{min(later):.2f}x; with an empty history: median "
+                    f"{statistics.median(r.speedup_empty for r in report.rows):.2f}x"]
+    c, st = report.costs, report.store
+    if c:
+        out.append(f"history lookup: median {c['lookup_us_median']:.0f} us, p99 {c['lookup_us_p99']:.0f} us per round; "
+                   f"update: median {c['update_ms_median']:.1f} ms, max {c['update_ms_max']:.1f} ms per request; "
+                   f"store after the workload: {st.get('records', 0)} records, {st.get('tokens', 0)} tokens, "
+                   f"{st.get('bytes', 0) / 1e3:.1f} kB")
+    if report.mismatches:
+        out.append(f"\n{report.mismatches} MISMATCH(ES) against plain decoding: this is a bug, please report it.")
+    return "\n".join(out)

@@ -500,6 +500,10 @@ def calibrate(models: ModelArgs, recalibrate: bool, as_json: bool) -> None:
 @click.option("--no-auto", is_flag=True, help="Leave auto mode out.")
 @click.option("--no-peers", is_flag=True,
               help="Leave out llama-cpp-python's own Llama (plain, and its prompt lookup with 2 and 10 tokens).")
+@click.option("--history-check", is_flag=True, help="Add auto without history, to compare with auto's empty store.")
+@click.option("--related", is_flag=True,
+              help="Run the related-requests workload instead (or --suite FILE, in order): auto with an empty "
+                   "history and with the earlier requests' history, against llama-cpp-python plain.")
 @click.option("--sampled", is_flag=True, help="Also run sampled (seeded by repetition), against the peers too.")
 @click.option("--sampled-temperature", type=float, default=0.7, show_default=True)
 @click.option("--sampled-top-p", type=float, default=0.9, show_default=True)
@@ -510,8 +514,8 @@ def calibrate(models: ModelArgs, recalibrate: bool, as_json: bool) -> None:
 @_friendly_errors
 def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], quick: bool, reps: Optional[int],
           max_tokens: Optional[int], k_lookup: Optional[str], k_draft: Optional[str], no_auto: bool, no_peers: bool,
-          sampled: bool, sampled_temperature: float, sampled_top_p: float, json_path: Optional[str],
-          plot_path: Optional[str]) -> None:
+          history_check: bool, related: bool, sampled: bool, sampled_temperature: float, sampled_top_p: float,
+          json_path: Optional[str], plot_path: Optional[str]) -> None:
     """Compare plain decoding, lookup, draft and auto, and llama-cpp-python's own decoding, side by side.
 
     Speedups are shown against llama-cpp-python's plain decoding (what you would
@@ -520,10 +524,14 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
     """
     from .bench import default_methods, load_suite, render_table, run_bench, write_json, write_plot
 
+    if related:
+        _bench_related(models, suite, reps, max_tokens, json_path)
+        return
     prompts = load_suite(Path(suite) if suite else None, categories, quick)
     with models.open() as pair:
         methods = default_methods(pair.draft is not None, quick, _k_list(k_lookup, "--k-lookup"),
-                                  _k_list(k_draft, "--k-draft"), auto=not no_auto, peers=not no_peers)
+                                  _k_list(k_draft, "--k-draft"), auto=not no_auto, peers=not no_peers,
+                                  history_check=history_check)
         GenerationOptions(temperature=sampled_temperature, top_p=sampled_top_p)  # bad values fail before any work
         reps = reps or (2 if quick else 3)
         max_tokens = max_tokens or (64 if quick else 128)
@@ -543,6 +551,26 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
         if plot_path:
             write_plot(report, Path(plot_path))
             click.echo(f"wrote {plot_path}", err=True)
+    if report.mismatches:
+        sys.exit(1)
+
+
+def _bench_related(models: ModelArgs, suite: Optional[str], reps: Optional[int], max_tokens: Optional[int],
+                   json_path: Optional[str]) -> None:
+    from .bench import load_related, render_related, run_related
+
+    prompts = load_related(Path(suite) if suite else None)
+    with models.open() as pair:
+        reps, max_tokens = reps or 3, max_tokens or 128
+        click.echo(f"bench: {len(prompts)} related requests x 3 rows x {reps} reps, {max_tokens} tokens each", err=True)
+        pair.calibrate()
+        with click.progressbar(length=len(prompts) * 3 * reps, label="running", file=sys.stderr) as bar:
+            report = run_related(pair, prompts, reps=reps, max_tokens=max_tokens, progress=lambda _: bar.update(1),
+                                 checksums=json_path is not None)
+        click.echo(render_related(report))
+        if json_path:
+            Path(json_path).write_text(json.dumps(report.to_dict(), indent=1))
+            click.echo(f"wrote {json_path}", err=True)
     if report.mismatches:
         sys.exit(1)
 

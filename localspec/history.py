@@ -303,6 +303,8 @@ class HistoryStore:
         self._records: list[tuple[np.ndarray, int, int]] = []
         self._offset = 0  # bytes of the file already read into the index
         self._inode: Optional[int] = None
+        #: How long the last ``add`` took (lock, file append and index merge), for the bench.
+        self.last_add_seconds = 0.0
         self.directory.mkdir(parents=True, exist_ok=True)
         os.chmod(self.directory, 0o700)
         self._lock = FileLock(str(self.path.with_suffix(".lock")), timeout=10, mode=0o600)
@@ -385,6 +387,7 @@ class HistoryStore:
         Records another process appended meanwhile are read in first, so no
         process loses another's records.
         """
+        started = time.perf_counter()
         arr = np.asarray(tokens, dtype=np.int32)[-self.limit_tokens :]
         if len(arr) == 0:
             return True
@@ -417,6 +420,8 @@ class HistoryStore:
             self.warn(f"localspec: the history store {self.path} is locked by another process; "
                       "this generation was not recorded.")
             return False
+        finally:
+            self.last_add_seconds = time.perf_counter() - started
         return True
 
     def clear(self) -> None:
