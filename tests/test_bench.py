@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 import localspec.engine
+from localspec.auto import CostProfile
 from localspec.bench import (
     BenchPrompt,
     MethodSpec,
@@ -132,3 +133,46 @@ def test_sampled_bench_has_no_exactness_verdict(tiny_pair):
                        max_tokens=16, temperatures=(0.0, 0.8), checksums=False)
     sampled = [r for r in report.rows if r.temperature == 0.8]
     assert len(sampled) == 2 and sampled[1].exactness == "-"
+
+
+def test_the_suite_bench_neither_uses_nor_changes_the_users_history(tiny_pair):
+    from localspec.history import HistoryStore
+
+    previous = tiny_pair.set_history(True)
+    try:
+        store = tiny_pair.history
+        store.add(tiny_pair.tokenize(QUICK[0].text) + [5, 6, 7])  # something a run could draft from
+        before = store.counts.records
+        methods = default_methods(True, quick=True, peers=False, history_check=True)
+        assert [m.label for m in methods][-2:] == ["auto -history", "auto"]
+        tiny_pair.set_profile(CostProfile.synthetic([1.0 + 0.02 * n for n in range(9)], 0.1))  # drafting pays
+        report = run_bench(tiny_pair, QUICK, methods, reps=2, max_tokens=16, checksums=False)
+        assert tiny_pair.history is store and HistoryStore(tiny_pair.target.path).counts.records == before
+        assert {r.label for r in report.rows} >= {"auto", "auto -history"} and report.mismatches == 0
+        for row in report.rows:  # an empty store per run: no repetition drafts from another's output
+            assert not (row.auto_rounds or {}).get("history")
+    finally:
+        tiny_pair.set_history(previous)
+        tiny_pair.set_profile(None)
+
+
+def test_related_bench_runs_requests_in_order_with_the_earlier_ones_history(tiny_pair, tmp_path):
+    from localspec.bench import load_related, render_related, run_related
+
+    builtin = load_related()
+    assert {p.category for p in builtin} == {"reworded", "extract", "one-change"} and len(builtin) == 9
+    # the same request twice: the second one can copy the first one's reply from history
+    workload = [BenchPrompt("same", text="The cat sat on the", name="same#1"),
+                BenchPrompt("same", text="The cat sat on the", name="same#2")]
+    tiny_pair.set_profile(CostProfile.synthetic([1.0 + 0.02 * n for n in range(9)], 0.1))
+    try:
+        report = run_related(tiny_pair, workload, reps=2, max_tokens=40, checksums=False)
+    finally:
+        tiny_pair.set_profile(None)
+    first, second = report.rows
+    assert first.history_drafted == 0 and second.history_accepted > 30
+    assert first.exactness in ("identical", "tie") and second.exactness in ("identical", "tie")
+    assert report.store["records"] == 2 and report.costs["lookup_us_median"] > 0
+    table = render_related(report)
+    assert "same#2" in table and "history lookup" in table
+    assert tiny_pair.history is None  # the pair's own setting is back
