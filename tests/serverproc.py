@@ -24,11 +24,11 @@ def free_port() -> int:
 class ServeProcess:
     """`localspec serve ARGS` on 127.0.0.1:PORT; ``url`` is its /v1 base."""
 
-    def __init__(self, args: list[str], home: Path, timeout: float = 120):
+    def __init__(self, args: list[str], home: Path, timeout: float = 120, env: Optional[dict[str, str]] = None):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.url = self.base + "/v1"
-        env = dict(os.environ, LOCALSPEC_HOME=str(home))
+        env = dict(os.environ, LOCALSPEC_HOME=str(home), **(env or {}))
         self.log = open(home / f"serve-{self.port}.log", "w+")
         self.proc = subprocess.Popen([sys.executable, "-m", "localspec", "serve", *args, "--port", str(self.port)],
                                      env=env, stdout=self.log, stderr=subprocess.STDOUT)

@@ -198,3 +198,27 @@ def test_binding_beyond_loopback_without_a_key_is_refused(tiny_dir):
     assert r.exit_code == 1
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("Error: Binding 0.0.0.0") and "--api-key" in lines[0]
+
+
+def test_the_server_drafts_from_its_history_and_a_request_can_opt_out(tiny_dir, tmp_path):
+    from localspec.history import list_stores
+
+    s = ServeProcess(["-t", str(tiny_dir / "target.gguf"), "--ctx", "1024"], tmp_path, env={"LOCALSPEC_HISTORY": "on"})
+    try:
+        client = openai.OpenAI(base_url=s.url, api_key="not-needed", max_retries=0, timeout=60)
+
+        def ask(**extra):
+            r = client.completions.create(model="target", prompt=PROMPTS[0], max_tokens=40, temperature=0,
+                                          extra_body={"method": "history", **extra})
+            return r.choices[0].text, r.model_extra["localspec"]
+
+        first_text, first = ask()
+        again_text, again = ask()  # the first answer is in the history now
+        assert again_text == first_text
+        assert "history" not in first["accepted_by"] and again["accepted_by"]["history"] > 20
+        records = list_stores(tmp_path / "history")[0][2].records
+        private_text, private = ask(method="auto", history=False)
+        assert private_text == first_text and "history" not in private["drafted_by"]
+        assert list_stores(tmp_path / "history")[0][2].records == records  # not recorded either
+    finally:
+        s.close()
