@@ -31,7 +31,7 @@ from .compat import check_vocab
 from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from .engine import Generation, GenerationStats, TokenEvent, check_prompt
 from .errors import ConfigError
-from .history import PROMPT_KEEP, HistoryDrafter, HistoryStore
+from .history import PROMPT_KEEP, HistoryDrafter, HistoryStore, history_dir
 from .options import GenerationOptions, check_k
 
 PathLike = Union[str, os.PathLike]
@@ -159,7 +159,14 @@ class Pair:
     def history(self) -> Optional[HistoryStore]:
         """The history store generations draft from and are recorded in (None: history is off)."""
         if self._history is True:
-            self._history = HistoryStore(self.target.path, warn=self.notify)
+            from filelock import Timeout
+
+            try:
+                self._history = HistoryStore(self.target.path, warn=self.notify)
+            except (OSError, Timeout) as exc:  # an unwritable home or a stuck lock must not cost the reply
+                self.notify(f"localspec: history is off for this session: cannot open the store in "
+                            f"{history_dir()} ({exc}).")
+                self._history = False
         return self._history if isinstance(self._history, HistoryStore) else None
 
     def set_history(self, history: Union[bool, HistoryStore]) -> Union[bool, HistoryStore]:

@@ -197,7 +197,7 @@ HISTORY_PRIORS = (0.45, 0.6, 0.75, 0.9)
 
 def history_band(match: int) -> int:
     """The length band of a history match (an index into HISTORY_BANDS)."""
-    return max(i for i, lo in enumerate(HISTORY_BANDS) if match >= lo or i == 0)
+    return sum(match >= lo for lo in HISTORY_BANDS[1:])
 
 
 def history_estimates() -> dict[int, AcceptanceEstimate]:
@@ -374,7 +374,7 @@ def choose_threads(target: Model, draft: Optional[Model], refresh: bool = False,
     best = min(sweep, key=lambda n: sweep[n])
     store = _read_store(path)
     store[key] = {"threads": best, "step_seconds": sweep, "target": str(target.path), "measured_at": time.time()}
-    write_atomic(path, json.dumps(store, indent=1))
+    _save_store(path, store, notify)
     return best, sweep
 
 
@@ -485,6 +485,16 @@ def _read_store(path: Path) -> dict[str, dict]:
     return {}
 
 
+def _save_store(path: Path, store: dict[str, dict], notify: Optional[Callable[[str], None]]) -> None:
+    """Cache measurements; a cache that cannot be written only means measuring again next time."""
+    try:
+        write_atomic(path, json.dumps(store, indent=1))
+    except OSError as exc:
+        if notify is not None:
+            notify(f"localspec: could not cache the measurement in {path} ({exc.strerror or exc}); "
+                   "it will be measured again next time.")
+
+
 def _store_path(cache_file: Optional[Path]) -> Path:
     return cache_file or cache_dir() / "calibration.json"
 
@@ -517,7 +527,7 @@ def calibrate(target: Model, draft: Optional[Model], kmax: int = KMAX, refresh: 
     store[key] = {"verify": profile.verify, "draft_step": profile.draft_step, "lookup": profile.lookup,
                   "target": str(target.path), "draft": str(draft.path) if draft else None,
                   "threads": target.n_threads, "gpu_layers": target.n_gpu_layers, "measured_at": time.time()}
-    write_atomic(path, json.dumps(store, indent=1))
+    _save_store(path, store, notify)
     return profile
 
 

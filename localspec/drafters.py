@@ -11,6 +11,9 @@ single token per position (one-hot: prompt lookup, a greedy draft model).
 * ``PromptLookupDrafter`` finds the newest earlier occurrence of the
   context's last n tokens (n from ``max_ngram`` down to ``min_ngram``) and
   proposes what followed it. Nothing to run, so it pays on copy-heavy text.
+
+The third drafter, ``history.HistoryDrafter``, does the same over earlier
+generations instead of the current context.
 """
 
 from __future__ import annotations

@@ -287,3 +287,20 @@ def test_history_command_shows_and_clears_the_store(tiny_dir, tmp_path, monkeypa
     assert list_stores(tmp_path / "history")[0][2].records == 1
     assert run(cli, ["history", "clear", "--yes"]).exit_code == 0
     assert "no history yet" in run(cli, ["history"]).output
+
+
+def test_an_unwritable_history_directory_costs_a_warning_not_the_reply(tiny_dir, tmp_path, monkeypatch):
+    if os.geteuid() == 0:
+        blocked = tmp_path / "home"
+        blocked.write_text("a file where the localspec home should be")  # even root cannot mkdir under a file
+    else:
+        blocked = tmp_path / "home"
+        blocked.mkdir(mode=0o500)
+    monkeypatch.setenv("LOCALSPEC_HOME", str(blocked))
+    notes: list[str] = []
+    with localspec.load(tiny_dir / "target.gguf", n_ctx=256, history=True) as pair:
+        pair.notify = notes.append
+        plain = pair.generate(PROMPT, max_tokens=10, method="plain", history=False)
+        r = pair.generate(PROMPT, max_tokens=10, method="plain")
+        assert r.tokens == plain.tokens and pair.history is None
+    assert len(notes) == 1 and "history is off" in notes[0]
