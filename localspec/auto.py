@@ -146,6 +146,13 @@ class AcceptanceEstimate:
         self.kept = self.kept * fade + kept
         self.rejected = self.rejected * fade + (1.0 if kept < drafted else 0.0)
 
+    def shrink(self, weight: float) -> None:
+        """Keep alpha but count the evidence as at most ``weight`` guesses, so new evidence moves it fast."""
+        total = self.kept + self.rejected
+        if total > weight:
+            self.kept *= weight / total
+            self.rejected *= weight / total
+
 
 _COPY_CUES = re.compile(
     r"\b(rewrite|rephrase|fix|correct|edit|modify|refactor|rename|update|change|quote|copy|repeat|"
@@ -193,6 +200,9 @@ HISTORY_BANDS = (2, 4, 8, 16)
 #: the related-requests workload gave per-token acceptance 0.74, 0.82, 0.88 and 0.96 by band; the priors
 #: stay below that, since other workloads repeat less.)
 HISTORY_PRIORS = (0.45, 0.6, 0.75, 0.9)
+#: What one generation carries over of the estimates the last ones learned, in guesses: a new request may
+#: be about something else, and two or three wasted history rounds should be enough to notice.
+HISTORY_CARRY_WEIGHT = 4.0
 
 
 def history_band(match: int) -> int:
@@ -231,6 +241,8 @@ class AutoDrafter:
         self.lookup = lookup
         self.history = history
         self.history_alpha = history_alpha if history_alpha is not None else history_estimates()
+        for est in self.history_alpha.values():
+            est.shrink(HISTORY_CARRY_WEIGHT)
         self.kmax = min(kmax, profile.kmax)
         # A draft model that could not pay even if it were always right is never run
         # (nor fed the prompt): on a compute-bound CPU this is the usual case.

@@ -236,3 +236,18 @@ def test_stream_events_name_the_drafter(tiny_pair):
         single.set_profile(GPU)
         r = single.generate(PROMPTS[1], max_tokens=40, method="auto")
         assert r.stats.auto["rounds"]["draft"] == 0
+
+
+def test_history_estimates_carry_over_to_the_next_generation_but_yield_to_new_evidence():
+    from localspec.auto import history_estimates
+    from localspec.history import HistoryDrafter, HistoryIndex
+
+    est = history_estimates()
+    for _ in range(50):
+        est[3].update(3, 3)  # a request whose history matched perfectly
+    high = est[3].alpha
+    AutoDrafter(GPU, PromptLookupDrafter(), None, history=HistoryDrafter(HistoryIndex()), history_alpha=est)
+    assert est[3].alpha == pytest.approx(high) and high > 0.95  # the next generation starts from it...
+    est[3].update(3, 0)
+    est[3].update(3, 0)
+    assert est[3].alpha < 0.6  # ...and two wasted rounds on an unrelated request bring it down
