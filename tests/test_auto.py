@@ -250,4 +250,4 @@ def test_history_estimates_carry_over_to_the_next_generation_but_yield_to_new_ev
     assert est[3].alpha == pytest.approx(high) and high > 0.95  # the next generation starts from it...
     est[3].update(3, 0)
     est[3].update(3, 0)
-    assert est[3].alpha < 0.6  # ...and two wasted rounds on an unrelated request bring it down
+    assert est[3].alpha < 0.7  # ...and two wasted rounds on an unrelated request bring it down (0.88 unshrunk)
