@@ -115,13 +115,6 @@ class HistoryIndex:
         self._size = 1
         self._keys = {n: np.zeros(0, dtype=np.uint32) for n in WINDOWS}
         self._pos = {n: np.zeros(0, dtype=np.int32) for n in WINDOWS}
-        #: Record lengths in order, oldest first.
-        self.lengths: list[int] = []
-
-    @property
-    def tokens(self) -> int:
-        """Tokens held (separators not counted)."""
-        return int(sum(self.lengths))
 
     @property
     def corpus(self) -> np.ndarray:
@@ -141,7 +134,6 @@ class HistoryIndex:
         self._corpus[start : start + len(tokens)] = tokens
         self._corpus[start + len(tokens)] = -1
         self._size = need
-        self.lengths.append(len(tokens))
         for n in WINDOWS:
             h = _hashes(tokens, n)
             ok = np.flatnonzero(h)
@@ -167,7 +159,6 @@ class HistoryIndex:
         parts = [self.corpus] + [x for r in records for x in (r, np.full(1, -1, dtype=np.int32))]
         corpus = np.concatenate(parts)
         self._corpus, self._size = corpus, len(corpus)
-        self.lengths += [len(r) for r in records]
         for n in WINDOWS:
             h = _hashes(corpus, n)
             ok = np.flatnonzero(h)
@@ -252,6 +243,26 @@ class HistoryCounts:
         """History-drafted tokens the target accepted, over those drafted."""
         return self.accepted / self.drafted if self.drafted else 0.0
 
+    @classmethod
+    def of(cls, records: Sequence[tuple[np.ndarray, int, int]], size: int) -> HistoryCounts:
+        """The counts of ``records`` (tokens, drafted, accepted) in a file of ``size`` bytes."""
+        return cls(len(records), sum(len(r[0]) for r in records), size,
+                   sum(r[1] for r in records), sum(r[2] for r in records))
+
+
+def _read_header(data: bytes) -> Optional[tuple[int, str, int]]:
+    """(format version, model file name, offset of the first record), or None if ``data`` is no store."""
+    if len(data) < _HEADER.size or data[:6] != _MAGIC:
+        return None
+    _, version, name_len = _HEADER.unpack_from(data, 0)
+    name = data[_HEADER.size : _HEADER.size + name_len].decode("utf-8", "replace")
+    return version, name, _HEADER.size + name_len
+
+
+def _lock_path(store: Path) -> Path:
+    """The lock file of a store (or of one of its set-aside copies)."""
+    return store.with_name(store.name.split(".bin")[0] + ".lock")
+
 
 def _record_bytes(tokens: np.ndarray, drafted: int, accepted: int) -> bytes:
     payload = np.asarray(tokens, dtype="<i4").tobytes()
@@ -299,7 +310,6 @@ class HistoryStore:
         self.limit_tokens = limit_tokens
         self.warn = warn or (lambda message: None)
         self.index = HistoryIndex()
-        self.counts = HistoryCounts()
         self._records: list[tuple[np.ndarray, int, int]] = []
         self._offset = 0  # bytes of the file already read into the index
         self._inode: Optional[int] = None
@@ -307,7 +317,7 @@ class HistoryStore:
         self.last_add_seconds = 0.0
         self.directory.mkdir(parents=True, exist_ok=True)
         os.chmod(self.directory, 0o700)
-        self._lock = FileLock(str(self.path.with_suffix(".lock")), timeout=10, mode=0o600)
+        self._lock = FileLock(str(_lock_path(self.path)), timeout=10, mode=0o600)
         with self._lock:
             self._load()
 
@@ -330,16 +340,17 @@ class HistoryStore:
             self._rewrite([])
             return
         data = self.path.read_bytes()
-        if len(data) < _HEADER.size or data[:6] != _MAGIC:
+        header = _read_header(data)
+        if header is None:
             self._set_aside("is not a localspec history file")
             self._rewrite([])
             return
-        _, version, name_len = _HEADER.unpack_from(data, 0)
+        version, _, first = header
         if version != FORMAT_VERSION:
             self._set_aside(f"has format version {version}, not {FORMAT_VERSION}")
             self._rewrite([])
             return
-        records, end, ok = _parse(data, _HEADER.size + name_len)
+        records, end, ok = _parse(data, first)
         if not ok:
             self._set_aside(f"is damaged after {len(records)} records (an interrupted write?)")
             self._rewrite(records)
@@ -347,7 +358,7 @@ class HistoryStore:
         self._offset = end
         self._inode = os.stat(self.path).st_ino
         self._take(records)
-        if self.index.tokens > self.limit_tokens:
+        if self._tokens() > self.limit_tokens:
             self._rewrite(self._records)
 
     def _rewrite(self, records: list[tuple[np.ndarray, int, int]]) -> None:
@@ -374,12 +385,14 @@ class HistoryStore:
     def _take(self, records: list[tuple[np.ndarray, int, int]]) -> None:
         self.index.extend([rec[0] for rec in records])
         self._records += records
-        self._recount()
 
-    def _recount(self) -> None:
-        self.counts = HistoryCounts(records=len(self._records), tokens=self.index.tokens,
-                                    bytes=self._offset, drafted=sum(r[1] for r in self._records),
-                                    accepted=sum(r[2] for r in self._records))
+    def _tokens(self) -> int:
+        return sum(len(r[0]) for r in self._records)
+
+    @property
+    def counts(self) -> HistoryCounts:
+        """Records, tokens and bytes held, and history-drafted and accepted tokens in them."""
+        return HistoryCounts.of(self._records, self._offset)
 
     def add(self, tokens: Sequence[int], drafted: int = 0, accepted: int = 0) -> bool:
         """Record one generation (and what history guessed in it). False if the store was busy.
@@ -413,8 +426,7 @@ class HistoryStore:
                 self._offset += len(record)
                 self.index.add(arr)
                 self._records.append((arr, drafted, accepted))
-                self._recount()
-                if self.index.tokens > self.limit_tokens:
+                if self._tokens() > self.limit_tokens:
                     self._rewrite(self._records)
         except Timeout:
             self.warn(f"localspec: the history store {self.path} is locked by another process; "
@@ -436,14 +448,13 @@ def list_stores(directory: Optional[Path] = None) -> list[tuple[Path, str, Histo
     out = []
     for path in sorted(directory.glob("*.bin")):
         data = path.read_bytes()
-        if len(data) < _HEADER.size or data[:6] != _MAGIC:
+        header = _read_header(data)
+        if header is None:
             out.append((path, "?", HistoryCounts(bytes=len(data))))
             continue
-        _, version, name_len = _HEADER.unpack_from(data, 0)
-        name = data[_HEADER.size : _HEADER.size + name_len].decode("utf-8", "replace")
-        records, _, _ = _parse(data, _HEADER.size + name_len) if version == FORMAT_VERSION else ([], 0, False)
-        out.append((path, name, HistoryCounts(len(records), sum(len(r[0]) for r in records), len(data),
-                                              sum(r[1] for r in records), sum(r[2] for r in records))))
+        version, name, first = header
+        records = _parse(data, first)[0] if version == FORMAT_VERSION else []
+        out.append((path, name, HistoryCounts.of(records, len(data))))
     return out
 
 
@@ -454,7 +465,7 @@ def clear_stores(directory: Optional[Path] = None) -> int:
 
     removed = 0
     for path in sorted(directory.glob("*.bin*")):
-        with FileLock(str(directory / (path.name.split(".bin")[0] + ".lock")), timeout=10):
+        with FileLock(str(_lock_path(path)), timeout=10):
             path.unlink(missing_ok=True)
         removed += 1
     return removed
@@ -474,25 +485,24 @@ class HistoryDrafter:
         self.index = index
         self.min_match = min_match
         self.models: tuple[Model, ...] = ()
-        #: Length of the suffix match behind the last proposal (0: none), and each token's agreement.
+        #: Length of the suffix match behind the last proposal (0: none).
         self.last_match = 0
-        self.last_agreement: list[float] = []
 
     def prefill(self, context: np.ndarray) -> None:
         """Nothing to prepare."""
 
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """Up to ``k`` tokens, fewer where the earlier continuations stop agreeing."""
-        self.last_match, self.last_agreement = 0, []
+        self.last_match = 0
         if k <= 0 or len(context) < self.min_match:
             return EMPTY_DRAFT
         length, ends = self.index.match(context)
         if length < self.min_match:
             return EMPTY_DRAFT
-        tokens, agreement = self.index.continuation(ends, k)
+        tokens, _ = self.index.continuation(ends, k)
         if not tokens:
             return EMPTY_DRAFT
-        self.last_match, self.last_agreement = length, agreement
+        self.last_match = length
         return Draft(tokens, None, "history")
 
     def settle(self, context: np.ndarray) -> None:
