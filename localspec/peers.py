@@ -80,12 +80,3 @@ class PeerRunner:
         stats.decode_seconds = t_end - t_first
         return tokens, stats
 
-
-def available() -> bool:
-    """True when llama-cpp-python's high-level API can be imported (it ships with localspec's dependency)."""
-    try:
-        import llama_cpp.llama_speculative  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
