@@ -79,4 +79,3 @@ class PeerRunner:
         stats.prefill_seconds = t_first - t0
         stats.decode_seconds = t_end - t_first
         return tokens, stats
-
