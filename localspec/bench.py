@@ -18,6 +18,7 @@ numeric tie, or a real mismatch (a bug; it makes the command fail).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -28,7 +29,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -376,27 +377,23 @@ def run_bench(
     peers = PeerRunner(pair.target) if any(m.method in PEER_METHODS for m in methods) else None
     if peers is not None:
         report.settings["peer"] = {"library": "llama-cpp-python Llama.generate", **peers.settings}
-    # Auto runs with an empty history store of its own, emptied before each run: the user's store is
-    # neither used nor changed, and no repetition learns from another.
-    scratch = tempfile.TemporaryDirectory(prefix="localspec-bench-")
-    empty = HistoryStore(pair.target.path, directory=Path(scratch.name))
-    saved = pair.set_history(empty)
+    # Auto runs with an empty history store of its own, emptied before each run: no repetition learns
+    # from another.
     try:
-        for temperature in temperatures:
-            for pi, rep, spec in schedule(len(prompts), methods, reps):
-                bp = prompts[pi]
-                tokens = prompt_ids[bp.name]
-                if rep == 0 and (spec == methods[0] or pi == 0):  # warm-up: plain per prompt, the rest once
-                    _generate(pair, peers, tokens, spec, temperature, 0, min(16, max_tokens), top_p)
-                empty.clear()
-                out, stats = _generate(pair, peers, tokens, spec, temperature, rep, max_tokens, top_p)
-                runs.append(Run(bp.name, bp.category, spec.method, spec.k, rep, temperature, out, stats.to_dict(),
-                                spec.history))
-                if progress:
-                    progress(f"{bp.name} {spec.label}")
+        with _scratch_stores(pair, "empty") as (empty,):
+            for temperature in temperatures:
+                for pi, rep, spec in schedule(len(prompts), methods, reps):
+                    bp = prompts[pi]
+                    tokens = prompt_ids[bp.name]
+                    if rep == 0 and (spec == methods[0] or pi == 0):  # warm-up: plain per prompt, the rest once
+                        _generate(pair, peers, tokens, spec, temperature, 0, min(16, max_tokens), top_p)
+                    empty.clear()
+                    out, stats = _generate(pair, peers, tokens, spec, temperature, rep, max_tokens, top_p)
+                    runs.append(Run(bp.name, bp.category, spec.method, spec.k, rep, temperature, out,
+                                    stats.to_dict(), spec.history))
+                    if progress:
+                        progress(f"{bp.name} {spec.label}")
     finally:
-        pair.set_history(saved)
-        scratch.cleanup()
         if peers is not None:
             peers.close()
     report.rows = _summarise(pair, prompt_ids, runs, profile, max(TIE_MARGIN, 2 * noise))
@@ -415,14 +412,33 @@ def _generate(pair: Pair, peers: Optional[PeerRunner], tokens: list[int], spec: 
     if spec.method in PEER_METHODS:
         assert peers is not None
         return peers.generate(spec.method, spec.k, tokens, temperature, seed, max_tokens, top_p)
-    # Empty caches: every run prefills the whole prompt, so no method inherits another's work.
+    return _fresh_generate(pair, tokens, GenerationOptions(
+        max_tokens=max_tokens, method=spec.method, k=spec.k, temperature=temperature, top_p=top_p, seed=seed,
+        history=spec.history and spec.method in ("auto", "history")))
+
+
+def _fresh_generate(pair: Pair, tokens: list[int], opts: GenerationOptions) -> tuple[list[int], GenerationStats]:
+    """Generate from empty caches: every run prefills the whole prompt, so no run inherits another's work."""
     pair.target.reset()
     if pair.draft is not None:
         pair.draft.reset()
-    r = pair.generate(tokens, GenerationOptions(max_tokens=max_tokens, method=spec.method, k=spec.k,
-                                                temperature=temperature, top_p=top_p, seed=seed,
-                                                history=spec.history and spec.method in ("auto", "history")))
+    r = pair.generate(tokens, opts)
     return r.tokens, r.stats
+
+
+@contextlib.contextmanager
+def _scratch_stores(pair: Pair, *names: str) -> Iterator[list[HistoryStore]]:
+    """Empty history stores in a temporary directory, one per name; the pair's own setting comes back after.
+
+    The user's store is neither used nor changed by a bench.
+    """
+    with tempfile.TemporaryDirectory(prefix="localspec-bench-") as scratch:
+        stores = [HistoryStore(pair.target.path, directory=Path(scratch) / name) for name in names]
+        saved = pair.set_history(stores[0])
+        try:
+            yield stores
+        finally:
+            pair.set_history(saved)
 
 
 def _summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], profile: CostProfile,
@@ -669,10 +685,6 @@ def run_related(pair: Pair, prompts: Sequence[BenchPrompt], *, reps: int = 3, ma
     report = RelatedReport(settings={"reps": reps, "max_tokens": max_tokens, "tie_margin": tie_margin,
                                      "requests": [bp.name for bp in prompts],
                                      "peer": {"library": "llama-cpp-python Llama.generate", **peers.settings}})
-    scratch = tempfile.TemporaryDirectory(prefix="localspec-related-")
-    empty = HistoryStore(pair.target.path, directory=Path(scratch.name) / "empty")
-    earlier = HistoryStore(pair.target.path, directory=Path(scratch.name) / "earlier")
-    saved = pair.set_history(empty)
     runs: dict[tuple[str, str], list[Run]] = {}
     updates: list[float] = []
     opts = GenerationOptions(max_tokens=max_tokens, method="auto")
@@ -680,41 +692,36 @@ def run_related(pair: Pair, prompts: Sequence[BenchPrompt], *, reps: int = 3, ma
     def ours(store: HistoryStore, estimates: dict, tokens: list[int]) -> tuple[list[int], GenerationStats]:
         pair.set_history(store)
         pair.history_alpha = estimates  # auto updates them in place: a repetition's requests share them
-        pair.target.reset()  # every run prefills its whole prompt, like the peer's
-        if pair.draft is not None:
-            pair.draft.reset()
-        r = pair.generate(tokens, opts)
-        return r.tokens, r.stats
+        return _fresh_generate(pair, tokens, opts)
 
     try:
-        first = ids[prompts[0].name]
-        peers.generate(PEER_PLAIN, 0, first, 0.0, 0, 16)  # warm-up of both sides
-        ours(empty, history_estimates(), first)
-        for rep in range(reps):
-            earlier.clear()
-            estimates = history_estimates()  # as a freshly loaded pair has them
-            for bp in prompts:
-                tokens = ids[bp.name]
-                for row in ("lcp", "empty", "earlier"):
-                    if row == "lcp":
-                        out, stats = peers.generate(PEER_PLAIN, 0, tokens, 0.0, rep, max_tokens)
-                    elif row == "empty":
-                        empty.clear()
-                        out, stats = ours(empty, history_estimates(), tokens)
-                    else:
-                        out, stats = ours(earlier, estimates, tokens)
-                        updates.append(earlier.last_add_seconds)
-                    runs.setdefault((bp.name, row), []).append(
-                        Run(bp.name, bp.category, row, 0, rep, 0.0, out, stats.to_dict()))
-                    if progress:
-                        progress(f"{bp.name} {row}")
-        report.costs = _history_costs(earlier, [ids[bp.name] + runs[(bp.name, "earlier")][-1].tokens
-                                                for bp in prompts], updates)
-        c = earlier.counts
-        report.store = {"records": c.records, "tokens": c.tokens, "bytes": c.bytes}
+        with _scratch_stores(pair, "empty", "earlier") as (empty, earlier):
+            first = ids[prompts[0].name]
+            peers.generate(PEER_PLAIN, 0, first, 0.0, 0, 16)  # warm-up of both sides
+            ours(empty, history_estimates(), first)
+            for rep in range(reps):
+                earlier.clear()
+                estimates = history_estimates()  # as a freshly loaded pair has them
+                for bp in prompts:
+                    tokens = ids[bp.name]
+                    for row in ("lcp", "empty", "earlier"):
+                        if row == "lcp":
+                            out, stats = peers.generate(PEER_PLAIN, 0, tokens, 0.0, rep, max_tokens)
+                        elif row == "empty":
+                            empty.clear()
+                            out, stats = ours(empty, history_estimates(), tokens)
+                        else:
+                            out, stats = ours(earlier, estimates, tokens)
+                            updates.append(earlier.last_add_seconds)
+                        runs.setdefault((bp.name, row), []).append(
+                            Run(bp.name, bp.category, row, 0, rep, 0.0, out, stats.to_dict()))
+                        if progress:
+                            progress(f"{bp.name} {row}")
+            report.costs = _history_costs(earlier, [ids[bp.name] + runs[(bp.name, "earlier")][-1].tokens
+                                                    for bp in prompts], updates)
+            c = earlier.counts
+            report.store = {"records": c.records, "tokens": c.tokens, "bytes": c.bytes}
     finally:
-        pair.set_history(saved)
-        scratch.cleanup()
         peers.close()
     margins: dict[tuple[int, ...], float] = {}
     for bp in prompts:
