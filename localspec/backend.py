@@ -32,6 +32,7 @@ import llama_cpp as ll
 import numpy as np
 
 from .errors import BackendError, ConfigError, ContextOverflowError, ModelFileError
+from .hugepages import HugePages
 
 GGUF_MAGIC = b"GGUF"
 #: KV cache element types by name (ggml_type values).
@@ -184,6 +185,9 @@ class Model:
         flash_attn: force flash attention on or off. Default: off when running
             on the CPU (its f16 rounding makes logits depend on batch shape),
             llama.cpp's automatic choice when layers are on a GPU.
+        huge_pages: on a CPU build under Linux, ask for transparent huge pages
+            for llama.cpp's buffers (see ``localspec.hugepages``); False to leave
+            them as llama.cpp allocated them.
         verbose: let llama.cpp print its log to stderr.
 
     Raises:
@@ -201,6 +205,7 @@ class Model:
         n_batch: int = 512,
         cache_type: str = "f16",
         flash_attn: Optional[bool] = None,
+        huge_pages: bool = True,
         verbose: bool = False,
     ):
         self.path = check_gguf(path)
@@ -221,6 +226,9 @@ class Model:
 
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+        # Only on CPU builds: a GPU build's host buffers may be pinned for DMA, and
+        # dropping their pages would detach them from the device.
+        pages = HugePages(huge_pages and not gpu_offload_supported())
         with self._log:
             ll.llama_backend_init()  # idempotent: ggml's timer and tables
             self._model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
@@ -255,6 +263,9 @@ class Model:
                 f"llama.cpp could not create a {n_ctx}-token context for {self.path.name}; "
                 "try a smaller context length."
             )
+        pages.apply()
+        #: Bytes of llama.cpp's buffers advised to use huge pages (0: none; see ``hugepages``).
+        self.huge_page_bytes = pages.advised
         self.n_ctx = int(ll.llama_n_ctx(self._ctx))
         self.n_batch = min(n_batch, n_ctx)
         self._vocab = ll.llama_model_get_vocab(self._model)

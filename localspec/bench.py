@@ -39,6 +39,7 @@ from .backend import gpu_offload_supported
 from .engine import GenerationStats
 from .errors import ConfigError
 from .history import HistoryDrafter, HistoryStore
+from .hugepages import thp_mode
 from .options import GenerationOptions
 from .peers import PEER_LOOKUP, PEER_METHODS, PEER_PLAIN, PeerRunner
 
@@ -333,6 +334,7 @@ def machine_info(pair: Pair, checksums: bool = True) -> dict[str, Any]:
         "llama_cpp_python": llama_cpp.__version__, "gpu_offload_build": gpu_offload_supported(),
         "gpu_layers": pair.target.n_gpu_layers, "threads": pair.target.n_threads,
         "flash_attn": pair.target.flash_attn, "n_ctx": pair.target.n_ctx, "models": models,
+        "transparent_huge_pages": thp_mode(), "huge_page_bytes": pair.target.huge_page_bytes,
     }
 
 
