@@ -43,8 +43,9 @@ from .options import AUTO_KMAX, SamplingParams
 from .paths import cache_dir, write_atomic
 
 KMAX = AUTO_KMAX
-#: Bumped whenever ``measure`` changes, so profiles measured the old way are measured again.
-CALIBRATION_VERSION = 2
+#: Bumped whenever ``measure`` or what it measures changes (3: huge pages for the model buffers),
+#: so profiles measured the old way are measured again.
+CALIBRATION_VERSION = 3
 #: Speculate only when the predicted speedup clears this, so estimation noise cannot make auto slower than plain.
 MIN_GAIN = 1.1
 _CALIBRATION_TEXT = (
