@@ -28,6 +28,9 @@ AUTO_KMAX = 8
 DEFAULT_K = {"auto": AUTO_KMAX, "plain": 0, "draft": 4, "lookup": 8, "history": 8}
 #: Bounds of the draft length everywhere (API, CLI, chat, bench, models.toml).
 K_LIMIT = 16
+#: The n-gram lengths prompt lookup matches, (shortest, longest): a long match pins a copy to its place in the
+#: source, so the first of several occurrences of a short phrase does not send the draft elsewhere.
+LOOKUP_NGRAM = (1, 5)
 #: The most stop strings one generation takes.
 MAX_STOPS = 16
 
@@ -125,7 +128,7 @@ class GenerationOptions:
                                "decoding (and K) each round from this machine's measured costs.", "--method", "-m")
     k: Optional[int] = _opt(None, f"Tokens drafted per round, 0 to {K_LIMIT} (default: 4 for draft or the pair's "
                                   f"suggestion, 8 for lookup; for auto the most, {AUTO_KMAX}).", "--k", "-k")
-    ngram: tuple[int, int] = _opt((1, 3), "Lookup n-gram lengths (min, max).")
+    ngram: tuple[int, int] = _opt(LOOKUP_NGRAM, "Lookup n-gram lengths (min, max).")
     stop: tuple[str, ...] = _opt((), "Stop where this text appears, without it (repeatable).", "--stop")
     history: bool = _opt(True, "Draft from this model's earlier generations, and record this one.",
                          "--history/--no-history")

@@ -30,6 +30,20 @@ def test_greedy_speculation_matches_plain_decoding(tiny_pair, prompt):
         assert r.finish_reason == plain.finish_reason
 
 
+def test_lookup_copies_after_the_first_match_of_the_longest_suffix():
+    from localspec.drafters import PromptLookupDrafter
+
+    look = PromptLookupDrafter()
+    # the last 2 tokens (2, 3) occur twice before: the first occurrence is the source of a copy
+    draft = look.propose(np.array([1, 2, 3, 9, 4, 5, 2, 3, 7, 6, 2, 3], dtype=np.int32), 3, None)
+    assert draft.tokens == [9, 4, 5] and look.last_match == 2
+    # a longer match wins over an earlier shorter one: (8, 2, 3) occurs only second
+    draft = look.propose(np.array([2, 3, 4, 8, 2, 3, 5, 8, 2, 3], dtype=np.int32), 2, None)
+    assert draft.tokens == [5, 8] and look.last_match == 3
+    assert look.propose(np.array([1, 2, 3], dtype=np.int32), 2, None).tokens == []
+    assert PromptLookupDrafter(max_ngram=1).propose(np.array([4, 1, 4, 2, 4], dtype=np.int32), 1, None).tokens == [1]
+
+
 def test_the_tests_exercise_both_acceptance_and_rejection(tiny_pair):
     r = tiny_pair.generate(PROMPTS[0], max_tokens=96, method="draft", k=4)
     assert 0 < r.stats.accepted < r.stats.drafted
