@@ -58,7 +58,10 @@ def anonymous_ranges() -> Ranges:
 def subtract(ranges: Ranges, taken: Ranges) -> Ranges:
     """The parts of ``ranges`` that lie in none of ``taken``."""
     out = []
+    unchanged = set(taken)
     for start, end in ranges:
+        if (start, end) in unchanged:
+            continue
         pieces = [(start, end)]
         for t0, t1 in taken:
             pieces = [p for a, b in pieces for p in ((a, min(b, t0)), (max(a, t1), b)) if p[0] < p[1]]

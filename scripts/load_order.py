@@ -5,13 +5,14 @@ Loads the same GGUF twice in one process (optionally after another model or
 a load that is closed again) and times single-token decode steps on each,
 with the repetitions interleaved. On the 2-core test VM, at one thread, the
 copy loaded second decoded 4-8% faster while llama.cpp's buffers had 4 KiB
-pages (`--no-huge-pages`, and llama-cpp-python's own loads); with huge pages
+pages (`--huge-pages none`, and llama-cpp-python's own loads); with huge pages
 (localspec's default, see localspec/hugepages.py) both copies decode at the
-same, higher speed.
+same, higher speed. `--huge-pages first` gives only the first copy huge
+pages, so first/second is their gain (with the order effect against it).
 
 Usage:
     python scripts/load_order.py MODEL.gguf [--threads 1] [--reps 4] [--before OTHER.gguf] [--closed-first]
-                                 [--no-huge-pages]
+                                 [--huge-pages both|none|first]
 """
 
 from __future__ import annotations
@@ -42,13 +43,14 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=4)
     p.add_argument("--before", help="another GGUF to load first")
     p.add_argument("--closed-first", action="store_true", help="load and close the model once first")
-    p.add_argument("--no-huge-pages", dest="huge_pages", action="store_false", help="leave llama.cpp's 4 KiB pages")
+    p.add_argument("--huge-pages", choices=["both", "none", "first"], default="both",
+                   help="which copies get huge pages (none: llama.cpp's own 4 KiB pages)")
     a = p.parse_args()
-    opts = dict(n_ctx=4096, n_threads=a.threads, huge_pages=a.huge_pages)
+    opts = dict(n_ctx=4096, n_threads=a.threads, huge_pages=a.huge_pages == "both")
     keep = [Model(a.before, **opts)] if a.before else []
     if a.closed_first:
         Model(a.model, **opts).close()
-    first = Model(a.model, **opts)
+    first = Model(a.model, **{**opts, "huge_pages": a.huge_pages != "none"})
     second = Model(a.model, **opts)
     prompt = first.tokenize("def merge(a, b):\n    out = []\n" * 20)
     one, two = [], []
