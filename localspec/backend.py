@@ -226,8 +226,8 @@ class Model:
 
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
-        # Only on CPU builds: a GPU build's host buffers may be pinned for DMA, and
-        # dropping their pages would detach them from the device.
+        # Only on CPU builds: a GPU build's host buffers may be pinned for the device,
+        # and their pages are best left where the driver put them.
         pages = HugePages(huge_pages and not gpu_offload_supported())
         with self._log:
             ll.llama_backend_init()  # idempotent: ggml's timer and tables
