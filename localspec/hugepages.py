@@ -117,9 +117,14 @@ class HugePages:
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled and sys.platform.startswith("linux") and thp_mode() == "madvise"
-        self._before = anonymous_ranges() if self.enabled else []
-        #: Bytes advised, and bytes collapsed into huge pages at once, by ``apply``.
-        self.advised = self.collapsed = 0
+        self._before: Ranges = []
+        if self.enabled:
+            try:
+                self._before = anonymous_ranges()
+            except OSError:  # no readable /proc: an optimisation only, so the load goes on without it
+                self.enabled = False
+        #: Bytes advised to use huge pages by ``apply``.
+        self.advised = 0
 
     def apply(self) -> None:
         """Advise huge pages for what was mapped since construction, and collapse what is in memory."""
@@ -128,6 +133,6 @@ class HugePages:
         try:
             new = aligned(subtract(anonymous_ranges(), self._before))
             self.advised = sum(end - start for start, end in new)
-            self.collapsed = back_with_huge_pages(new)
+            back_with_huge_pages(new)
         except OSError:
             pass  # an optimisation only: a kernel that refuses leaves the pages as they were

@@ -33,6 +33,18 @@ def test_subtract_and_align_agree_with_sets_of_addresses():
     assert aligned([(1, 3 * HUGE_PAGE + 5), (HUGE_PAGE + 1, 2 * HUGE_PAGE + 7)]) == [(HUGE_PAGE, 3 * HUGE_PAGE)]
 
 
+def test_an_unreadable_proc_only_turns_huge_pages_off(monkeypatch):
+    def unreadable() -> list:
+        raise PermissionError("/proc/self/maps")
+
+    monkeypatch.setattr(hugepages, "thp_mode", lambda: "madvise")
+    monkeypatch.setattr(hugepages, "anonymous_ranges", unreadable)
+    pages = hugepages.HugePages()
+    assert not pages.enabled
+    pages.apply()
+    assert pages.advised == 0
+
+
 def _smaps_field(start: int, field: str) -> int:
     """A kB field of the mapping that holds ``start`` in /proc/self/smaps (neighbours may have merged into it)."""
     inside = False
