@@ -207,6 +207,10 @@ class Row:
     #: lengths (how well calibration describes real rounds); None for the peers.
     round_ms: Optional[float] = None
     round_ms_predicted: Optional[float] = None
+    #: The same prediction with one target step taken from this run's plain rounds on the same prompt
+    #: instead of the calibration: what is left is the error in the relative costs auto decides by, not
+    #: how much busier the shared machine is now than when it was calibrated. None for plain and the peers.
+    round_ms_predicted_here: Optional[float] = None
     #: False for the "auto -history" row (auto without a history store).
     history: bool = True
 
@@ -490,12 +494,21 @@ def _summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], pr
             round_ms=_per_round(sum(r.stats["decode_seconds"] for r in group), merged["rounds"]),
             round_ms_predicted=_per_round(sum(predicted_round_seconds(profile, r.stats) for r in group),
                                           merged["rounds"]),
+            round_ms_predicted_here=None if method in ("plain", *PEER_METHODS) else _per_round(
+                sum(predicted_round_seconds(profile, r.stats) * _plain_step(plain, r.rep) / profile.verify[0]
+                    for r in group), merged["rounds"]),
             speedup_peer=statistics.median(vs_peer) if vs_peer else None,
             speedup_peer_min=min(vs_peer) if vs_peer else None,
             speedup_peer_max=max(vs_peer) if vs_peer else None,
             exactness_peer=exactness_peer,
         ))
     return rows
+
+
+def _plain_step(plain: list[Run], rep: int) -> float:
+    """Seconds per round of localspec's plain run in repetition ``rep`` (one target step)."""
+    run = next(r for r in plain if r.rep == rep)
+    return float(run.stats["decode_seconds"]) / max(1, run.stats["rounds"])
 
 
 def _per_round(seconds: float, rounds: int) -> Optional[float]:
@@ -540,12 +553,12 @@ def render_table(report: BenchReport) -> str:
            f"(divergences below a {p.get('tie_margin', TIE_MARGIN):.3f} top-two margin count as ties)", ""]
     peers = any(r.speedup_peer is not None for r in report.rows)
     out.append("round ms: mean decode time per round, measured/predicted by the cost profile from the rounds' "
-               "draft lengths.")
+               "draft lengths (in brackets: predicted with this run's plain step in place of the calibrated one).")
     if peers:
         out.append("lcp = llama-cpp-python's own Llama (plain, and its prompt-lookup draft), same file and threads; "
                    "'vs lcp' is the headline speedup, 'vs plain' is against localspec's plain path.")
     header = (f"{'prompt':<15} {'temp':>4} {'method':<15} {'tok/s':>6} {'vs lcp':>6} {'(min-max)':>11} "
-              f"{'vs plain':>8} {'pred':>5} {'accept':>6} {'tok/rnd':>7} {'round ms':>11}  "
+              f"{'vs plain':>8} {'pred':>5} {'accept':>6} {'tok/rnd':>7} {'round ms':>15}  "
               "exactness (vs plain / vs lcp)")
     out += [header, "-" * len(header)]
     last_prompt = None
@@ -561,13 +574,15 @@ def render_table(report: BenchReport) -> str:
         verdict = row.exactness + (f" / {row.exactness_peer}" if peers else "")
         rms = (f"{row.round_ms:.0f}/{row.round_ms_predicted:.0f}"
                if row.round_ms is not None and row.round_ms_predicted is not None else "-")
+        if row.round_ms_predicted_here is not None:
+            rms += f" ({row.round_ms_predicted_here:.0f})"
         if row.divergence:
             verdict += f" @{int(row.divergence['token'])} (margin {row.divergence['margin']:.3f})"
         if row.auto_rounds:
             verdict += "  [" + " ".join(f"{m}:{n}" for m, n in row.auto_rounds.items() if n) + "]"
         out.append(f"{name:<15} {row.temperature:>4.1f} {row.label:<15} "
                    f"{row.decode_tps:>6.1f} {vs_peer:>6} {spread:>11} {row.speedup:>7.2f}x {pred:>5} {acc:>6} "
-                   f"{tpr:>7} {rms:>11}  {verdict}")
+                   f"{tpr:>7} {rms:>15}  {verdict}")
     for title, attr in ((("median speedup over llama-cpp-python plain across prompts:", "speedup_peer"),) if peers
                         else ()) + (("median speedup over localspec plain across prompts:", "speedup"),):
         out += ["", title]

@@ -12,6 +12,8 @@ from localspec.auto import CostProfile
 from localspec.bench import (
     BenchPrompt,
     MethodSpec,
+    Run,
+    _summarise,
     classify,
     default_methods,
     load_suite,
@@ -19,6 +21,8 @@ from localspec.bench import (
     schedule,
 )
 from localspec.cli import cli
+from localspec.drafters import Draft
+from localspec.engine import GenerationStats
 from localspec.errors import ConfigError
 
 
@@ -68,6 +72,30 @@ QUICK = [BenchPrompt("copy", text="in the end, in the end, in the end, in the", 
          BenchPrompt("free", text="The cat sat on the", name="free#1")]
 
 
+def test_round_time_is_predicted_from_the_profile_and_from_this_runs_plain_step():
+    # Calibrated: one step 100 ms, verifying 3 tokens 200 ms. This run's plain steps took 200 ms
+    # (a busier machine), and a lookup run's 5 rounds, each verifying 3 tokens, took 450 ms each.
+    profile = CostProfile([0.1, 0.15, 0.2], 0.0, 0.0, "cache")
+
+    def stats(method: str, rounds: int, drafted: int, seconds: float) -> dict:
+        st = GenerationStats(method, drafted, generated_tokens=rounds * (drafted + 1) + 1,
+                             proposed_at=[0] * max(1, drafted), accepted_at=[0] * max(1, drafted),
+                             decode_seconds=seconds)
+        for _ in range(rounds):
+            st.count_round(Draft([1] * drafted, None, method if drafted else ""), drafted)
+        st.accepted = rounds * drafted
+        return st.to_dict()
+
+    runs = [Run("p", "code", "plain", 0, 0, 0.7, [], stats("plain", 10, 0, 2.0)),
+            Run("p", "code", "lookup", 2, 0, 0.7, [], stats("lookup", 5, 2, 2.25))]
+    plain, lookup = _summarise(None, {}, runs, profile, 0.5)  # type: ignore[arg-type]  # sampled: no exactness
+    assert (plain.round_ms, plain.round_ms_predicted, plain.round_ms_predicted_here) == (
+        pytest.approx(200), pytest.approx(100), None)
+    # From the profile: verify(3) = 200 ms. From this run's plain step: 200 ms x verify(3)/verify(1) = 400 ms.
+    assert (lookup.round_ms, lookup.round_ms_predicted, lookup.round_ms_predicted_here) == (
+        pytest.approx(450), pytest.approx(200), pytest.approx(400))
+
+
 def test_run_bench_reports_every_method_and_exactness(tiny_pair):
     methods = default_methods(True, quick=True)
     report = run_bench(tiny_pair, QUICK, methods, reps=2, max_tokens=24, checksums=False)
@@ -88,6 +116,10 @@ def test_run_bench_reports_every_method_and_exactness(tiny_pair):
     assert report.settings["peer"]["n_threads"] == tiny_pair.target.n_threads
     assert report.machine["threads"] == tiny_pair.target.n_threads
     assert len(report.profile["verify"]) == 9
+    for row in report.rows:  # every localspec method but plain gets both round-time predictions
+        ours = row.method in ("lookup", "draft", "auto")
+        assert (row.round_ms_predicted_here is not None) == ours
+        assert (row.round_ms_predicted is not None) == (ours or row.method == "plain")
 
 
 def test_a_broken_acceptance_rule_is_reported_as_a_mismatch(tiny_dir, monkeypatch, tmp_path):
