@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""What the history drafter could give on the related-requests workload, on this machine's costs and others'.
+
+``localspec bench --related`` measures speed; this script explains it. It
+decodes each request of the workload plainly once (greedy, cached in
+``--outputs``), then replays the rounds offline with the real drafters and
+the real auto policy: each round's draft is compared with the plain output,
+and the round is charged what the cost profile says verifying it costs.
+For every request it prints the predicted speedup over localspec plain:
+
+* auto with an empty history and with the history of the requests before it
+  (what the bench measures, up to the machine's noise);
+* the **bound**: the fastest schedule of the same lookup and history drafts
+  by a policy that knows in advance how much of each draft the target keeps,
+  so no policy built on these drafters can beat it.
+
+Both are computed for this machine's calibrated profile and for a flat one
+(``--verify``, default verify(n) = 1 + 0.04 (n - 1) steps: what a GPU or Apple
+silicon gives up to 9 tokens), which shows whether a shortfall is the policy's
+or the machine's.
+
+Usage:
+    python scripts/replay_related.py TARGET.gguf [--threads N] [-n 128] [--outputs related.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+import localspec
+from localspec.auto import CostProfile, auto_drafter, history_estimates, round_cost
+from localspec.bench import load_related
+from localspec.drafters import PromptLookupDrafter
+from localspec.history import PROMPT_KEEP, HistoryDrafter, HistoryIndex
+from localspec.options import GenerationOptions, SamplingParams
+
+
+def plain_outputs(target: Path, threads: int | None, n: int, cache: Path) -> tuple[list[dict], CostProfile]:
+    """Each request's prompt (text and tokens) and greedy reply, and this machine's cost profile."""
+    pair = localspec.load(target, n_threads=threads, history=False)
+    try:
+        profile = pair.calibrate()
+        requests = load_related()
+        if cache.is_file():
+            saved = json.loads(cache.read_text())
+            if [r["name"] for r in saved] == [bp.name for bp in requests] and all(
+                    len(r["reply"]) == n or r["stopped"] for r in saved):
+                return saved, profile
+        out = []
+        for bp in requests:
+            assert bp.messages is not None
+            text = pair.format_chat(bp.messages)
+            tokens = pair.chat_tokens(bp.messages)
+            pair.target.reset()
+            r = pair.generate(tokens, GenerationOptions(max_tokens=n, method="plain", temperature=0.0))
+            out.append({"name": bp.name, "text": text, "prompt": tokens, "reply": r.tokens,
+                        "stopped": len(r.tokens) < n})
+            print(f"decoded {bp.name}: {len(r.tokens)} tokens")
+        cache.write_text(json.dumps(out))
+        return out, profile
+    finally:
+        pair.close()
+
+
+def _kept(draft: list[int], truth: list[int]) -> int:
+    k = 0
+    while k < len(draft) and k < len(truth) and draft[k] == truth[k]:
+        k += 1
+    return k
+
+
+def replay_auto(profile: CostProfile, requests: list[dict], shared_history: bool) -> list[float]:
+    """Predicted speedup of auto per request, with the earlier requests' history or an empty one."""
+    index, estimates, out = HistoryIndex(), history_estimates(), []
+    rng = np.random.default_rng(0)
+    for req in requests:
+        if not shared_history:
+            index, estimates = HistoryIndex(), history_estimates()
+        prompt, reply = req["prompt"], req["reply"]
+        auto = auto_drafter(profile, None, SamplingParams(), req["text"], np.asarray(prompt), history=index,
+                            history_alpha=estimates)
+        context, done, cost = list(prompt), 0, 0.0
+        while done < len(reply):
+            draft = auto.propose(np.asarray(context, dtype=np.int32), profile.kmax, rng)
+            kept = _kept(draft.tokens, reply[done:])
+            auto.observe(len(draft.tokens), kept)
+            cost += round_cost(profile, draft.by or "plain", len(draft.tokens))
+            step = min(kept + 1, len(reply) - done)  # the kept prefix and the target's own token
+            context += reply[done : done + step]
+            done += step
+            auto.settle(np.asarray(context, dtype=np.int32))
+        out.append(len(reply) * profile.verify[0] / cost)
+        index.add(np.asarray(prompt[-PROMPT_KEEP:] + reply, dtype=np.int32))
+    return out
+
+
+def bound(profile: CostProfile, requests: list[dict]) -> list[float]:
+    """The best any policy could do with these lookup and history drafts (with the earlier requests' history)."""
+    index, out = HistoryIndex(), []
+    rng = np.random.default_rng(0)
+    v, kmax = profile.verify, profile.kmax
+    for req in requests:
+        prompt, reply = req["prompt"], req["reply"]
+        n, full = len(reply), prompt + reply
+        lookup, history = PromptLookupDrafter(), HistoryDrafter(index)
+        best = [0.0] * (n + 1)  # best[i]: least cost to produce reply[i:]
+        for i in range(n - 1, -1, -1):
+            context = np.asarray(full[: len(prompt) + i], dtype=np.int32)
+            cost = v[0] + best[i + 1]
+            for draft in (lookup.propose(context, kmax, rng), history.propose(context, kmax, rng)):
+                kept = _kept(draft.tokens, reply[i:])
+                for k in range(1, len(draft.tokens) + 1):  # any shorter draft of the same guess
+                    cost = min(cost, v[k] + best[i + min(min(kept, k) + 1, n - i)])
+            best[i] = cost
+        out.append(n * v[0] / best[0])
+        index.add(np.asarray(prompt[-PROMPT_KEEP:] + reply, dtype=np.int32))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("target", type=Path)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("-n", "--max-tokens", type=int, default=128)
+    ap.add_argument("--outputs", type=Path, default=Path("related-plain.json"),
+                    help="cache of the plain replies (reused when it matches)")
+    ap.add_argument("--verify", default=",".join(f"{1 + 0.04 * i:.2f}" for i in range(9)),
+                    help="the other profile: verify(n)/verify(1) for n = 1..9")
+    args = ap.parse_args()
+    requests, here = plain_outputs(args.target, args.threads, args.max_tokens, args.outputs)
+    flat = CostProfile.synthetic([float(x) for x in args.verify.split(",")], 0.1, name="given")
+    rel = [v / here.verify[0] for v in here.verify]
+    print(f"this machine: verify(n)/verify(1) = {' '.join(f'{x:.2f}' for x in rel)}")
+    print(f"other profile: {args.verify}\n")
+    cols = {}
+    for name, profile in (("here", here), ("flat", flat)):
+        cols[f"{name} empty"] = replay_auto(profile, requests, shared_history=False)
+        cols[f"{name} earlier"] = replay_auto(profile, requests, shared_history=True)
+        cols[f"{name} bound"] = bound(profile, requests)
+    print("predicted speedup over localspec plain; 'earlier': auto with the earlier requests' history; "
+          "'bound': the best schedule of the same drafts")
+    print(f"{'request':<14} " + " ".join(f"{c:>13}" for c in cols))
+    for i, req in enumerate(requests):
+        print(f"{req['name']:<14} " + " ".join(f"{cols[c][i]:>12.2f}x" for c in cols))
+    print(f"{'median':<14} " + " ".join(f"{statistics.median(cols[c]):>12.2f}x" for c in cols))
+    print(f"{'worst':<14} " + " ".join(f"{min(cols[c]):>12.2f}x" for c in cols))
+
+
+if __name__ == "__main__":
+    main()
