@@ -204,7 +204,7 @@ class Pair:
             return {}
         if self._sweep and not refresh:
             return self._sweep
-        best, sweep = choose_threads(self.target, self.draft, refresh, notify=self.notify)
+        best, sweep = choose_threads(self.target, refresh, notify=self.notify)
         for model in (self.target, self.draft):
             if model is not None:
                 model.set_threads(best)

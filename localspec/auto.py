@@ -360,12 +360,15 @@ def _file_identity(path: Path) -> str:
     return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
 
 
-def threads_key(target: Model, draft: Optional[Model]) -> str:
-    """Identity of what the fastest thread count depends on (everything but the thread count)."""
-    return _key(["threads", *_setup(target, draft), f"cores={default_threads()}"])
+def threads_key(target: Model) -> str:
+    """Identity of what the fastest thread count depends on: the target's setup and the cores.
+
+    Not the draft model: the sweep never runs it, so loading the target alone reuses the answer.
+    """
+    return _key(["threads", *_setup(target, None), f"cores={default_threads()}"])
 
 
-def choose_threads(target: Model, draft: Optional[Model], refresh: bool = False,
+def choose_threads(target: Model, refresh: bool = False,
                    cache_file: Optional[Path] = None, notify: Optional[Callable[[str], None]] = None,
                    ) -> tuple[int, dict[int, float]]:
     """The fastest thread count for single-token steps on this machine, measured once and cached.
@@ -377,7 +380,7 @@ def choose_threads(target: Model, draft: Optional[Model], refresh: bool = False,
         (threads, seconds per step at each thread count tried).
     """
     path = _store_path(cache_file)
-    key = threads_key(target, draft)
+    key = threads_key(target)
     rec = _read_store(path).get(key)
     if rec and not refresh:
         return int(rec["threads"]), {int(n): float(t) for n, t in rec["step_seconds"].items()}

@@ -163,6 +163,8 @@ def test_the_thread_count_is_measured_once_and_the_fastest_is_used(tiny_dir, tmp
     with localspec.load(tiny_dir / "target.gguf", tiny_dir / "draft.gguf", n_ctx=512) as pair:
         pair.generate("hello", max_tokens=3, method="plain")  # a new process-like pair: from the cache
         assert pair.target.n_threads == best and calls == [default_threads()]
+    with localspec.load(tiny_dir / "target.gguf", n_ctx=512) as pair:  # the sweep runs the target only,
+        assert pair.choose_threads() == sweep and pair.target.n_threads == best  # so no draft: same answer
     with localspec.load(tiny_dir / "target.gguf", n_ctx=512, n_threads=1) as pair:
         assert pair.choose_threads() == {} and pair.target.n_threads == 1  # --threads wins, nothing measured
     assert calls == [default_threads()]
