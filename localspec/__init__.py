@@ -22,7 +22,7 @@ _EXPORTS = {
     "GenerationStats": "engine", "TokenEvent": "engine",
     "BackendError": "errors", "ConfigError": "errors", "ContextOverflowError": "errors",
     "InterleavedGenerationError": "errors", "LocalspecError": "errors", "ModelFileError": "errors",
-    "SamplingError": "errors", "VocabMismatchError": "errors",
+    "SamplingError": "errors", "TokenIdError": "errors", "VocabMismatchError": "errors",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # the real imports, for type checkers and editors
         LocalspecError,
         ModelFileError,
         SamplingError,
+        TokenIdError,
         VocabMismatchError,
     )
     from .options import GenerationOptions, SamplingParams

@@ -21,6 +21,7 @@ from __future__ import annotations
 import codecs
 import collections
 import ctypes
+import functools
 import os
 import sys
 import time
@@ -31,7 +32,7 @@ from typing import Literal, Optional, Sequence, Union
 import llama_cpp as ll
 import numpy as np
 
-from .errors import BackendError, ConfigError, ContextOverflowError, ModelFileError
+from .errors import BackendError, ConfigError, ContextOverflowError, ModelFileError, TokenIdError
 from .hugepages import HugePages
 
 GGUF_MAGIC = b"GGUF"
@@ -330,6 +331,45 @@ class Model:
 
     # -- vocabulary ---------------------------------------------------------
 
+    def check_tokens(self, tokens: Tokens) -> np.ndarray:
+        """``tokens`` as an int32 array, once every id is known to be in this model's vocabulary.
+
+        llama.cpp aborts the whole process on an id outside the vocabulary, so
+        every call that hands ids to it checks them here first.
+
+        Raises:
+            TokenIdError: an id is not a whole number from 0 to ``n_vocab - 1``.
+        """
+        try:
+            ids = np.asarray(tokens)
+        except (OverflowError, ValueError):  # ragged, or an int too large for any integer dtype
+            ids = np.asarray(list(tokens), dtype=object)
+        if ids.ndim != 1:
+            raise TokenIdError(f"Token ids must be a flat list of whole numbers, got an array of shape {ids.shape}.")
+        if not ids.size:
+            return ids.astype(np.int32)
+        if ids.dtype.kind not in "iu":  # floats, bools, strings or huge Python ints: judged one by one
+            ids = np.asarray([self._bad_token(t) for t in ids], dtype=np.int64)
+        if ids.min() < 0 or ids.max() >= self.n_vocab:
+            self._bad_token(int(ids[(ids < 0) | (ids >= self.n_vocab)][0]))
+        return ids.astype(np.int32)
+
+    def check_token(self, token: int) -> None:
+        """Raise TokenIdError unless ``token`` is an id in this model's vocabulary."""
+        if not (isinstance(token, (int, np.integer)) and 0 <= token < self.n_vocab):
+            self._bad_token(token)
+
+    def _bad_token(self, token: object) -> int:
+        """Raise TokenIdError for ``token`` if it is not a valid id; otherwise return it."""
+        whole = isinstance(token, (int, np.integer)) and not isinstance(token, (bool, np.bool_))
+        if whole and 0 <= token < self.n_vocab:  # type: ignore[operator]
+            return int(token)  # type: ignore[call-overload]
+        if not whole:
+            raise TokenIdError(f"Token id {token!r} is not a whole number; token ids are integers from 0 to "
+                               f"{self.n_vocab - 1} for {self.path.name}.")
+        raise TokenIdError(f"Token id {token!r} is outside the vocabulary of {self.path.name}, whose ids run from 0 "
+                           f"to {self.n_vocab - 1} ({self.n_vocab} tokens); send ids this model knows, or text.")
+
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Text to token ids.
 
@@ -351,6 +391,7 @@ class Model:
         """The bytes a token stands for (special tokens give b'')."""
         piece = self._pieces.get(token)
         if piece is None:
+            self.check_token(token)
             buf = ctypes.create_string_buffer(64)
             n = ll.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
             if n < 0:
@@ -366,16 +407,23 @@ class Model:
 
     def token_text(self, token: int) -> bytes:
         """The vocabulary's stored text of a token (as in the GGUF), for comparisons."""
+        self.check_token(token)
         return ll.llama_vocab_get_text(self._vocab, token) or b""
 
     def vocab_info(self) -> VocabInfo:
         """This model's vocabulary (for compatibility checks)."""
         return _vocab_info(self.path, self._vocab)
 
+    @functools.cached_property
+    def longest_token_bytes(self) -> int:
+        """The longest token's stored text in UTF-8 bytes: no token covers more bytes of a prompt."""
+        return max(len(t) for t in self.vocab_info().texts)
+
     def is_eog(self, token: int) -> bool:
         """True for end-of-generation tokens (EOS, EOT, <|im_end|>...)."""
         r = self._eog.get(token)
         if r is None:
+            self.check_token(token)
             r = self._eog[token] = bool(ll.llama_vocab_is_eog(self._vocab, token))
         return r
 
@@ -420,6 +468,7 @@ class Model:
 
         Raises:
             ContextOverflowError: the tokens do not fit in the context.
+            TokenIdError: a token id is outside the vocabulary (nothing is evaluated).
             BackendError: llama.cpp failed to decode. The chunks of ``n_batch``
                 tokens before the failing one stay in the cache (and in
                 ``tokens``); the failing chunk is removed.
@@ -427,13 +476,13 @@ class Model:
         n = len(tokens)
         if n == 0:
             return np.zeros((0, self.n_vocab), dtype=np.float32)
+        arr = self.check_tokens(tokens)
         self._repair()
         if self._n + n > self.n_ctx:
             raise ContextOverflowError(
                 f"{self._n + n} tokens do not fit in the {self.n_ctx}-token context of {self.path.name}; "
                 "shorten the input or raise the context length."
             )
-        arr = np.asarray(tokens, dtype=np.int32)
         earlier: list[np.ndarray] = []
         out = np.zeros((0, self.n_vocab), dtype=np.float32)
         for start in range(0, n, self.n_batch):
@@ -511,7 +560,7 @@ class Model:
         Returns:
             the logits row after the last token (a view, see ``eval``).
         """
-        arr = np.asarray(tokens, dtype=np.int32)
+        arr = self.check_tokens(tokens)
         if len(arr) == 0:
             raise ValueError("cannot sync to an empty token list")
         self._repair()

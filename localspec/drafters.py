@@ -84,7 +84,7 @@ class ModelDrafter:
 
     def prefill(self, context: np.ndarray) -> None:
         """Bring the draft cache up to ``context`` (done during prompt processing)."""
-        if len(context) > 1:
+        if len(context) > 1 and not self._foreign(context):
             m = self.model
             m.truncate(m.common_prefix(context[:-1]))
             m.eval(context[m.n_past : len(context) - 1], logits="none")
@@ -94,7 +94,7 @@ class ModelDrafter:
         m = self.model
         room = m.n_ctx - len(context)  # the draft context may be smaller than the target's
         k = min(k, room + 1)
-        if k <= 0:
+        if k <= 0 or self._foreign(context):
             return EMPTY_DRAFT
         logits = m.sync(context)
         tokens: list[int] = []
@@ -111,6 +111,10 @@ class ModelDrafter:
                 break
             logits = m.eval([tok], logits="last")[0]
         return Draft(tokens, np.stack(rows) if rows else None, "draft")
+
+    def _foreign(self, context: np.ndarray) -> bool:
+        """True when ``context`` holds an id past the draft's vocabulary (a padded target's): nothing to draft."""
+        return bool(context.size) and int(context.max()) >= self.model.n_vocab
 
     def settle(self, context: np.ndarray) -> None:
         """Keep only the cached prefix shared with ``context``."""

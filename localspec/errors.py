@@ -24,6 +24,10 @@ class ContextOverflowError(LocalspecError):
     """A prompt does not fit in the model's context window."""
 
 
+class TokenIdError(LocalspecError, ValueError):
+    """A token id is outside the model's vocabulary (or not a whole number)."""
+
+
 class SamplingError(LocalspecError, ValueError):
     """A sampling parameter is out of range."""
 
