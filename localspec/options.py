@@ -33,6 +33,10 @@ K_LIMIT = 16
 LOOKUP_NGRAM = (1, 5)
 #: The most stop strings one generation takes.
 MAX_STOPS = 16
+#: The longest stop string, in characters (the matcher looks back that far at every token).
+MAX_STOP_CHARS = 256
+#: The seed that asks for a random one, as llama.cpp spells it (LLAMA_DEFAULT_SEED).
+RANDOM_SEED = -1
 
 
 def _is_number(x: object) -> bool:
@@ -104,7 +108,7 @@ class GenerationOptions:
         max_tokens: most tokens to generate.
         temperature: 0 for greedy decoding, otherwise sampling.
         top_k, top_p, min_p: sampling filters (0, 1.0 and 0.0 turn them off).
-        seed: seed for sampling (None: a random one).
+        seed: seed for sampling (None, or -1 as in llama.cpp: a random one).
         method: "auto" (default: picks prompt lookup, history, the draft
             model or plain decoding and K each round from measured costs),
             "draft" (needs a draft model), "lookup", "history" (what followed
@@ -123,7 +127,7 @@ class GenerationOptions:
     top_k: int = _opt(0, "Keep the k likeliest tokens (0: off).", "--top-k")
     top_p: float = _opt(1.0, "Nucleus sampling mass (1: off).", "--top-p")
     min_p: float = _opt(0.0, "Drop tokens below min-p times the top probability (0: off).", "--min-p")
-    seed: Optional[int] = _opt(None, "Sampling seed (default: random).", "--seed")
+    seed: Optional[int] = _opt(None, "Sampling seed (default or -1: random).", "--seed")
     method: str = _opt("auto", "How to draft: auto picks prompt lookup, history, the draft model or plain "
                                "decoding (and K) each round from this machine's measured costs.", "--method", "-m")
     k: Optional[int] = _opt(None, f"Tokens drafted per round, 0 to {K_LIMIT} (default: 4 for draft or the pair's "
@@ -137,8 +141,10 @@ class GenerationOptions:
         SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)  # checks the sampling values
         if not _is_whole(self.max_tokens) or self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be a whole number >= 1, got {self.max_tokens!r}.")
-        if self.seed is not None and not _is_whole(self.seed):
-            raise ConfigError(f"seed must be a whole number (or None for a random one), got {self.seed!r}.")
+        if self.seed == RANDOM_SEED and _is_whole(self.seed):
+            object.__setattr__(self, "seed", None)  # frozen: the one normalisation done in place
+        if self.seed is not None and not (_is_whole(self.seed) and self.seed >= 0):
+            raise ConfigError(f"seed must be a whole number >= 0 (or -1 or None for a random one), got {self.seed!r}.")
         if self.method not in METHODS:
             raise ConfigError(f"Unknown method {self.method!r}; choose one of {', '.join(METHODS)}.")
         if self.k is not None:
@@ -152,6 +158,9 @@ class GenerationOptions:
             raise ConfigError(f"history must be true or false, got {self.history!r}.")
         if len(self.stop) > MAX_STOPS:
             raise ConfigError(f"At most {MAX_STOPS} stop strings are allowed, got {len(self.stop)}.")
+        longest = max(map(len, self.stop), default=0)
+        if longest > MAX_STOP_CHARS:
+            raise ConfigError(f"A stop string may be at most {MAX_STOP_CHARS} characters long, got one of {longest}.")
 
     @property
     def sampling(self) -> SamplingParams:
