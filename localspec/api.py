@@ -30,7 +30,7 @@ from .backend import Model, read_vocab
 from .compat import check_vocab
 from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from .engine import Generation, GenerationStats, TokenEvent, check_prompt
-from .errors import ConfigError
+from .errors import ConfigError, ContextOverflowError
 from .history import PROMPT_KEEP, HistoryDrafter, HistoryStore, history_dir
 from .options import GenerationOptions, check_k
 
@@ -281,11 +281,17 @@ class Pair:
             options: the generation options (default: the pair's defaults).
             **changes: single options to change, e.g. ``max_tokens=64``
                 (see ``GenerationOptions``).
+
+        Raises:
+            ConfigError, SamplingError: an option is out of range (before any work).
+            TokenIdError: a token id is outside the target's vocabulary (before any work).
+            ContextOverflowError: the prompt does not fit the context.
         """
         opts = self.options(options, **changes)
         if isinstance(prompt, str):
+            self._check_length(prompt)
             return self._start(self.tokenize(prompt), prompt, opts)
-        return self._start([int(t) for t in prompt], None, opts)
+        return self._start(self.target.check_tokens(prompt).tolist(), None, opts)
 
     def generate(self, prompt: Union[str, Sequence[int]], options: Optional[GenerationOptions] = None,
                  **changes: Any) -> Result:
@@ -303,6 +309,7 @@ class Pair:
 
         Raises:
             ConfigError, SamplingError: an option is out of range (before any work).
+            TokenIdError: a token id is outside the target's vocabulary (before any work).
             ContextOverflowError: the prompt does not fit the context.
         """
         return self.stream(prompt, options, **changes).finish()
@@ -317,7 +324,18 @@ class Pair:
         """Like ``chat``, yielding TokenEvents."""
         opts = self.options(options, **changes)
         text = self.format_chat(messages)
+        self._check_length(text)
         return self._start(self.target.tokenize(text, add_special=False), text, opts)
+
+    def _check_length(self, text: str) -> None:
+        """Refuse a text that cannot fit the context, before paying to tokenize all of it."""
+        t = self.target
+        # No token covers more than longest_token_bytes bytes (>= characters) of text.
+        if len(text) > t.longest_token_bytes * (t.n_ctx - 1):
+            raise ContextOverflowError(
+                f"The prompt is {len(text)} characters, which cannot fit in {t.n_ctx} tokens of context "
+                f"(no token of {t.path.name} covers more than {t.longest_token_bytes} characters); "
+                "shorten the prompt or raise the context length (--ctx).")
 
     def _start(self, prompt_tokens: list[int], prompt_text: Optional[str], opts: GenerationOptions) -> Stream:
         check_prompt(self.target, len(prompt_tokens))  # before any work, calibration included
