@@ -269,16 +269,23 @@ def _ensure_pulled(name: str, yes: bool) -> None:
               help="Address to listen on; anything but loopback needs --api-key.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port (0: any free one).")
 @click.option("--api-key", envvar="LOCALSPEC_API_KEY", default=None,
-              help="Require 'Authorization: Bearer KEY' on /v1 requests (or set LOCALSPEC_API_KEY).")
+              help="Require 'Authorization: Bearer KEY' on every request but /health (or set LOCALSPEC_API_KEY).")
 @click.option("--max-queue", type=click.IntRange(0, 1000), default=8, show_default=True,
               help="Requests that may wait while one generates; more get 503.")
+@click.option("--allow-origin", "origins", multiple=True, metavar="ORIGIN",
+              help="A web page origin (e.g. http://localhost:3000) allowed to call the API from a browser; "
+                   "repeatable, '*' for any page. Without it, requests that carry an Origin get 403.")
+@click.option("--max-body", type=click.IntRange(1024), default=None,
+              help="The largest request body in bytes (default: 4 MiB); larger ones get 413.")
 @_friendly_errors
 def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, api_key: Optional[str],
-          max_queue: int) -> None:
+          max_queue: int, origins: tuple[str, ...], max_body: Optional[int]) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API (chat and completions, streamed or not).
 
     The generation options given here are the defaults for requests that
-    leave them out; without --max-tokens a request may fill the context.
+    leave them out; --max-tokens also caps what a request may ask for (without
+    it, a request may fill the context). --no-history keeps every request out
+    of the history store, whatever the request says.
     """
     import ipaddress
 
@@ -290,32 +297,33 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
         raise click.ClickException(f"Binding {host} would let anyone who can reach this machine use the models; "
                                    "give --api-key KEY, or bind 127.0.0.1.")
     try:
-        import uvicorn
-
-        from .server import Server, create_app
+        from .server import MAX_BODY, Server, create_app, run
+        from .server_http import LOOPBACK_NAMES
     except ImportError as exc:
         raise click.ClickException(f"localspec serve needs the server extra ({exc.name} is missing): "
                                    "pip install 'localspec[server]'.") from None
     given_max_tokens = click.get_current_context().get_parameter_source("max_tokens") is not (
         click.core.ParameterSource.DEFAULT)
     with models.open() as pair:
+        if not options.history:
+            pair.set_history(False)  # the operator's off is absolute: no request can turn it back on
         if not given_max_tokens:
             options = options.replace(max_tokens=pair.target.n_ctx)  # a request may fill the context
         name = models.pair_name or pair.target.path.stem
-        server = Server(pair, name, options, api_key=api_key, max_queue=max_queue)
+        server = Server(pair, name, options, max_queue=max_queue, history=pair.history is not None,
+                        max_tokens=options.max_tokens if given_max_tokens else None)
         if options.method == "auto":
             # Now rather than in the first request, and on the worker thread that will generate:
             # llama.cpp's OpenMP threads belong to the thread that calls it, and a second team left
             # over from another thread slowed every later batch by a fifth here.
             server.worker.submit(pair.calibrate).result()
-        config = uvicorn.Config(create_app(server), host=host, port=port, log_level="warning")
-        web = uvicorn.Server(config)
+        hosts = (*LOOPBACK_NAMES, f"[{host}]" if ":" in host else host) if loopback else ()
+        app = create_app(server, hosts=hosts, origins=origins, api_key=api_key,
+                         max_body=MAX_BODY if max_body is None else max_body)
         click.echo(f"localspec serve: model {name!r} on http://{host}:{port}/v1 "
-                   f"({'API key required' if api_key else 'no API key'}); Ctrl-C stops", err=True)
-        try:
-            web.run()
-        finally:
-            server.worker.shutdown(wait=True, cancel_futures=True)
+                   f"({'API key required' if api_key else 'no API key'}; history "
+                   f"{'recorded' if server.limits.history else 'off'}); Ctrl-C stops", err=True)
+        run(server, app, host, port)
 
 
 # -- model pairs ------------------------------------------------------------------------------------
@@ -426,15 +434,18 @@ def history(ctx: click.Context, as_json: bool) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    from .history import history_dir, list_stores
+    from .history import history_dir, list_stores, set_aside_copies
 
-    stores = list_stores()
+    stores, aside = list_stores(), set_aside_copies()
     if as_json:
-        click.echo(json.dumps([{"file": str(path), "model": model, "records": c.records, "tokens": c.tokens,
-                                "bytes": c.bytes, "drafted": c.drafted, "accepted": c.accepted,
-                                "hit_rate": c.hit_rate} for path, model, c in stores], indent=1))
+        rows: list[dict[str, Any]] = [
+            {"file": str(path), "model": model, "records": c.records, "tokens": c.tokens, "bytes": c.bytes,
+             "drafted": c.drafted, "accepted": c.accepted, "hit_rate": c.hit_rate, "set_aside": False}
+            for path, model, c in stores]
+        rows += [{"file": str(path), "bytes": path.stat().st_size, "set_aside": True} for path in aside]
+        click.echo(json.dumps(rows, indent=1))
         return
-    if not stores:
+    if not stores and not aside:
         click.echo(f"no history yet ({history_dir()})")
         return
     for path, model, c in stores:
@@ -442,13 +453,16 @@ def history(ctx: click.Context, as_json: bool) -> None:
             "no history drafts yet"
         click.echo(f"{model}: {c.records} generations, {c.tokens} tokens, {c.bytes / 1e6:.2f} MB; {hits}")
         click.echo(f"  {path}")
+    for path in aside:
+        click.echo(f"set aside as damaged (`localspec history clear` deletes it): {path}, "
+                   f"{path.stat().st_size / 1e6:.2f} MB")
 
 
 @history.command("clear")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask.")
 @_friendly_errors
 def history_clear(yes: bool) -> None:
-    """Delete every model's history store."""
+    """Delete every model's history store, and the damaged copies set aside."""
     from .history import clear_stores, history_dir
 
     if not yes:

@@ -11,10 +11,16 @@ own ``localspec`` stats.
 
 Both models of a pair share one cache, so generations run one at a time on a
 single worker thread; further requests wait in a bounded queue and get 503
-with ``Retry-After`` once it is full. A client that goes away mid-stream
-cancels its generation at the next token; closing the stream leaves both
-caches consistent, so the next request is exact. A growing conversation
-reuses the cached prefix and only processes its new tokens.
+with ``Retry-After`` once it is full. A client that goes away, streaming or
+not, cancels its generation at the next token, or leaves the queue if it was
+still waiting; SIGTERM and Ctrl-C cancel every generation and end the process
+(``run``). Closing a stream leaves both caches consistent, so the next request
+is exact. A growing conversation reuses the cached prefix and only processes
+its new tokens.
+
+Requests are checked at two depths: the HTTP boundary (Host, Origin, API key,
+content type, body size) in ``server_http``, the JSON body in
+``server_requests``.
 
 Needs the ``server`` extra (FastAPI, uvicorn); the rest of localspec does not.
 """
@@ -23,141 +29,38 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hmac
+import functools
 import json
-import re
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional, Union
+from typing import Any, AsyncIterator, Optional, Sequence
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 
 from .api import Pair, Result, Stream
-from .errors import ConfigError, ContextOverflowError, LocalspecError, SamplingError
+from .errors import ConfigError, ContextOverflowError, LocalspecError, SamplingError, TokenIdError
 from .options import GenerationOptions
+from .server_http import LOOPBACK_NAMES, ApiError, Guard
+from .server_requests import ChatRequest, Limits, parse_body, parse_request
 
-#: Request fields that would change the output and that localspec does not implement, with the
-#: values that mean "not used": a request giving anything else gets a 400, never a silent ignore.
-UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "n": (1,), "best_of": (1,), "logprobs": (False,), "top_logprobs": (0,), "echo": (False,), "suffix": ("",),
-    "tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],), "function_call": ("none", "auto"),
-    "logit_bias": ({},), "presence_penalty": (0,), "frequency_penalty": (0,), "repeat_penalty": (1,),
-    "typical_p": (1,), "mirostat": (0,), "grammar": ("",), "json_schema": ({},), "audio": ({},),
-    "modalities": (["text"],), "prediction": ({},),
-}
-#: OpenAI's and localspec's option names -> GenerationOptions fields.
-OPTION_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",
-                 "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed", "stop": "stop",
-                 "method": "method", "k": "k", "history": "history"}
+#: The largest request body by default, in bytes (a full 32k-token context of text is about 130 kB).
+MAX_BODY = 4 * 1024 * 1024
 
 
-class ApiError(Exception):
-    """An error answered as OpenAI's error object."""
-
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: Optional[str] = None, code: Optional[str] = None, headers: Optional[dict[str, str]] = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-        self.headers = headers
-
-    def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
-
-
-def _library_error(exc: LocalspecError) -> ApiError:
+def _library_error(exc: LocalspecError, chat: bool) -> ApiError:
     if isinstance(exc, ContextOverflowError):
-        return ApiError(400, str(exc), code="context_length_exceeded", param="messages")
+        return ApiError(400, str(exc), code="context_length_exceeded", param="messages" if chat else "prompt")
+    if isinstance(exc, TokenIdError):
+        return ApiError(400, str(exc), code="invalid_token_id", param="prompt")
     if isinstance(exc, (ConfigError, SamplingError)):
         return ApiError(400, str(exc), code="invalid_value")
     return ApiError(500, str(exc), type="server_error")
-
-
-@dataclass
-class ChatRequest:
-    """A parsed request: what to continue, with which options, and how to answer."""
-
-    chat: bool
-    messages: Optional[list[dict[str, str]]]
-    prompt: Union[str, list[int], None]
-    options: GenerationOptions
-    stream: bool
-    include_usage: bool
-
-
-def parse_request(body: Any, chat: bool, defaults: GenerationOptions, models: tuple[str, ...]) -> ChatRequest:
-    """Check a request body and turn it into options (raises ApiError with OpenAI's codes)."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "The request body must be a JSON object.")
-    model = body.get("model")
-    if model is not None and model not in models:
-        raise ApiError(404, f"The model {model!r} does not exist; this server has {', '.join(models)}.",
-                       param="model", code="model_not_found")
-    for name, neutral in UNSUPPORTED.items():
-        value = body.get(name)
-        if value is not None and value not in neutral:
-            raise ApiError(400, f"localspec does not support {name!r} (got {value!r}); leave it out.",
-                           param=name, code="unsupported_parameter")
-    fmt = body.get("response_format")
-    if fmt not in (None, {"type": "text"}):
-        raise ApiError(400, f"localspec only produces plain text; response_format {fmt!r} is not supported.",
-                       param="response_format", code="unsupported_parameter")
-    given: dict[str, Any] = {}
-    speculative = body.get("speculative") or {}
-    if not isinstance(speculative, dict):
-        raise ApiError(400, "'speculative' must be an object such as {\"method\": \"auto\", \"k\": 8}.",
-                       param="speculative")
-    for source in (body, speculative):
-        for name, target in OPTION_FIELDS.items():
-            if source.get(name) is not None:
-                given[target] = source[name]
-    try:
-        options = defaults.replace(**given)
-    except LocalspecError as exc:
-        param = next((n for n in OPTION_FIELDS if re.search(rf"\b{n}\b", str(exc))), None)
-        raise ApiError(400, str(exc), param=param, code="invalid_value") from None
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise ApiError(400, "'stream' must be true or false.", param="stream")
-    include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
-    if chat:
-        return ChatRequest(True, _messages(body.get("messages")), None, options, stream, include_usage)
-    return ChatRequest(False, None, _prompt(body.get("prompt")), options, stream, include_usage)
-
-
-def _messages(value: Any) -> list[dict[str, str]]:
-    if not isinstance(value, list) or not value:
-        raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects.", param="messages")
-    out = []
-    for i, m in enumerate(value):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ApiError(400, f"messages[{i}] needs a 'role' string.", param="messages")
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: text only
-            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                raise ApiError(400, f"messages[{i}] has a non-text content part; localspec models read text only.",
-                               param="messages")
-            content = "".join(str(p.get("text", "")) for p in content)
-        if content is None:
-            content = ""
-        if not isinstance(content, str):
-            raise ApiError(400, f"messages[{i}].content must be a string.", param="messages")
-        out.append({"role": m["role"], "content": content})
-    return out
-
-
-def _prompt(value: Any) -> Union[str, list[int]]:
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
-        value = value[0]  # one prompt in a list
-    if isinstance(value, str) and value:
-        return value
-    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-        return value
-    raise ApiError(400, "'prompt' must be one non-empty string (or one list of token ids).", param="prompt")
 
 
 def _stats(r: Result) -> dict[str, Any]:
@@ -184,7 +87,7 @@ def _usage(r: Result) -> dict[str, int]:
     return {"prompt_tokens": len(r.prompt_tokens), "completion_tokens": n, "total_tokens": len(r.prompt_tokens) + n}
 
 
-@dataclass
+@dataclass(eq=False)  # compared (and hashed) by identity: the server keeps a set of them
 class Job:
     """One admitted request: its stream's events come back through ``events``."""
 
@@ -192,6 +95,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    future: Optional[concurrent.futures.Future] = None  # its place on the worker, while it waits or runs
     checked: float = field(default_factory=time.monotonic)  # when the client was last seen connected
 
     def put(self, kind: str, value: Any) -> None:
@@ -199,43 +103,77 @@ class Job:
 
 
 class Server:
-    """The pair, the single generation worker, and the admission count.
+    """The pair, the single generation worker, and the admitted jobs.
 
     Args:
         pair: the loaded models (used from the worker thread only).
         name: the model name clients use.
         defaults: options for what a request leaves out.
-        api_key: if set, every /v1 request needs ``Authorization: Bearer KEY``.
         max_queue: requests that may wait while one generates; more get 503.
+        max_tokens: the most tokens one request may generate (larger requests are capped); None: the context.
+        history: False keeps every request out of the history store, whatever it asks.
     """
 
-    def __init__(self, pair: Pair, name: str, defaults: GenerationOptions, api_key: Optional[str] = None,
-                 max_queue: int = 8):
+    def __init__(self, pair: Pair, name: str, defaults: GenerationOptions, *, max_queue: int = 8,
+                 max_tokens: Optional[int] = None, history: bool = True):
         self.pair = pair
-        self.names = (name,)
         self.defaults = defaults
-        self.api_key = api_key
+        self.limits = Limits((name,), max_tokens, history)
         self.max_queue = max_queue
         self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-generate")
-        self.admitted = 0  # running + waiting; only touched on the event loop's thread (see release)
+        self.jobs: set[Job] = set()  # running + waiting; only touched on the event loop's thread
         self.counts = {"completed": 0, "cancelled": 0, "failed": 0}
         self.created = int(time.time())
+        self.stopping = False
 
-    def release(self) -> None:
-        """A job left the worker (called on the event loop's thread)."""
-        self.admitted -= 1
+    @property
+    def name(self) -> str:
+        return self.limits.models[0]
+
+    def admit(self, request: ChatRequest) -> Job:
+        """Queue a generation on the worker (called on the event loop's thread)."""
+        if self.stopping:
+            raise ApiError(503, "The server is shutting down.", type="server_error", code="server_stopping")
+        if len(self.jobs) > self.max_queue:
+            raise ApiError(503, f"The server is busy: one generation is running and {self.max_queue} are "
+                           "waiting; try again shortly.", type="server_error", code="server_busy",
+                           headers={"Retry-After": "5"})
+        job = Job(request, asyncio.get_running_loop())
+        self.jobs.add(job)
+        job.future = self.worker.submit(self.generate, job)
+        return job
+
+    def abandon(self, job: Job) -> None:
+        """Its client left: stop the generation at its next token, or drop it from the queue now."""
+        job.cancelled.set()
+        if job.future is not None and job.future.cancel():  # it had not started: it never will
+            self.counts["cancelled"] += 1
+            self.jobs.discard(job)
+
+    def stop(self) -> None:
+        """Refuse new requests and cancel every admitted one (the process is exiting)."""
+        self.stopping = True
+        for job in list(self.jobs):
+            job.cancelled.set()
 
     def generate(self, job: Job) -> None:
         """Run one job on the worker thread, sending events back to the loop."""
         try:
             self._generate(job)
         finally:
-            job.loop.call_soon_threadsafe(self.release)  # admission ends when the worker is done with it
+            job.loop.call_soon_threadsafe(self.jobs.discard, job)  # admission ends when the worker is done
+
+    def _cancelled(self, job: Job) -> None:
+        self.counts["cancelled"] += 1
+        if self.stopping:  # say why to a client that is still there
+            job.put("error", ApiError(503, "The server is shutting down; the generation was stopped.",
+                                      type="server_error", code="server_stopping"))
+        else:
+            job.put("done", None)
 
     def _generate(self, job: Job) -> None:
-        if job.cancelled.is_set():  # its client left while it waited
-            self.counts["cancelled"] += 1
-            job.put("done", None)
+        if job.cancelled.is_set():  # its client left, or the server is stopping, while it waited
+            self._cancelled(job)
             return
         stream: Optional[Stream] = None
         req = job.request
@@ -255,15 +193,14 @@ class Server:
                     sent += len(ev.text)
         except LocalspecError as exc:
             self.counts["failed"] += 1
-            job.put("error", _library_error(exc))
+            job.put("error", _library_error(exc, req.chat))
             return
         except Exception as exc:  # a bug: answer 500 and keep serving
             self.counts["failed"] += 1
             job.put("error", ApiError(500, f"Generation failed: {exc!r}.", type="server_error"))
             return
         if job.cancelled.is_set():
-            self.counts["cancelled"] += 1
-            job.put("done", None)
+            self._cancelled(job)
             return
         assert stream is not None
         result = stream.result
@@ -273,51 +210,42 @@ class Server:
         job.put("done", result)
 
 
-def create_app(server: Server) -> FastAPI:
-    """The FastAPI application serving ``server``'s pair."""
+def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins: Sequence[str] = (),
+               api_key: Optional[str] = None, max_body: int = MAX_BODY) -> FastAPI:
+    """The FastAPI application serving ``server``'s pair.
+
+    Args:
+        server: the pair and its worker.
+        hosts: the Host names accepted (loopback names for a loopback bind; empty: any).
+        origins: the web page origins allowed to call the API (``"*"``: any), with CORS headers for them.
+        api_key: if set, every request but ``/health`` needs ``Authorization: Bearer KEY``.
+        max_body: the largest request body in bytes.
+    """
     app = FastAPI(title="localspec", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
-        return ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}.", type=kind).response()
-
-    @app.middleware("http")
-    async def authorize(request: Request, call_next: Any) -> Any:
-        if server.api_key and request.url.path.startswith("/v1"):
-            header = request.headers.get("authorization", "")
-            token = header[7:] if header.lower().startswith("bearer ") else ""
-            if not hmac.compare_digest(token.encode(), server.api_key.encode()):
-                return ApiError(401, "Missing or wrong API key: send 'Authorization: Bearer KEY' with the key "
-                                "the server was started with.", code="invalid_api_key").response()
-        return await call_next(request)
+        return ApiError(exc.status_code, f"{request.method} {request.scope['path']}: {exc.detail}.",
+                        type=kind).response()
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": server.names[0], "running": min(server.admitted, 1),
-                "queued": max(0, server.admitted - 1), "generations": dict(server.counts)}
+        return {"status": "stopping" if server.stopping else "ok", "model": server.name,
+                "running": min(len(server.jobs), 1), "queued": max(0, len(server.jobs) - 1),
+                "generations": dict(server.counts)}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": n, "object": "model", "created": server.created,
-                                            "owned_by": "localspec"} for n in server.names]}
+                                            "owned_by": "localspec"} for n in server.limits.models]}
 
     async def complete(request: Request, chat: bool) -> Any:
         try:
-            try:
-                body = json.loads(await request.body())
-            except ValueError as exc:
-                raise ApiError(400, f"The request body is not valid JSON ({exc}).") from None
-            req = parse_request(body, chat, server.defaults, server.names)
-            if server.admitted > server.max_queue:
-                raise ApiError(503, f"The server is busy: one generation is running and {server.max_queue} are "
-                               "waiting; try again shortly.", type="server_error", code="server_busy",
-                               headers={"Retry-After": "5"})
+            req = parse_request(parse_body(await request.body()), chat, server.defaults, server.limits)
+            job = server.admit(req)
         except ApiError as exc:
             return exc.response()
-        server.admitted += 1
-        job = Job(req, asyncio.get_running_loop())
-        server.worker.submit(server.generate, job)
         return await (_stream(server, job, request) if req.stream else _whole(server, job, request))
 
     @app.post("/v1/chat/completions")
@@ -328,18 +256,24 @@ def create_app(server: Server) -> FastAPI:
     async def completions(request: Request) -> Any:
         return await complete(request, chat=False)
 
+    if origins:  # CORS headers (and preflight answers) for the allowed pages only
+        app.add_middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(Guard, hosts=hosts, origins=origins, api_key=api_key, max_body=max_body)
     return app
 
 
-async def _next_event(job: Job, request: Request) -> tuple[str, Any]:
-    """The job's next event; a client that went away cancels the job (checked twice a second)."""
+async def _next_event(server: Server, job: Job, request: Request) -> tuple[str, Any]:
+    """The job's next event; a client that went away abandons the job (checked every quarter second)."""
     while True:
-        if time.monotonic() - job.checked > 0.5:
+        if not job.cancelled.is_set() and time.monotonic() - job.checked >= 0.25:
             job.checked = time.monotonic()
             if await request.is_disconnected():
-                job.cancelled.set()
+                server.abandon(job)
+                if job not in server.jobs:  # it never started: nothing more will come
+                    return "done", None
         try:
-            return await asyncio.wait_for(job.events.get(), timeout=0.5)
+            return await asyncio.wait_for(job.events.get(), timeout=0.25)
         except asyncio.TimeoutError:
             continue
 
@@ -347,7 +281,7 @@ async def _next_event(job: Job, request: Request) -> tuple[str, Any]:
 def _envelope(server: Server, job: Job, rid: str, chunk: bool) -> dict[str, Any]:
     kind = "chat.completion" if job.request.chat else "text_completion"
     return {"id": rid, "object": kind + (".chunk" if chunk and job.request.chat else ""), "created": int(time.time()),
-            "model": server.names[0]}
+            "model": server.name}
 
 
 async def _whole(server: Server, job: Job, request: Request) -> Any:
@@ -356,15 +290,15 @@ async def _whole(server: Server, job: Job, request: Request) -> Any:
     text: list[str] = []
     try:
         while True:
-            kind, value = await _next_event(job, request)
+            kind, value = await _next_event(server, job, request)
             if kind == "text":
                 text.append(value)
             elif kind == "error":
                 return value.response()
             else:
                 break
-    except BaseException:  # the server is stopping, or the handler was cancelled
-        job.cancelled.set()
+    except BaseException:  # the handler was cancelled
+        server.abandon(job)
         raise
     if value is None:  # cancelled: nobody is listening
         return JSONResponse({}, status_code=499)
@@ -381,9 +315,9 @@ async def _stream(server: Server, job: Job, request: Request) -> Any:
     """Server-sent events; errors before the first token are answered as plain errors."""
     rid = ("chatcmpl-" if job.request.chat else "cmpl-") + uuid.uuid4().hex[:24]
     try:
-        first = await _next_event(job, request)  # prefill happens before it: a too-long prompt fails here
+        first = await _next_event(server, job, request)  # prefill happens before it: a too-long prompt fails here
     except BaseException:
-        job.cancelled.set()
+        server.abandon(job)
         raise
     if first[0] == "error":
         return first[1].response()
@@ -425,9 +359,33 @@ async def _stream(server: Server, job: Job, request: Request) -> Any:
                                        **_stats(r)})
                     yield "data: [DONE]\n\n"
                     break
-                kind, value = await _next_event(job, request)
+                kind, value = await _next_event(server, job, request)
         finally:
-            job.cancelled.set()  # the client went away (or we are done): stop generating
+            server.abandon(job)  # the client went away (or we are done): stop generating
 
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn, with SIGTERM and Ctrl-C cancelling the generations it would otherwise wait for."""
+
+    def __init__(self, config: uvicorn.Config, server: Server):
+        super().__init__(config)
+        self.localspec = server
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.localspec.stop()  # running and waiting generations end at their next token
+        super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        await super().shutdown(sockets)
+        # The worker finishes its cancelled generation (and records it) before the process goes.
+        stop = functools.partial(self.localspec.worker.shutdown, wait=True, cancel_futures=True)
+        await asyncio.get_running_loop().run_in_executor(None, stop)
+
+
+def run(server: Server, app: FastAPI, host: str, port: int) -> None:
+    """Serve ``app`` until SIGTERM or Ctrl-C, which cancel the generations and end the process within seconds."""
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3)
+    _Uvicorn(config, server).run()

@@ -63,6 +63,33 @@ class ServeProcess:
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"{}"), e.headers
 
+    def raw(self, request: bytes, timeout: float = 30, body_chunks: int = 0, chunk: bytes = b"") -> tuple[int, bytes]:
+        """Send raw bytes (then ``body_chunks`` copies of ``chunk``, while the server lets us) over one socket;
+        returns (status, response body). The response is read as soon as the server sends it."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as s:
+            s.sendall(request)
+            try:
+                for _ in range(body_chunks):
+                    s.sendall(chunk)
+            except OSError:
+                pass  # the server answered and closed without reading the rest
+            data = b""
+            try:
+                while True:
+                    got = s.recv(65536)
+                    if not got:
+                        break
+                    data += got
+                    head, sep, rest = data.partition(b"\r\n\r\n")
+                    length = [ln for ln in head.lower().split(b"\r\n") if ln.startswith(b"content-length:")]
+                    if sep and length and len(rest) >= int(length[0].split(b":")[1]):
+                        break
+            except OSError:
+                pass  # reset after the answer
+        head, _, body = data.partition(b"\r\n\r\n")
+        status = int(head.split(b" ")[1]) if head.startswith(b"HTTP/") else 0
+        return status, body
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import signal
+import socket
 import threading
 import time
 
@@ -60,3 +63,65 @@ def test_a_full_queue_answers_503_and_a_leaving_client_cancels_its_generation(se
     after = server.get("/health")["generations"]
     assert after["cancelled"] == before["cancelled"] + 1 and after["failed"] == 0
     assert queued["text"] == answer  # the queued request ran next, on consistent caches
+
+
+def _open_request(server, body: dict) -> socket.socket:
+    """A raw client that sends a request and then neither reads nor closes until told."""
+    data = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+              f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    return s
+
+
+def _wait_for(server, ready, limit: float = 30) -> float:
+    started = time.monotonic()
+    while not ready(server.get("/health")):
+        assert time.monotonic() - started < limit
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+LONG = {"messages": [{"role": "user", "content": "Write a very long story about a lighthouse keeper."}],
+        "max_tokens": 1500, "temperature": 0}
+
+
+def test_a_client_that_hangs_up_on_a_whole_answer_frees_the_worker_within_a_second(server):
+    before = server.get("/health")["generations"]["cancelled"]
+    s = _open_request(server, LONG)
+    _wait_for(server, lambda h: h["running"] == 1)
+    time.sleep(2)  # well into the reply
+    s.close()
+    took = _wait_for(server, lambda h: h["running"] == 0 and h["generations"]["cancelled"] == before + 1, 10)
+    assert took < 1.5, took  # the disconnect is seen within a quarter second, the next token stops it
+
+
+def test_a_queued_client_that_leaves_is_dropped_from_the_queue(server):
+    client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=120)
+    long = client.chat.completions.create(model="target", stream=True, **LONG)
+    next(iter(long))  # it is generating now
+    before = server.get("/health")["generations"]["cancelled"]
+    s = _open_request(server, {**LONG, "max_tokens": 16})
+    _wait_for(server, lambda h: h["queued"] == 1)
+    s.close()
+    took = _wait_for(server, lambda h: h["queued"] == 0 and h["generations"]["cancelled"] == before + 1, 10)
+    assert took < 1.5 and server.get("/health")["running"] == 1, took  # the running one was not disturbed
+    long.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_mid_generation_ends_the_server_within_seconds(tmp_path, sig):
+    d = real_models_dir()
+    s = ServeProcess(["-t", str(d / "target.gguf"), "--ctx", "2048", "--threads", "2", "-m", "plain"], tmp_path,
+                     timeout=300)
+    try:
+        client = openai.OpenAI(base_url=s.url, api_key="x", max_retries=0, timeout=120)
+        stream = client.chat.completions.create(model="target", stream=True, **LONG)
+        next(iter(stream))
+        started = time.monotonic()
+        s.proc.send_signal(sig)
+        s.proc.wait(timeout=5)
+        assert time.monotonic() - started < 5
+        assert "Traceback" not in s.output()
+    finally:
+        s.close()

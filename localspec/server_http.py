@@ -1,0 +1,156 @@
+"""The server's HTTP boundary: OpenAI's error object, and the checks every request passes first.
+
+A server on 127.0.0.1 is reachable from every web page its user opens, so
+``Guard`` (a pure ASGI middleware: it does not hide a client's disconnect
+from the endpoints, as Starlette's ``BaseHTTPMiddleware`` does) treats the
+request line and headers as input too, before any endpoint runs:
+
+* **Host**: on a loopback bind only ``localhost``, ``127.0.0.1`` and ``[::1]``
+  (any port) are accepted; a page that rebinds its own name to 127.0.0.1
+  sends its own name and gets 403.
+* **Origin**: a browser's cross-site request carries one; it must be one the
+  operator allowed (``--allow-origin``), else 403.
+* **API key**: when set, on every path but ``/health``, checked against the
+  ASGI path itself (not a URL rebuilt from the Host header).
+* **Content type**: POST bodies must be ``application/json`` (415), which a
+  page cannot send cross-site without a CORS preflight.
+* **Body size**: over ``max_body`` bytes gets 413 as soon as that is known.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any, Awaitable, Callable, MutableMapping, Optional, Sequence
+
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: Host names a loopback server answers to.
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+#: Paths anyone may read without the API key.
+OPEN_PATHS = ("/health",)
+
+
+class ApiError(Exception):
+    """An error answered as OpenAI's error object."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: Optional[str] = None, code: Optional[str] = None, headers: Optional[dict[str, str]] = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def host_name(host: str) -> Optional[str]:
+    """The name part of a Host header, lower-cased (``[::1]:8000`` -> ``[::1]``); None if malformed."""
+    host = host.strip().lower()
+    if host.startswith("["):  # an IPv6 literal: [::1] or [::1]:8000
+        name, bracket, rest = host.partition("]")
+        name += bracket
+    else:
+        name, colon, port = host.partition(":")
+        rest = colon + port
+    if not name or (rest and not (rest[0] == ":" and rest[1:].isdigit() and len(rest) <= 6)):
+        return None
+    return name
+
+
+class Guard:
+    """ASGI middleware that answers bad requests before the application sees them.
+
+    Args:
+        app: the application to protect.
+        hosts: the Host names accepted (lower-case, IPv6 in brackets); empty accepts any (a non-loopback bind).
+        origins: the Origin values accepted; ``"*"`` accepts any.
+        api_key: required as ``Authorization: Bearer KEY`` on every path but ``/health``; None for none.
+        max_body: the largest request body, in bytes.
+    """
+
+    def __init__(self, app: ASGIApp, *, hosts: Sequence[str], origins: Sequence[str], api_key: Optional[str],
+                 max_body: int):
+        self.app = app
+        self.hosts = frozenset(hosts)
+        self.origins = frozenset(origins)
+        self.api_key = api_key
+        self.max_body = max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # lifespan events
+            await self.app(scope, receive, send)
+            return
+        try:
+            self.check(scope, Headers(scope=scope))
+            if scope["method"] == "POST":
+                receive = await self._buffered(scope, receive)
+        except ApiError as exc:
+            await exc.response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def check(self, scope: Scope, headers: Headers) -> None:
+        """Raise ApiError for a request that must not reach the application."""
+        if self.hosts and host_name(headers.get("host", "")) not in self.hosts:
+            raise ApiError(403, f"Host {headers.get('host', '')!r} is not this server's loopback address; "
+                           f"address it as {', '.join(LOOPBACK_NAMES)} (a page that points its own name at this "
+                           "machine is refused).", type="permission_error", code="host_not_allowed")
+        origin = headers.get("origin")
+        if origin is not None and "*" not in self.origins and origin not in self.origins:
+            raise ApiError(403, f"Requests from web pages at {origin!r} are not allowed; start the server with "
+                           f"--allow-origin {origin} to let that page use it.", type="permission_error",
+                           code="origin_not_allowed")
+        preflight = scope["method"] == "OPTIONS" and origin is not None  # carries no credentials by design
+        if self.api_key and not preflight and scope["path"] not in OPEN_PATHS:
+            auth = headers.get("authorization", "")
+            token = auth[7:] if auth.lower().startswith("bearer ") else ""
+            if not hmac.compare_digest(token.encode(), self.api_key.encode()):
+                raise ApiError(401, "Missing or wrong API key: send 'Authorization: Bearer KEY' with the key "
+                               "the server was started with.", code="invalid_api_key")
+        if scope["method"] == "POST":
+            kind = headers.get("content-type", "").partition(";")[0].strip().lower()
+            if kind != "application/json":
+                raise ApiError(415, f"The request body must be JSON sent as 'Content-Type: application/json', "
+                               f"not {kind or 'no content type'!r}.", code="unsupported_media_type")
+            length = headers.get("content-length")
+            if length is not None and (not length.isdigit() or int(length) > self.max_body):
+                raise self._too_large(length)
+
+    def _too_large(self, size: str) -> ApiError:
+        return ApiError(413, f"The request body ({size} bytes) is larger than this server's limit of "
+                        f"{self.max_body} bytes (--max-body).", code="body_too_large")
+
+    async def _buffered(self, scope: Scope, receive: Receive) -> Receive:
+        """Read the whole body (at most ``max_body`` bytes) and hand it on in one message."""
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ApiError(400, "The client left before sending the whole body.")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                raise self._too_large(f"over {self.max_body}")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()  # later calls wait for the client to leave
+
+        return replay

@@ -1,0 +1,283 @@
+"""The server's request bodies: typed models, and their translation into ``GenerationOptions``.
+
+Types and structure are checked by pydantic (strict: ``"2"`` is not a
+number, ``true`` is not 1), value ranges by ``GenerationOptions`` (the same
+bounds as the CLI and the Python API). Every mistake becomes one
+``ApiError`` with OpenAI's ``param`` and ``code``: an unknown field, a field
+localspec does not implement with a value that would change the output, a
+role it cannot render, a value out of range. Nothing is silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from .errors import LocalspecError
+from .options import GenerationOptions
+from .server_http import ApiError
+
+#: Request fields that would change the output and that localspec does not implement, with the values
+#: that mean "not used": anything else gets a 400 naming the field.
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "n": (1,), "best_of": (1,), "logprobs": (False,), "top_logprobs": (0,), "echo": (False,), "suffix": ("",),
+    "tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],), "function_call": ("none", "auto"),
+    "parallel_tool_calls": (True, False), "logit_bias": ({},), "presence_penalty": (0,), "frequency_penalty": (0,),
+    "repeat_penalty": (1,), "repetition_penalty": (1,), "ignore_eos": (False,), "typical_p": (1,),
+    "mirostat": (0,), "grammar": ("",), "json_schema": ({},), "audio": ({},), "modalities": (["text"],),
+    "prediction": ({},), "response_format": ({"type": "text"},),
+}
+#: Fields of an earlier assistant message that clients send back as they got them; only their empty values.
+MESSAGE_EXTRAS = ("name", "refusal", "tool_calls", "function_call", "audio", "annotations")
+#: The roles a chat template renders. "developer" is OpenAI's newer name for "system".
+Role = Literal["system", "user", "assistant", "developer"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class Speculative(_Strict):
+    """localspec's own fields, grouped: ``{"method": "lookup", "k": 4}``."""
+
+    method: Optional[str] = None
+    k: Optional[int] = None
+    history: Optional[bool] = None
+
+
+class Message(_Strict):
+    role: Role
+    content: Union[str, list[dict[str, Any]], None] = None
+    name: Optional[str] = None
+    refusal: Optional[str] = None
+    tool_calls: Optional[list[Any]] = None
+    function_call: Optional[Any] = None
+    audio: Optional[Any] = None
+    annotations: Optional[list[Any]] = None
+
+
+class _Body(_Strict):
+    """Fields both endpoints take. ``None`` (JSON null) always means "not given"."""
+
+    model: Optional[str] = None
+    max_tokens: Optional[int] = None
+    max_completion_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    seed: Optional[int] = None
+    stop: Union[str, list[str], None] = None
+    stream: Optional[bool] = None
+    stream_options: Optional[StreamOptions] = None
+    method: Optional[str] = None
+    k: Optional[int] = None
+    history: Optional[bool] = None
+    speculative: Optional[Speculative] = None
+    user: Optional[str] = None  # an end-user id for the caller's own logs; changes nothing
+    # Not implemented: only the values in UNSUPPORTED are accepted.
+    n: Any = None
+    best_of: Any = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+    echo: Any = None
+    suffix: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: Any = None
+    logit_bias: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    repeat_penalty: Any = None
+    repetition_penalty: Any = None
+    ignore_eos: Any = None
+    typical_p: Any = None
+    mirostat: Any = None
+    grammar: Any = None
+    json_schema: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    response_format: Any = None
+
+
+class ChatBody(_Body):
+    messages: list[Message]
+
+
+class CompletionBody(_Body):
+    prompt: Union[str, list[int], list[str], list[list[int]]]
+
+
+#: Body fields -> GenerationOptions fields.
+OPTION_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",
+                 "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed", "stop": "stop",
+                 "method": "method", "k": "k", "history": "history"}
+
+
+@dataclass
+class ChatRequest:
+    """A checked request: what to continue, with which options, and how to answer."""
+
+    chat: bool
+    messages: Optional[list[dict[str, str]]]
+    prompt: Union[str, list[int], None]
+    options: GenerationOptions
+    stream: bool
+    include_usage: bool
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the operator allows a request.
+
+    Attributes:
+        models: the model names clients may ask for.
+        max_tokens: the most tokens one request may generate (a larger request is capped), None for no cap.
+        history: whether requests may draft from and record into the history store.
+    """
+
+    models: tuple[str, ...]
+    max_tokens: Optional[int] = None
+    history: bool = True
+
+
+def parse_body(raw: bytes) -> Any:
+    """The JSON in a request body (ApiError 400 when it is not JSON)."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ApiError(400, f"The request body is not valid JSON ({reason}).") from None
+
+
+def parse_request(body: Any, chat: bool, defaults: GenerationOptions, limits: Limits) -> ChatRequest:
+    """Check a request body and turn it into options.
+
+    Raises:
+        ApiError: with OpenAI's status, ``param`` and ``code`` for the first thing wrong.
+    """
+    if not isinstance(body, dict):
+        raise ApiError(400, "The request body must be a JSON object.")
+    try:
+        req: _Body = (ChatBody if chat else CompletionBody).model_validate(body)
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
+    except RecursionError:
+        raise ApiError(400, "The request body is nested too deeply.") from None
+    if req.model is not None and req.model not in limits.models:
+        raise ApiError(404, f"The model {req.model!r} does not exist; this server has {', '.join(limits.models)}.",
+                       param="model", code="model_not_found")
+    for name, neutral in UNSUPPORTED.items():
+        value = getattr(req, name)
+        if value is not None and not _is_neutral(value, neutral):
+            raise ApiError(400, f"localspec does not support {name!r} (got {_short(value)}); leave it out.",
+                           param=name, code="unsupported_parameter")
+    options = _options(req, defaults, limits)
+    include_usage = req.stream_options.include_usage if req.stream_options else False
+    stream = bool(req.stream)
+    if isinstance(req, ChatBody):
+        return ChatRequest(True, _messages(req.messages), None, options, stream, include_usage)
+    assert isinstance(req, CompletionBody)
+    return ChatRequest(False, None, _prompt(req.prompt), options, stream, include_usage)
+
+
+def _options(req: _Body, defaults: GenerationOptions, limits: Limits) -> GenerationOptions:
+    given: dict[str, Any] = {}
+    for source in (req, req.speculative):
+        for name, target in OPTION_FIELDS.items():
+            value = getattr(source, name, None)
+            if value is not None:
+                given[target] = value
+    if not limits.history and (given.get("history") is True or given.get("method") == "history"):
+        raise ApiError(400, "History is off on this server (--no-history or LOCALSPEC_HISTORY=off); "
+                       "leave out 'history' and method 'history'.",
+                       param="history" if given.get("history") is True else "method", code="history_off")
+    if not limits.history:
+        given["history"] = False
+    try:
+        options = defaults.replace(**given)
+    except LocalspecError as exc:
+        param = next((n for n in OPTION_FIELDS if re.search(rf"\b{n}\b", str(exc))), None)
+        raise ApiError(400, str(exc), param=param, code="invalid_value") from None
+    if limits.max_tokens is not None and options.max_tokens > limits.max_tokens:
+        options = options.replace(max_tokens=limits.max_tokens)  # the operator's cap, as llama-server's n_predict
+    return options
+
+
+def _is_neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    """``value`` is one of the values that mean "not used" (``true`` is not 1 here)."""
+    return any(value == n and isinstance(value, bool) == isinstance(n, bool) for n in neutral)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _field_path(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A pydantic location without the labels it adds for each member of a union (``str``, ``list[int]``)."""
+    return tuple(p for p in loc if not (isinstance(p, str) and (p in ("str", "int", "float", "bool") or "[" in p)))
+
+
+def _validation_error(exc: ValidationError) -> ApiError:
+    """The first of pydantic's complaints as one sentence, with the top-level field as ``param``."""
+    errors = exc.errors(include_url=False)
+    err = errors[0]
+    loc = _field_path(err["loc"])
+    param = str(loc[0]) if loc else None
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or "the body"
+    if err["type"] == "extra_forbidden" and len(loc) == 1:
+        return ApiError(400, f"localspec does not know the field {param!r}; leave it out (the README's server "
+                        "section lists the fields it takes).", param=param, code="unknown_parameter")
+    if err["type"] == "extra_forbidden":
+        return ApiError(400, f"{where} is not a field localspec takes; leave it out.", param=param,
+                        code="unknown_parameter")
+    if err["type"] == "missing":
+        return ApiError(400, f"'{where}' is required.", param=param, code="missing_parameter")
+    # A union's members each complain at the same place: "a valid string or a valid list".
+    wanted = dict.fromkeys(e["msg"].rstrip(".").removeprefix("Input should be ") for e in errors
+                           if _field_path(e["loc"]) == loc)
+    return ApiError(400, f"'{where}' should be {' or '.join(wanted)} (got {_short(err.get('input'))}).",
+                    param=param, code="invalid_type")
+
+
+def _messages(messages: list[Message]) -> list[dict[str, str]]:
+    if not messages:
+        raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects.", param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        for extra in MESSAGE_EXTRAS:
+            if getattr(m, extra) not in (None, [], ""):
+                raise ApiError(400, f"messages[{i}].{extra} is not supported by localspec; leave it out.",
+                               param="messages", code="unsupported_parameter")
+        if isinstance(m.content, list):  # content parts: text only
+            if not all(p.get("type") == "text" and isinstance(p.get("text"), str) for p in m.content):
+                raise ApiError(400, f"messages[{i}] has a non-text content part; localspec models read text only.",
+                               param="messages", code="unsupported_parameter")
+            content = "".join(p["text"] for p in m.content)
+        else:
+            content = m.content or ""
+        role = "system" if m.role == "developer" else m.role
+        out.append({"role": role, "content": content})
+    return out
+
+
+def _prompt(value: Union[str, list[int], list[str], list[list[int]]]) -> Union[str, list[int]]:
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]  # one prompt in a list
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, list) and value and all(isinstance(t, int) for t in value):
+        return value  # type: ignore[return-value]
+    raise ApiError(400, "'prompt' must be one non-empty string (or one list of token ids).", param="prompt")

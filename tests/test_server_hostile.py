@@ -1,0 +1,366 @@
+"""`localspec serve` against hostile web pages and careless clients, on the tiny models.
+
+Each test is one probe of the hardening issue: the request that used to kill the
+server, reach it from another site, or get a 500 or a silent ignore, and the
+answer it must get now. Raw sockets where the HTTP layer itself is the input.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import openai
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from serverproc import ServeProcess
+
+from localspec.history import list_stores
+
+N_VOCAB = 271  # tests/tinymodel.py's vocabulary: 256 bytes, 12 merges, 3 specials
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    return tmp_path_factory.mktemp("serve-hostile")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir, home):
+    """History on, so that a request that must record nothing can be seen to record nothing."""
+    s = ServeProcess(["-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf"), "--ctx", "1024",
+                      "--allow-origin", "http://localhost:3000"], home, env={"LOCALSPEC_HISTORY": "on"})
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url, api_key="not-needed", max_retries=0, timeout=60)
+
+
+def recorded(home) -> int:
+    stores = list_stores(home / "history")
+    return sum(c.records for _, _, c in stores)
+
+
+def request(method: str, path: str, port: int, body: bytes = b"", headers: dict[str, str] | None = None,
+            host: str | None = "default") -> bytes:
+    lines = [f"{method} {path} HTTP/1.1"]
+    if host == "default":
+        host = f"127.0.0.1:{port}"
+    if host is not None:
+        lines.append(f"Host: {host}")
+    for k, v in (headers or {}).items():
+        lines.append(f"{k}: {v}")
+    if body or method == "POST":
+        lines.append(f"Content-Length: {len(body)}")
+    lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def error_of(body: bytes) -> dict:
+    err = json.loads(body)["error"]
+    assert err["message"].endswith(".") and "Traceback" not in err["message"]
+    return err
+
+
+@pytest.mark.parametrize("prompt", [[-1], [152000], [10, -5, 20], [N_VOCAB], [1099511627776], [2**70]])
+def test_token_ids_outside_the_vocabulary_are_a_400_and_the_server_lives_on(server, client, home, prompt):
+    before = recorded(home)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="target", prompt=prompt, max_tokens=4)
+    assert err.value.status_code == 400 and err.value.param == "prompt"
+    assert "vocabulary" in err.value.message or "whole number" in err.value.message
+    assert server.get("/health")["status"] == "ok"
+    ok = client.completions.create(model="target", prompt=[10, 20, 30], max_tokens=4, temperature=0)
+    assert ok.usage.completion_tokens >= 1
+    assert recorded(home) == before + 1  # the refused request left nothing behind; the good one was recorded
+
+
+def test_the_python_api_raises_instead_of_aborting(tiny_dir):
+    code = f"""
+import localspec
+pair = localspec.load({str(tiny_dir / 'target.gguf')!r}, {str(tiny_dir / 'draft.gguf')!r}, n_ctx=256, history=False)
+for bad in ([-1], [{N_VOCAB}], [5, 2**40], [1.5], [True]):
+    try:
+        pair.generate(bad, max_tokens=3)
+    except localspec.TokenIdError as exc:
+        print("refused:", exc)
+for call in (lambda: pair.target.detokenize([-3]), lambda: pair.target.eval([999]), lambda: pair.target.is_eog(-2)):
+    try:
+        call()
+    except localspec.TokenIdError as exc:
+        print("refused:", exc)
+print("after:", pair.generate([10, 20, 30], max_tokens=5, method="draft").tokens
+      == pair.generate([10, 20, 30], max_tokens=5, method="plain").tokens)
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert len([ln for ln in lines if ln.startswith("refused:")]) == 8 and lines[-1] == "after: True"
+    assert f"Token id -1 is outside the vocabulary of target.gguf, whose ids run from 0 to {N_VOCAB - 1}" in lines[0]
+    assert "1.5 is not a whole number" in run.stdout and "True is not a whole number" in run.stdout
+
+
+def test_a_padded_target_with_ids_the_draft_lacks(tmp_path):
+    """A prompt with a padded target's extra ids cannot reach the draft model; plain decoding's tokens result."""
+    code = f"""
+import sys, warnings
+sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parent)!r})
+from tinymodel import write_tiny_model
+import localspec
+d = {str(tmp_path)!r}
+write_tiny_model(d + "/padded.gguf", seed=0, pad_to=320)
+write_tiny_model(d + "/draft.gguf", seed=0, noise=0.3)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    pair = localspec.load(d + "/padded.gguf", d + "/draft.gguf", n_ctx=256, history=False)
+prompt = [10, 20, 300, 30, 315, 40]
+a = pair.generate(prompt, max_tokens=20, method="draft", k=3).tokens
+b = pair.generate(prompt, max_tokens=20, method="plain").tokens
+print(a == b, len(a))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[0] == "True"
+
+
+@pytest.mark.parametrize("host,status", [
+    ("evil.example:{port}", 403), ("evil.example", 403), (":{port}", 403), ("", 403), (None, 0),
+    ("localhost.evil.example:{port}", 403), ("127.0.0.1.nip.io:{port}", 403), ("localhost/health?", 403),
+    ("localhost:{port}", 200), ("127.0.0.1:{port}", 200), ("[::1]:{port}", 200), ("LOCALHOST", 200),
+])
+def test_only_loopback_host_names_are_answered(server, host, status):
+    got, body = server.raw(request("GET", "/v1/models", server.port,
+                                   host=None if host is None else host.format(port=server.port)))
+    if host is None:  # HTTP/1.1 without Host: the HTTP layer itself refuses it
+        assert got in (400, 403)
+        return
+    assert got == status, body
+    if status == 403:
+        assert error_of(body)["code"] == "host_not_allowed"
+
+
+def test_a_cross_site_page_cannot_use_the_server(server, home):
+    before = recorded(home)
+    body = b'{"prompt": "hi", "max_tokens": 3}'
+    # A form or no-cors fetch from any page: text/plain, with the page's Origin.
+    got, reply = server.raw(request("POST", "/v1/completions", server.port, body,
+                                    {"Content-Type": "text/plain", "Origin": "http://evil.example"}))
+    assert got == 403 and error_of(reply)["code"] == "origin_not_allowed"
+    got, reply = server.raw(request("POST", "/v1/completions", server.port, body,
+                                    {"Content-Type": "application/json", "Origin": "http://evil.example"}))
+    assert got == 403
+    got, reply = server.raw(request("POST", "/v1/completions", server.port, body, {"Content-Type": "text/plain"}))
+    assert got == 415 and error_of(reply)["code"] == "unsupported_media_type"
+    got, reply = server.raw(request("POST", "/v1/completions", server.port, body, {}))
+    assert got == 415
+    got, reply = server.raw(request("OPTIONS", "/v1/completions", server.port, headers={
+        "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"}))
+    assert got == 403
+    assert recorded(home) == before  # nothing generated, nothing recorded
+
+
+def test_an_allowed_origin_gets_cors_headers(server):
+    origin = "http://localhost:3000"
+    status, reply, headers = server.post("/v1/completions", b'{"prompt": "hi", "max_tokens": 2}',
+                                         headers={"Origin": origin})
+    assert status == 200 and headers["Access-Control-Allow-Origin"] == origin
+    raw = request("OPTIONS", "/v1/chat/completions", server.port, headers={
+        "Origin": origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type,authorization"})
+    got, _ = server.raw(raw)
+    assert got == 200
+    status, _, headers = server.post("/v1/completions", b'{"prompt": "hi", "max_tokens": 2}')
+    assert status == 200 and "Access-Control-Allow-Origin" not in headers  # none without an Origin
+
+
+@pytest.mark.parametrize("body,param,code", [
+    ({"prompt": "hi", "stream_options": "x"}, "stream_options", "invalid_type"),
+    ({"prompt": "hi", "stream_options": {"include_usage": "yes"}}, "stream_options", "invalid_type"),
+    ({"prompt": "hi", "repetition_penalty": 1.3}, "repetition_penalty", "unsupported_parameter"),
+    ({"prompt": "hi", "ignore_eos": True}, "ignore_eos", "unsupported_parameter"),
+    ({"prompt": "hi", "made_up_field": 1}, "made_up_field", "unknown_parameter"),
+    ({"prompt": "hi", "max_tokens": 2.0}, "max_tokens", "invalid_type"),
+    ({"prompt": "hi", "max_tokens": True}, "max_tokens", "invalid_type"),
+    ({"prompt": "hi", "temperature": "0.5"}, "temperature", "invalid_type"),
+    ({"prompt": "hi", "stream": "true"}, "stream", "invalid_type"),
+    ({"prompt": "hi", "seed": -2}, "seed", "invalid_value"),
+    ({"prompt": "hi", "stop": "x" * 200_000}, "stop", "invalid_value"),
+    ({"prompt": "hi", "stop": ["a"] * 17}, "stop", "invalid_value"),
+    ({"prompt": "hi", "speculative": {"method": "lookup", "depth": 3}}, "speculative", "unknown_parameter"),
+    ({"prompt": [[1, 2], [3]]}, "prompt", None),
+    ({"prompt": None}, "prompt", "invalid_type"),
+    ({}, "prompt", "missing_parameter"),
+])
+def test_client_mistakes_are_400_error_objects_naming_the_field(server, body, param, code):
+    status, reply, _ = server.post("/v1/completions", json.dumps(body).encode())
+    assert status == 400, reply
+    assert reply["error"]["param"] == param and reply["error"]["code"] == code, reply
+    assert reply["error"]["message"].endswith(".")
+
+
+@pytest.mark.parametrize("messages,fragment", [
+    ([{"role": "wizard", "content": "hi"}], "role"),
+    ([{"role": "tool", "content": "hi"}], "role"),
+    ([{"role": "user", "content": 5}], "content"),
+    ([{"role": "user", "content": "hi", "name": "bob"}], "name"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "non-text"),
+    ("hello", "messages"),
+])
+def test_bad_messages_are_400s(server, messages, fragment):
+    status, reply, _ = server.post("/v1/chat/completions", json.dumps({"messages": messages}).encode())
+    assert status == 400 and reply["error"]["param"] == "messages" and fragment in reply["error"]["message"], reply
+
+
+def test_messages_as_clients_send_them_back_are_accepted(client):
+    first = client.chat.completions.create(model="target", max_tokens=4, temperature=0,
+                                           messages=[{"role": "developer", "content": "be brief"},
+                                                     {"role": "user", "content": "hi"}])
+    echoed = first.choices[0].message.model_dump()  # refusal, tool_calls... as None
+    again = client.chat.completions.create(model="target", max_tokens=4, temperature=0, messages=[
+        {"role": "user", "content": "hi"}, echoed, {"role": "user", "content": [{"type": "text", "text": "more"}]}])
+    assert again.choices[0].message.content is not None
+
+
+def test_json_nested_deeper_than_the_parser_goes_is_a_400(server):
+    deep = b'{"prompt": "hi", "logit_bias": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    status, reply, _ = server.post("/v1/completions", deep)
+    assert status == 400 and "nested too deeply" in reply["error"]["message"]
+    status, reply, _ = server.post("/v1/completions", b"[" * 100_000 + b"]" * 100_000)
+    assert status == 400
+
+
+def test_seed_minus_one_is_a_random_seed(client):
+    texts = {client.completions.create(model="target", prompt="once upon", max_tokens=12, temperature=1.0,
+                                       seed=-1).choices[0].text for _ in range(4)}
+    assert len(texts) > 1
+
+
+def test_a_huge_body_is_refused_at_once(server):
+    started = time.monotonic()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {60_000_000}\r\n\r\n").encode()
+    status, reply = server.raw(head, body_chunks=4, chunk=b" " * 65536)
+    assert status == 413 and error_of(reply)["code"] == "body_too_large" and "--max-body" in reply.decode()
+    assert time.monotonic() - started < 1.0
+    # the same without a length: chunked, counted as it arrives
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n").encode()
+    piece = b"100000\r\n" + b" " * 0x100000 + b"\r\n"
+    status, reply = server.raw(head, body_chunks=8, chunk=piece)
+    assert status == 413
+    assert server.get("/health")["status"] == "ok"
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized(server):
+    status, reply, _ = server.post("/v1/completions", json.dumps({"prompt": "x" * 3_000_000}).encode())
+    assert status == 400 and reply["error"]["code"] == "context_length_exceeded"
+    assert "characters" in reply["error"]["message"]
+
+
+def test_no_history_on_the_server_is_absolute(tiny_dir, tmp_path):
+    s = ServeProcess(["-t", str(tiny_dir / "target.gguf"), "--ctx", "512", "--no-history"], tmp_path,
+                     env={"LOCALSPEC_HISTORY": "on"})
+    try:
+        client = openai.OpenAI(base_url=s.url, api_key="x", max_retries=0, timeout=60)
+        for extra, param in (({"history": True}, "history"), ({"method": "history"}, "method"),
+                             ({"speculative": {"method": "history"}}, "method")):
+            with pytest.raises(openai.BadRequestError) as err:
+                client.completions.create(model="target", prompt="hi", max_tokens=3, extra_body=extra)
+            assert err.value.param == param and err.value.code == "history_off"
+        client.completions.create(model="target", prompt="hi", max_tokens=3, extra_body={"history": False})
+        client.completions.create(model="target", prompt="hi", max_tokens=3)
+        assert recorded(tmp_path) == 0
+    finally:
+        s.close()
+
+
+def test_the_operators_max_tokens_caps_every_request(tiny_dir, tmp_path):
+    s = ServeProcess(["-t", str(tiny_dir / "target.gguf"), "--ctx", "512", "-n", "5", "-m", "plain"], tmp_path)
+    try:
+        client = openai.OpenAI(base_url=s.url, api_key="x", max_retries=0, timeout=60)
+        r = client.completions.create(model="target", prompt=[10, 20], max_tokens=300, temperature=0,
+                                      extra_body={"stop": []})
+        assert r.usage.completion_tokens <= 5
+    finally:
+        s.close()
+
+
+def test_the_api_key_is_checked_on_the_asgi_path_whatever_the_host(tiny_dir, tmp_path):
+    s = ServeProcess(["-t", str(tiny_dir / "target.gguf"), "--ctx", "512", "--api-key", "k3y", "-m", "plain"], tmp_path)
+    try:
+        for host in ("x?", "localhost/health?", f"localhost:{s.port}/health?", f"127.0.0.1:{s.port}"):
+            got, _ = s.raw(request("GET", "/v1/models", s.port, host=host))
+            assert got in (401, 403), host
+        got, _ = s.raw(request("GET", "/health", s.port))
+        assert got == 200
+        got, _ = s.raw(request("GET", "/v1/models", s.port, headers={"Authorization": "Bearer k3y"}))
+        assert got == 200
+    finally:
+        s.close()
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True)
+                    | st.text(max_size=20), lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+ROLES = st.sampled_from(["user", "system", "assistant", "developer", "wizard"])
+MESSAGES = st.lists(st.fixed_dictionaries({"role": ROLES, "content": st.text(max_size=20)}), min_size=1, max_size=3)
+PROMPTS = st.text(min_size=1, max_size=30) | st.lists(st.integers(-5, 400), min_size=1, max_size=6)
+#: Mostly plausible values (often out of range), each also replaceable by any JSON at all.
+FIELDS = {
+    "model": st.sampled_from(["target", "gpt-4o"]), "max_tokens": st.integers(-3, 10),
+    "max_completion_tokens": st.integers(-3, 10), "temperature": st.floats(-1, 3),
+    "top_p": st.floats(-0.5, 1.5), "top_k": st.integers(-2, 50), "min_p": st.floats(-0.5, 1.5),
+    "seed": st.integers(-3, 2**66), "stop": st.text(max_size=5) | st.lists(st.text(max_size=5), max_size=3),
+    "stream": st.booleans(), "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+    "method": st.sampled_from(["auto", "plain", "draft", "lookup", "history", "beam"]),
+    "k": st.integers(-2, 20), "history": st.booleans(),
+    "speculative": st.fixed_dictionaries({"method": st.sampled_from(["lookup", "draft", "x"]),
+                                          "k": st.integers(-1, 20)}),
+    "n": st.integers(0, 2), "logprobs": st.booleans(), "presence_penalty": st.floats(-1, 1),
+    "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}]), "user": st.text(max_size=8),
+    "ignore_eos": st.booleans(), "tools": st.just([]),
+}
+OPTIONAL = st.dictionaries(st.sampled_from(sorted(FIELDS)) | st.text(max_size=6), st.just(None), max_size=5).flatmap(
+    lambda keys: st.fixed_dictionaries({k: (FIELDS[k] | FIELDS[k] | JSON) if k in FIELDS else JSON for k in keys}))
+
+
+@st.composite
+def bodies(draw, chat: bool):
+    body = draw(OPTIONAL)
+    main = "messages" if chat else "prompt"
+    shape = draw(st.sampled_from(["good", "good", "good", "junk", "absent"]))
+    if shape != "absent":
+        body[main] = draw((MESSAGES if chat else PROMPTS) if shape == "good" else JSON)
+    return body
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data(), chat=st.booleans())
+def test_no_body_gives_a_5xx_or_stops_the_server(capped_server, data, chat):
+    body = data.draw(bodies(chat))
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    data = json.dumps(body).encode()  # NaN and Infinity included: Python's JSON reads them
+    status, _, _ = capped_server.post(path, data)
+    assert status < 500, (path, data[:300])
+
+
+@pytest.fixture(scope="module")
+def capped_server(tiny_dir, tmp_path_factory):
+    s = ServeProcess(["-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf"), "--ctx", "512",
+                      "-n", "6"], tmp_path_factory.mktemp("fuzz"), env={"LOCALSPEC_HISTORY": "on"})
+    yield s
+    s.close()
+
+
+def test_after_the_fuzzing_the_server_is_still_exact(capped_server, tiny_pair):
+    want = tiny_pair.generate("The cat sat on the", max_tokens=6, method="plain")
+    status, reply, _ = capped_server.post("/v1/completions", json.dumps(
+        {"prompt": "The cat sat on the", "max_tokens": 6, "temperature": 0}).encode())
+    assert status == 200 and reply["choices"][0]["text"] == want.text
+    assert capped_server.get("/health")["generations"]["failed"] == 0
