@@ -209,6 +209,7 @@ class Reader:
                 try:
                     history_file.parent.mkdir(parents=True, exist_ok=True)
                     history_file.touch(mode=0o600)  # what the user typed: theirs alone to read
+                    history_file.chmod(0o600)  # also a file an older version left readable to others
                     history = FileHistory(str(history_file))
                 except OSError:
                     pass  # no history across runs, but chat still works

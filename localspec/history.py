@@ -458,6 +458,12 @@ def list_stores(directory: Optional[Path] = None) -> list[tuple[Path, str, Histo
     return out
 
 
+def set_aside_copies(directory: Optional[Path] = None) -> list[Path]:
+    """The damaged stores set aside in ``directory`` (kept for inspection; ``clear_stores`` deletes them too)."""
+    directory = Path(directory) if directory is not None else history_dir()
+    return sorted(directory.glob("*.bin.corrupt-*"))
+
+
 def clear_stores(directory: Optional[Path] = None) -> int:
     """Delete every store (and set-aside copy) in ``directory``; returns how many files went."""
     directory = Path(directory) if directory is not None else history_dir()

@@ -50,7 +50,8 @@ def test_pasted_and_quoted_blocks_are_one_message_each_and_history_persists(tiny
     assert "def f(x):" in history.read_text()
     assert oct(history.stat().st_mode & 0o777) == oct(0o600)  # the user's text, readable by them only
 
-    # the next session can recall the last input with the Up arrow
+    # the next session can recall the last input with the Up arrow, and tightens a file left readable
+    history.chmod(0o644)
     child = spawn(tiny_dir, home)
     try:
         child.expect(">>>")
@@ -60,3 +61,4 @@ def test_pasted_and_quoted_blocks_are_one_message_each_and_history_persists(tiny
         child.expect(pexpect.EOF)
     finally:
         child.close(force=True)
+    assert oct(history.stat().st_mode & 0o777) == oct(0o600)

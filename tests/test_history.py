@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -285,8 +286,15 @@ def test_history_command_shows_and_clears_the_store(tiny_dir, tmp_path, monkeypa
     out = run(cli, ["history"]).output
     assert "target.gguf: 1 generations" in out
     assert list_stores(tmp_path / "history")[0][2].records == 1
+    store = list_stores(tmp_path / "history")[0][0]
+    aside = store.with_name(store.name + ".corrupt-20260101-000000")  # as a damaged store is set aside
+    aside.write_bytes(b"damaged")
+    out = run(cli, ["history"]).output
+    assert "target.gguf: 1 generations" in out and "set aside as damaged" in out and str(aside) in out
+    rows = json.loads(run(cli, ["history", "--json"]).output)
+    assert [r["set_aside"] for r in rows] == [False, True] and rows[1]["file"] == str(aside)
     assert run(cli, ["history", "clear", "--yes"]).exit_code == 0
-    assert "no history yet" in run(cli, ["history"]).output
+    assert "no history yet" in run(cli, ["history"]).output and not aside.exists()
 
 
 def test_an_unwritable_history_directory_costs_a_warning_not_the_reply(tiny_dir, tmp_path, monkeypatch):
