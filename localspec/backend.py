@@ -361,9 +361,11 @@ class Model:
 
     def _bad_token(self, token: object) -> int:
         """Raise TokenIdError for ``token`` if it is not a valid id; otherwise return it."""
-        whole = isinstance(token, (int, np.integer)) and not isinstance(token, (bool, np.bool_))
+        if isinstance(token, np.generic):
+            token = token.item()  # numpy scalars are judged, and named, as the Python values they hold
+        whole = isinstance(token, int) and not isinstance(token, bool)
         if whole and 0 <= token < self.n_vocab:  # type: ignore[operator]
-            return int(token)  # type: ignore[call-overload]
+            return token  # type: ignore[return-value]
         if not whole:
             raise TokenIdError(f"Token id {token!r} is not a whole number; token ids are integers from 0 to "
                                f"{self.n_vocab - 1} for {self.path.name}.")
