@@ -431,6 +431,7 @@ def measure(target: Model, draft: Optional[Model], kmax: int = KMAX, reps: int =
     Leaves both caches holding that calibration context.
     """
     base = target.tokenize(_CALIBRATION_TEXT, add_special=False)
+    context_tokens = max(1, min(context_tokens, target.n_ctx - (kmax + 1)))  # a small context holds it all
     ctx = (base * (context_tokens // len(base) + 1))[:context_tokens]
     probe = (base * 2)[: kmax + 1]
 
