@@ -122,7 +122,8 @@ class Server:
         self.max_queue = max_queue
         self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-generate")
         self.jobs: set[Job] = set()  # running + waiting; only touched on the event loop's thread
-        self.counts = {"completed": 0, "cancelled": 0, "failed": 0}
+        #: Generations by outcome; "refused": the request was at fault (a 4xx found on the worker), "failed": 5xx.
+        self.counts = {"completed": 0, "cancelled": 0, "refused": 0, "failed": 0}
         self.created = int(time.time())
         self.stopping = False
 
@@ -192,8 +193,9 @@ class Server:
                     job.put("text", ev.text)
                     sent += len(ev.text)
         except LocalspecError as exc:
-            self.counts["failed"] += 1
-            job.put("error", _library_error(exc, req.chat))
+            error = _library_error(exc, req.chat)
+            self.counts["failed" if error.status >= 500 else "refused"] += 1
+            job.put("error", error)
             return
         except Exception as exc:  # a bug: answer 500 and keep serving
             self.counts["failed"] += 1

@@ -54,12 +54,15 @@ class ServeProcess:
             return json.loads(r.read())
 
     def post(self, path: str, body: bytes, headers: Optional[dict[str, str]] = None) -> tuple[int, Any, Message]:
-        """POST raw bytes; returns (status, parsed JSON body, headers: case-insensitive) even for error statuses."""
+        """POST raw bytes; returns (status, the JSON body parsed or a stream's events as text, headers:
+        case-insensitive) even for error statuses."""
         req = urllib.request.Request(self.base + path, data=body, method="POST",
                                      headers={"Content-Type": "application/json", **(headers or {})})
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
-                return r.status, json.loads(r.read()), r.headers
+                data = r.read()
+                return r.status, data.decode() if r.headers.get_content_type() == "text/event-stream" else \
+                    json.loads(data), r.headers
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"{}"), e.headers
 

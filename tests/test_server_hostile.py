@@ -340,7 +340,7 @@ def bodies(draw, chat: bool):
     return body
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data(), chat=st.booleans())
 def test_no_body_gives_a_5xx_or_stops_the_server(capped_server, data, chat):
     body = data.draw(bodies(chat))
@@ -363,4 +363,5 @@ def test_after_the_fuzzing_the_server_is_still_exact(capped_server, tiny_pair):
     status, reply, _ = capped_server.post("/v1/completions", json.dumps(
         {"prompt": "The cat sat on the", "max_tokens": 6, "temperature": 0}).encode())
     assert status == 200 and reply["choices"][0]["text"] == want.text
-    assert capped_server.get("/health")["generations"]["failed"] == 0
+    counts = capped_server.get("/health")["generations"]
+    assert counts["failed"] == 0 and counts["completed"] > 0 and counts["refused"] > 0  # ids outside the vocabulary
