@@ -87,6 +87,8 @@ LONG = {"messages": [{"role": "user", "content": "Write a very long story about 
 
 
 def test_a_client_that_hangs_up_on_a_whole_answer_frees_the_worker_within_a_second(server):
+    client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=120)
+    want = client.chat.completions.create(model="target", messages=QUESTION, max_tokens=16, temperature=0)
     before = server.get("/health")["generations"]["cancelled"]
     s = _open_request(server, LONG)
     _wait_for(server, lambda h: h["running"] == 1)
@@ -94,6 +96,8 @@ def test_a_client_that_hangs_up_on_a_whole_answer_frees_the_worker_within_a_seco
     s.close()
     took = _wait_for(server, lambda h: h["running"] == 0 and h["generations"]["cancelled"] == before + 1, 10)
     assert took < 1.5, took  # the disconnect is seen within a quarter second, the next token stops it
+    again = client.chat.completions.create(model="target", messages=QUESTION, max_tokens=16, temperature=0)
+    assert again.choices[0].message.content == want.choices[0].message.content  # the caches stayed consistent
 
 
 def test_a_queued_client_that_leaves_is_dropped_from_the_queue(server):
