@@ -108,6 +108,14 @@ class Stream:
         return Result("".join(self._text), list(self._g.tokens), self._g.finish_reason,
                       self._g.stats, self._prompt_tokens)
 
+    def cancel(self) -> None:
+        """End the generation soon; safe to call from another thread (e.g. when a client leaves).
+
+        A prompt being processed stops within milliseconds; the loop then ends
+        with finish_reason "interrupted", leaving both caches consistent.
+        """
+        self._g.cancel()
+
     def finish(self) -> Result:
         """Run the generation to its end and return the result."""
         for _ in self:

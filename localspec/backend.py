@@ -20,19 +20,28 @@ from __future__ import annotations
 
 import codecs
 import collections
+import contextlib
 import ctypes
 import functools
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional, Sequence, Union
+from typing import Iterator, Literal, Optional, Sequence, Union
 
 import llama_cpp as ll
 import numpy as np
 
-from .errors import BackendError, ConfigError, ContextOverflowError, ModelFileError, TokenIdError
+from .errors import (
+    BackendError,
+    ConfigError,
+    ContextOverflowError,
+    GenerationCancelled,
+    ModelFileError,
+    TokenIdError,
+)
 from .hugepages import HugePages
 
 GGUF_MAGIC = b"GGUF"
@@ -349,7 +358,7 @@ class Model:
         if not ids.size:
             return ids.astype(np.int32)
         if ids.dtype.kind not in "iu":  # floats, bools, strings or huge Python ints: judged one by one
-            ids = np.asarray([self._bad_token(t) for t in ids], dtype=np.int64)
+            ids = np.asarray([self._bad_token(t) for t in tokens], dtype=np.int64)
         if ids.min() < 0 or ids.max() >= self.n_vocab:
             self._bad_token(int(ids[(ids < 0) | (ids >= self.n_vocab)][0]))
         return ids.astype(np.int32)
@@ -380,7 +389,11 @@ class Model:
             add_special: add BOS (and EOS) if the model is configured to.
             parse_special: turn special-token text such as ``<|im_start|>`` into its id.
         """
-        data = text.encode("utf-8")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ConfigError(f"The text is not valid Unicode: it has a lone surrogate (U+{ord(text[exc.start]):04X}) "
+                              f"at character {exc.start}; send text that encodes as UTF-8.") from None
         cap = len(data) + 8
         while True:
             buf = (ll.llama_token * cap)()
@@ -454,7 +467,8 @@ class Model:
         view.flags.writeable = False
         return view
 
-    def eval(self, tokens: Tokens, *, logits: LogitsWanted = "last") -> np.ndarray:
+    def eval(self, tokens: Tokens, *, logits: LogitsWanted = "last",
+             abort: Optional[threading.Event] = None) -> np.ndarray:
         """Append ``tokens`` to the cache and return logits rows.
 
         Args:
@@ -462,6 +476,9 @@ class Model:
             logits: "last" for the row after the last token, "all" for one
                 row per token (row i predicts the token after tokens[i]),
                 "none" for no rows.
+            abort: an event another thread may set to stop a long batch
+                (a prompt) within milliseconds, between or inside llama.cpp's
+                decode calls; single tokens are not worth the hook's cost.
 
         Returns:
             float32 array of shape (rows, n_vocab). Rows from the final decode
@@ -471,6 +488,7 @@ class Model:
         Raises:
             ContextOverflowError: the tokens do not fit in the context.
             TokenIdError: a token id is outside the vocabulary (nothing is evaluated).
+            GenerationCancelled: ``abort`` was set; the chunks evaluated before it stay, as for BackendError.
             BackendError: llama.cpp failed to decode. The chunks of ``n_batch``
                 tokens before the failing one stay in the cache (and in
                 ``tokens``); the failing chunk is removed.
@@ -487,41 +505,68 @@ class Model:
             )
         earlier: list[np.ndarray] = []
         out = np.zeros((0, self.n_vocab), dtype=np.float32)
-        for start in range(0, n, self.n_batch):
-            chunk = arr[start : start + self.n_batch]
-            m = len(chunk)
-            final = start + m == n
-            self._b_token[:m] = chunk
-            self._b_pos[:m] = np.arange(self._n, self._n + m, dtype=np.int32)
-            self._b_logits[:m] = 1 if logits == "all" else 0
-            if logits == "last" and final:
-                self._b_logits[m - 1] = 1
-            self._batch.n_tokens = m  # type: ignore[union-attr]
-            t0 = time.perf_counter()
-            self._dirty = True  # until the record below matches the cache again
-            with self._log:
-                rc = ll.llama_decode(self._ctx, self._batch)
-            if rc != 0:
-                self._repair()
-                raise BackendError(
-                    f"llama.cpp decode failed with code {rc} on {self.path.name} "
-                    f"({m} tokens at position {self._n}); that chunk was removed from the cache."
-                )
-            self._tokens[self._n : self._n + m] = chunk
-            self._n += m
-            self._dirty = False
-            rows = m if logits == "all" else (1 if logits == "last" and final else 0)
-            if rows:
-                ptr = ll.llama_get_logits(self._ctx)
-                out = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
-                if not final:
-                    earlier.append(out.copy())  # the next decode overwrites the buffer
-            self.busy_seconds += time.perf_counter() - t0
-            self.decode_calls += 1
+        with self._aborting(abort if n > 1 else None):
+            for start in range(0, n, self.n_batch):
+                if abort is not None and abort.is_set():
+                    raise GenerationCancelled(f"Cancelled before position {self._n} of {self.path.name}.")
+                chunk = arr[start : start + self.n_batch]
+                final = start + len(chunk) == n
+                rows = self._decode(chunk, logits, final, abort)
+                if rows is not None:
+                    out = rows
+                    if not final:
+                        earlier.append(out.copy())  # the next decode overwrites the buffer
         if earlier:
             return np.concatenate(earlier + [out])
         out.flags.writeable = False
         return out
+
+    def _decode(self, chunk: np.ndarray, logits: LogitsWanted, final: bool,
+                abort: Optional[threading.Event]) -> Optional[np.ndarray]:
+        """One llama.cpp decode call appending ``chunk``; its logits rows (a view), or None when none were asked."""
+        m = len(chunk)
+        self._b_token[:m] = chunk
+        self._b_pos[:m] = np.arange(self._n, self._n + m, dtype=np.int32)
+        self._b_logits[:m] = 1 if logits == "all" else 0
+        if logits == "last" and final:
+            self._b_logits[m - 1] = 1
+        self._batch.n_tokens = m  # type: ignore[union-attr]
+        t0 = time.perf_counter()
+        self._dirty = True  # until the record below matches the cache again
+        with self._log:
+            rc = ll.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            self._repair()
+            if rc == 2 and abort is not None and abort.is_set():  # 2: the abort callback said stop
+                raise GenerationCancelled(f"Cancelled at position {self._n} of {self.path.name}.")
+            raise BackendError(
+                f"llama.cpp decode failed with code {rc} on {self.path.name} "
+                f"({m} tokens at position {self._n}); that chunk was removed from the cache."
+            )
+        self._tokens[self._n : self._n + m] = chunk
+        self._n += m
+        self._dirty = False
+        rows = m if logits == "all" else (1 if logits == "last" and final else 0)
+        out = np.ctypeslib.as_array(ll.llama_get_logits(self._ctx), shape=(rows, self.n_vocab)) if rows else None
+        self.busy_seconds += time.perf_counter() - t0
+        self.decode_calls += 1
+        return out
+
+    @contextlib.contextmanager
+    def _aborting(self, abort: Optional[threading.Event]) -> Iterator[None]:
+        """While evaluating, let llama.cpp ask ``abort`` between the nodes of its graph (None: no hook).
+
+        The hook costs a Python call per node, which only a long batch amortises.
+        """
+        if abort is None:
+            yield
+            return
+        hook = ll.ggml_abort_callback(lambda _data: abort.is_set())  # kept alive until it is removed
+        ll.llama_set_abort_callback(self._ctx, hook, None)
+        try:
+            yield
+        finally:
+            ll.llama_set_abort_callback(self._ctx, ll.ggml_abort_callback(), None)  # a null pointer: no hook
 
     def truncate(self, n: int) -> None:
         """Drop every cached position from ``n`` on (keep the first n tokens).
@@ -553,11 +598,12 @@ class Model:
         diff = np.flatnonzero(self._tokens[:m] != tokens[:m])
         return int(diff[0]) if diff.size else m
 
-    def sync(self, tokens: Tokens) -> np.ndarray:
+    def sync(self, tokens: Tokens, abort: Optional[threading.Event] = None) -> np.ndarray:
         """Make the cache hold exactly ``tokens`` and return the last token's logits.
 
         The longest cached prefix is kept; only the rest is evaluated. At
         least the last token is evaluated again, since its logits are needed.
+        ``abort`` stops the evaluation early, as in ``eval``.
 
         Returns:
             the logits row after the last token (a view, see ``eval``).
@@ -568,7 +614,7 @@ class Model:
         self._repair()
         keep = min(self.common_prefix(arr), len(arr) - 1)
         self.truncate(keep)
-        return self.eval(arr[keep:], logits="last")[0]
+        return self.eval(arr[keep:], logits="last", abort=abort)[0]
 
     def _repair(self) -> None:
         """Drop cache positions beyond the record after an interrupted decode."""

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import re
 import sys
 import typing
 from dataclasses import dataclass
@@ -296,6 +297,14 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
     if not loopback and not api_key:
         raise click.ClickException(f"Binding {host} would let anyone who can reach this machine use the models; "
                                    "give --api-key KEY, or bind 127.0.0.1.")
+    if api_key and not (api_key.isascii() and api_key.isprintable() and api_key == api_key.strip()):
+        raise click.ClickException("The API key must be printable ASCII without spaces at either end: HTTP "
+                                   "headers cannot carry anything else, so no client could send it.")
+    for origin in origins:
+        if origin != "*" and not re.fullmatch(r"https?://[a-z0-9.\-\[\]:]+", origin):
+            raise click.ClickException(f"--allow-origin {origin!r} is not an origin as browsers send it: scheme "
+                                       "and host in lower case, an optional port, no path or trailing slash "
+                                       "(e.g. http://localhost:3000), or '*'.")
     try:
         from .server import MAX_BODY, Server, create_app, run
         from .server_http import LOOPBACK_NAMES

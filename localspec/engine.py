@@ -19,6 +19,7 @@ with an empty draft, so the baseline pays exactly the same overheads.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Generator, NamedTuple, Optional, Sequence
@@ -28,7 +29,7 @@ import numpy as np
 from .acceptance import ProbRows, accept_greedy, accept_sampled, probabilities, sample
 from .backend import Detokenizer, Model
 from .drafters import EMPTY_DRAFT, Draft, Drafter
-from .errors import ConfigError, ContextOverflowError, InterleavedGenerationError
+from .errors import ConfigError, ContextOverflowError, GenerationCancelled, InterleavedGenerationError
 from .options import SamplingParams
 
 #: Where an emitted token came from.
@@ -302,6 +303,7 @@ class Generation:
         self.tail_text = ""
         self._prompt = np.asarray(prompt, dtype=np.int32)
         self._stop = StopText(stop)
+        self._cancel = threading.Event()
         self._events = self._run()
 
     def __iter__(self) -> Generation:
@@ -318,6 +320,13 @@ class Generation:
             raise
         self.tokens.append(ev.token)
         return ev
+
+    def cancel(self) -> None:
+        """Ask the generation to end soon, from any thread; it then finishes as "interrupted".
+
+        Processing the prompt stops within milliseconds, decoding before its next round.
+        """
+        self._cancel.set()
 
     def close(self) -> None:
         """Stop generating and leave the caches consistent."""
@@ -352,7 +361,10 @@ class Generation:
         stop = self._stop
         try:
             stats.cached_prompt_tokens = min(target.common_prefix(prompt), len(prompt) - 1)
-            logits = target.sync(prompt)  # prefill, reusing the cached prefix (e.g. earlier chat turns)
+            try:
+                logits = target.sync(prompt, abort=self._cancel)  # prefill, reusing the cached prefix
+            except GenerationCancelled:
+                return "interrupted"
             if drafter is not None:
                 drafter.prefill(prompt)  # a draft model processes the prompt now, not in round 1
             first = int(np.argmax(logits)) if self.params.greedy else sample(probabilities(logits, self.params),
@@ -383,6 +395,8 @@ class Generation:
                 room = target.n_ctx - n - 1  # a round adds up to len(draft) + 1 tokens to the context
                 if room < 0:
                     return "length"
+                if self._cancel.is_set():
+                    return "interrupted"
                 self._check_cache(context[:n])
                 rnd = speculative_round(target, drafter, context[:n], min(self.k, room), self.params, self.rng)
                 stats.count_round(rnd.draft, rnd.kept)

@@ -48,5 +48,9 @@ class BackendError(LocalspecError):
     """llama.cpp reported a failure (decode or cache edit)."""
 
 
+class GenerationCancelled(LocalspecError):
+    """llama.cpp stopped processing a batch because its generation was cancelled (``Stream.cancel``)."""
+
+
 class InterleavedGenerationError(LocalspecError):
     """Two generations were interleaved on the same models (they share one cache)."""

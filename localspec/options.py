@@ -47,6 +47,14 @@ def _is_whole(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 def check_k(k: object, what: str = "The draft length k") -> int:
     """Return ``k`` if it is a whole number from 0 to K_LIMIT, else raise ConfigError."""
     if not _is_whole(k) or not 0 <= k <= K_LIMIT:  # type: ignore[operator]
@@ -158,6 +166,8 @@ class GenerationOptions:
             raise ConfigError(f"history must be true or false, got {self.history!r}.")
         if len(self.stop) > MAX_STOPS:
             raise ConfigError(f"At most {MAX_STOPS} stop strings are allowed, got {len(self.stop)}.")
+        if not all(map(_is_utf8, self.stop)):
+            raise ConfigError("A stop string is not valid Unicode text (it has a lone surrogate).")
         longest = max(map(len, self.stop), default=0)
         if longest > MAX_STOP_CHARS:
             raise ConfigError(f"A stop string may be at most {MAX_STOP_CHARS} characters long, got one of {longest}.")

@@ -96,6 +96,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     future: Optional[concurrent.futures.Future] = None  # its place on the worker, while it waits or runs
+    stream: Optional[Stream] = None  # once the worker has started it
     checked: float = field(default_factory=time.monotonic)  # when the client was last seen connected
 
     def put(self, kind: str, value: Any) -> None:
@@ -145,17 +146,33 @@ class Server:
         return job
 
     def abandon(self, job: Job) -> None:
-        """Its client left: stop the generation at its next token, or drop it from the queue now."""
+        """Its client left: stop the generation at once, or drop it from the queue now."""
         job.cancelled.set()
-        if job.future is not None and job.future.cancel():  # it had not started: it never will
+        if job.stream is not None:
+            job.stream.cancel()  # a prompt being processed stops within milliseconds
+        elif self._unqueue(job):
             self.counts["cancelled"] += 1
-            self.jobs.discard(job)
+
+    def _unqueue(self, job: Job) -> bool:
+        """Take a job that has not started off the worker's queue; False if it started (or was taken)."""
+        assert job.future is not None
+        if job.future.cancelled() or not job.future.cancel():
+            return False
+        self.jobs.discard(job)
+        return True
 
     def stop(self) -> None:
-        """Refuse new requests and cancel every admitted one (the process is exiting)."""
+        """Refuse new requests, and cancel every admitted one with a 503 at once (the process is exiting)."""
         self.stopping = True
+        stopping = ApiError(503, "The server is shutting down; the generation was stopped.", type="server_error",
+                            code="server_stopping")
         for job in list(self.jobs):
             job.cancelled.set()
+            if job.stream is not None:
+                job.stream.cancel()
+            if self._unqueue(job):
+                self.counts["cancelled"] += 1
+            job.events.put_nowait(("error", stopping))  # its client hears now, not after the worker
 
     def generate(self, job: Job) -> None:
         """Run one job on the worker thread, sending events back to the loop."""
@@ -166,11 +183,7 @@ class Server:
 
     def _cancelled(self, job: Job) -> None:
         self.counts["cancelled"] += 1
-        if self.stopping:  # say why to a client that is still there
-            job.put("error", ApiError(503, "The server is shutting down; the generation was stopped.",
-                                      type="server_error", code="server_stopping"))
-        else:
-            job.put("done", None)
+        job.put("done", None)
 
     def _generate(self, job: Job) -> None:
         if job.cancelled.is_set():  # its client left, or the server is stopping, while it waited
@@ -186,6 +199,9 @@ class Server:
             else:
                 assert req.prompt is not None
                 stream = self.pair.stream(req.prompt, req.options)
+            job.stream = stream
+            if job.cancelled.is_set():  # its client left while the stream was being set up
+                stream.cancel()
             for ev in stream:
                 if job.cancelled.is_set():
                     break  # leaving the loop closes the stream: both caches stay consistent
@@ -231,7 +247,7 @@ def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins
         return ApiError(exc.status_code, f"{request.method} {request.scope['path']}: {exc.detail}.",
                         type=kind).response()
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict[str, Any]:
         return {"status": "stopping" if server.stopping else "ok", "model": server.name,
                 "running": min(len(server.jobs), 1), "queued": max(0, len(server.jobs) - 1),
@@ -244,7 +260,10 @@ def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins
 
     async def complete(request: Request, chat: bool) -> Any:
         try:
-            req = parse_request(parse_body(await request.body()), chat, server.defaults, server.limits)
+            body = await request.body()
+            # Parsing a large body takes a while: off the event loop, so other clients are not kept waiting.
+            req = await asyncio.to_thread(lambda: parse_request(parse_body(body), chat, server.defaults,
+                                                                server.limits))
             job = server.admit(req)
         except ApiError as exc:
             return exc.response()
@@ -375,9 +394,15 @@ class _Uvicorn(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, server: Server):
         super().__init__(config)
         self.localspec = server
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+
+    async def startup(self, sockets: Any = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().startup(sockets)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        self.localspec.stop()  # running and waiting generations end at their next token
+        if self.loop is not None:  # a signal handler: the jobs are the loop's to touch
+            self.loop.call_soon_threadsafe(self.localspec.stop)
         super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets: Any = None) -> None:

@@ -19,6 +19,7 @@ request line and headers as input too, before any endpoint runs:
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from typing import Any, Awaitable, Callable, MutableMapping, Optional, Sequence
 
@@ -35,6 +36,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 #: Paths anyone may read without the API key.
 OPEN_PATHS = ("/health",)
+#: Seconds a client may take to send a request body.
+BODY_SECONDS = 30.0
 
 
 class ApiError(Exception):
@@ -76,11 +79,13 @@ class Guard:
         origins: the Origin values accepted; ``"*"`` accepts any.
         api_key: required as ``Authorization: Bearer KEY`` on every path but ``/health``; None for none.
         max_body: the largest request body, in bytes.
+        body_seconds: how long a client may take to send the body (408 after that).
     """
 
     def __init__(self, app: ASGIApp, *, hosts: Sequence[str], origins: Sequence[str], api_key: Optional[str],
-                 max_body: int):
+                 max_body: int, body_seconds: float = BODY_SECONDS):
         self.app = app
+        self.body_seconds = body_seconds
         self.hosts = frozenset(hosts)
         self.origins = frozenset(origins)
         self.api_key = api_key
@@ -90,31 +95,41 @@ class Guard:
         if scope["type"] != "http":  # lifespan events
             await self.app(scope, receive, send)
             return
+        headers = Headers(scope=scope)
         try:
-            self.check(scope, Headers(scope=scope))
+            self.check(scope, headers)
             if scope["method"] == "POST":
-                receive = await self._buffered(scope, receive)
+                receive = await self._buffered(receive)
         except ApiError as exc:
-            await exc.response()(scope, receive, send)
+            response = exc.response()
+            origin = headers.get("origin")
+            if origin is not None and self._allowed(origin):  # so the page can read why
+                response.headers["Access-Control-Allow-Origin"] = origin
+                response.headers["Vary"] = "Origin"
+            await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+    def _allowed(self, origin: str) -> bool:
+        return "*" in self.origins or origin in self.origins
 
     def check(self, scope: Scope, headers: Headers) -> None:
         """Raise ApiError for a request that must not reach the application."""
         if self.hosts and host_name(headers.get("host", "")) not in self.hosts:
             raise ApiError(403, f"Host {headers.get('host', '')!r} is not this server's loopback address; "
-                           f"address it as {', '.join(LOOPBACK_NAMES)} (a page that points its own name at this "
-                           "machine is refused).", type="permission_error", code="host_not_allowed")
+                           f"address it as {' or '.join(sorted(self.hosts))} (a page that points its own name at "
+                           "this machine is refused).", type="permission_error", code="host_not_allowed")
         origin = headers.get("origin")
-        if origin is not None and "*" not in self.origins and origin not in self.origins:
-            raise ApiError(403, f"Requests from web pages at {origin!r} are not allowed; start the server with "
-                           f"--allow-origin {origin} to let that page use it.", type="permission_error",
-                           code="origin_not_allowed")
+        if origin is not None and not self._allowed(origin):
+            hint = f"start the server with --allow-origin {origin} to let that page use it" if \
+                origin.startswith(("http://", "https://")) else "only pages the operator names are allowed"
+            raise ApiError(403, f"Requests from web pages at {origin!r} are not allowed; {hint}.",
+                           type="permission_error", code="origin_not_allowed")
         preflight = scope["method"] == "OPTIONS" and origin is not None  # carries no credentials by design
         if self.api_key and not preflight and scope["path"] not in OPEN_PATHS:
             auth = headers.get("authorization", "")
             token = auth[7:] if auth.lower().startswith("bearer ") else ""
-            if not hmac.compare_digest(token.encode(), self.api_key.encode()):
+            if not hmac.compare_digest(token.encode("latin-1", "replace"), self.api_key.encode()):
                 raise ApiError(401, "Missing or wrong API key: send 'Authorization: Bearer KEY' with the key "
                                "the server was started with.", code="invalid_api_key")
         if scope["method"] == "POST":
@@ -124,23 +139,28 @@ class Guard:
                                f"not {kind or 'no content type'!r}.", code="unsupported_media_type")
             length = headers.get("content-length")
             if length is not None and (not length.isdigit() or int(length) > self.max_body):
-                raise self._too_large(length)
+                raise self._too_large(f"The request body ({length} bytes)")
 
-    def _too_large(self, size: str) -> ApiError:
-        return ApiError(413, f"The request body ({size} bytes) is larger than this server's limit of "
-                        f"{self.max_body} bytes (--max-body).", code="body_too_large")
+    def _too_large(self, what: str) -> ApiError:
+        return ApiError(413, f"{what} is larger than this server's limit of {self.max_body} bytes (--max-body).",
+                        code="body_too_large")
 
-    async def _buffered(self, scope: Scope, receive: Receive) -> Receive:
-        """Read the whole body (at most ``max_body`` bytes) and hand it on in one message."""
+    async def _buffered(self, receive: Receive) -> Receive:
+        """Read the whole body (at most ``max_body`` bytes, in ``body_seconds``) and hand it on in one message."""
         chunks, size = [], 0
+        deadline = asyncio.get_running_loop().time() + self.body_seconds
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
+            except asyncio.TimeoutError:
+                raise ApiError(408, f"The client took longer than {self.body_seconds:g} s to send the request body.",
+                               code="body_timeout") from None
             if message["type"] == "http.disconnect":
                 raise ApiError(400, "The client left before sending the whole body.")
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body:
-                raise self._too_large(f"over {self.max_body}")
+                raise self._too_large("The request body")
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break

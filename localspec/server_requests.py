@@ -157,7 +157,8 @@ def parse_body(raw: bytes) -> Any:
     try:
         return json.loads(raw)
     except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else \
+            "a number has too many digits" if "int_max_str_digits" in str(exc) else str(exc)
         raise ApiError(400, f"The request body is not valid JSON ({reason}).") from None
 
 
@@ -184,8 +185,11 @@ def parse_request(body: Any, chat: bool, defaults: GenerationOptions, limits: Li
             raise ApiError(400, f"localspec does not support {name!r} (got {_short(value)}); leave it out.",
                            param=name, code="unsupported_parameter")
     options = _options(req, defaults, limits)
-    include_usage = req.stream_options.include_usage if req.stream_options else False
     stream = bool(req.stream)
+    if req.stream_options is not None and not stream:
+        raise ApiError(400, "'stream_options' is only allowed with \"stream\": true.", param="stream_options",
+                       code="invalid_value")
+    include_usage = req.stream_options.include_usage if req.stream_options else False
     if isinstance(req, ChatBody):
         return ChatRequest(True, _messages(req.messages), None, options, stream, include_usage)
     assert isinstance(req, CompletionBody)
@@ -197,8 +201,12 @@ def _options(req: _Body, defaults: GenerationOptions, limits: Limits) -> Generat
     for source in (req, req.speculative):
         for name, target in OPTION_FIELDS.items():
             value = getattr(source, name, None)
-            if value is not None:
-                given[target] = value
+            if value is None:
+                continue
+            if target in given and given[target] != value:  # e.g. max_tokens and max_completion_tokens
+                raise ApiError(400, f"The request gives {target!r} twice with different values ({given[target]!r} "
+                               f"and {value!r}); give it once.", param=name, code="invalid_value")
+            given[target] = value
     if not limits.history and (given.get("history") is True or given.get("method") == "history"):
         raise ApiError(400, "History is off on this server (--no-history or LOCALSPEC_HISTORY=off); "
                        "leave out 'history' and method 'history'.",
@@ -233,7 +241,10 @@ def _field_path(loc: tuple[Any, ...]) -> tuple[Any, ...]:
 def _validation_error(exc: ValidationError) -> ApiError:
     """The first of pydantic's complaints as one sentence, with the top-level field as ``param``."""
     errors = exc.errors(include_url=False)
-    err = errors[0]
+    # Within the first field at fault, the deepest complaint is the one about what the client meant: for
+    # "stop": [1], "stop[0] should be a string", not "stop should be a string".
+    first = _field_path(errors[0]["loc"])[:1]
+    err = max((e for e in errors if _field_path(e["loc"])[:1] == first), key=lambda e: len(_field_path(e["loc"])))
     loc = _field_path(err["loc"])
     param = str(loc[0]) if loc else None
     where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or "the body"
@@ -265,9 +276,14 @@ def _messages(messages: list[Message]) -> list[dict[str, str]]:
             if not all(p.get("type") == "text" and isinstance(p.get("text"), str) for p in m.content):
                 raise ApiError(400, f"messages[{i}] has a non-text content part; localspec models read text only.",
                                param="messages", code="unsupported_parameter")
+            unknown = next((key for p in m.content for key in p if key not in ("type", "text")), None)
+            if unknown is not None:
+                raise ApiError(400, f"messages[{i}] has a content part with {unknown!r}, which localspec does not "
+                               "take; send only type and text.", param="messages", code="unknown_parameter")
             content = "".join(p["text"] for p in m.content)
         else:
             content = m.content or ""
+        _check_text(content, f"messages[{i}].content", "messages")
         role = "system" if m.role == "developer" else m.role
         out.append({"role": role, "content": content})
     return out
@@ -277,7 +293,18 @@ def _prompt(value: Union[str, list[int], list[str], list[list[int]]]) -> Union[s
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
         value = value[0]  # one prompt in a list
     if isinstance(value, str) and value:
+        _check_text(value, "prompt", "prompt")
         return value
     if isinstance(value, list) and value and all(isinstance(t, int) for t in value):
         return value  # type: ignore[return-value]
     raise ApiError(400, "'prompt' must be one non-empty string (or one list of token ids).", param="prompt")
+
+
+def _check_text(text: str, where: str, param: str) -> None:
+    """Refuse text that cannot be encoded as UTF-8 (JSON can carry lone surrogates such as "\\ud800")."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ApiError(400, f"'{where}' is not valid Unicode text: it has a lone surrogate "
+                       f"(U+{ord(text[exc.start]):04X}) at character {exc.start}.", param=param,
+                       code="invalid_value") from None

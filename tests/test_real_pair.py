@@ -83,3 +83,21 @@ def test_draft_model_is_accepted_often_on_code(real_pair):
 def test_chat_template_comes_from_the_gguf(real_pair):
     text = real_pair.format_chat([{"role": "user", "content": "hi"}])
     assert "<|im_start|>user\nhi<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
+
+
+def test_cancelling_during_a_long_prompt_stops_within_a_moment_and_the_next_answer_is_exact(real_pair):
+    import threading
+    import time
+
+    want = real_pair.chat(REWRITE_MESSAGES, max_tokens=12, method="plain")
+    long = [{"role": "user", "content": "Summarise:\n" + "".join(f"entry {i}: value {i * 31 % 97}\n"
+                                                                  for i in range(60))}]
+    stream = real_pair.stream_chat(long, max_tokens=8, method="plain")
+    timer = threading.Timer(0.5, stream.cancel)  # from another thread, as the server does when a client leaves
+    timer.start()
+    started = time.monotonic()
+    result = stream.finish()
+    timer.join()
+    assert result.finish_reason == "interrupted" and result.tokens == []
+    assert time.monotonic() - started < 1.5  # the prompt alone takes several seconds here
+    assert real_pair.chat(REWRITE_MESSAGES, max_tokens=12, method="plain").tokens == want.tokens

@@ -365,3 +365,72 @@ def test_after_the_fuzzing_the_server_is_still_exact(capped_server, tiny_pair):
     assert status == 200 and reply["choices"][0]["text"] == want.text
     counts = capped_server.get("/health")["generations"]
     assert counts["failed"] == 0 and counts["completed"] > 0 and counts["refused"] > 0  # ids outside the vocabulary
+
+
+@pytest.mark.parametrize("body,param,fragment", [
+    ({"prompt": "\ud800"}, "prompt", "lone surrogate"),
+    ({"prompt": "hi", "stop": ["\udfff"]}, "stop", "lone surrogate"),
+    ({"prompt": "hi", "max_tokens": 2, "max_completion_tokens": 5}, "max_completion_tokens", "twice"),
+    ({"prompt": "hi", "method": "plain", "speculative": {"method": "lookup"}}, "method", "twice"),
+    ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options", "stream"),
+    ({"prompt": "hi", "stop": [1]}, "stop", "stop[0]"),
+    ({"prompt": [1, "a"]}, "prompt", "prompt[1]"),
+])
+def test_conflicts_and_text_that_is_not_unicode_are_400s(server, body, param, fragment):
+    status, reply, _ = server.post("/v1/completions", json.dumps(body).encode())
+    assert status == 400 and reply["error"]["param"] == param and fragment in reply["error"]["message"], reply
+
+
+@pytest.mark.parametrize("messages,fragment", [
+    ([{"role": "user", "content": "\udfff"}], "lone surrogate"),
+    ([{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}],
+     "cache_control"),
+])
+def test_chat_text_the_template_cannot_take_is_a_400(server, messages, fragment):
+    status, reply, _ = server.post("/v1/chat/completions", json.dumps({"messages": messages}).encode())
+    assert status == 400 and reply["error"]["param"] == "messages" and fragment in reply["error"]["message"], reply
+
+
+def test_refusals_an_allowed_page_receives_carry_cors_headers_and_health_answers_head(server):
+    origin = "http://localhost:3000"
+    status, reply, headers = server.post("/v1/completions", b"{}", headers={"Origin": origin,
+                                                                             "Content-Type": "text/plain"})
+    assert status == 415 and headers["Access-Control-Allow-Origin"] == origin  # the page can read why
+    got, _ = server.raw(request("HEAD", "/health", server.port))
+    assert got == 200
+
+
+def test_a_client_too_slow_with_its_body_gets_408():
+    import asyncio
+
+    from localspec.server_http import Guard
+
+    async def app(scope, receive, send):  # pragma: no cover - never reached
+        raise AssertionError("the application saw a request the guard should have answered")
+
+    sent: list[dict] = []
+
+    async def receive():
+        await asyncio.sleep(3600)  # a client that never sends its body
+
+    async def send(message):
+        sent.append(message)
+
+    guard = Guard(app, hosts=("localhost",), origins=(), api_key=None, max_body=1000, body_seconds=0.05)
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "query_string": b"",
+             "headers": [(b"host", b"localhost"), (b"content-type", b"application/json")]}
+    asyncio.run(guard(scope, receive, send))
+    assert sent[0]["status"] == 408 and b"took longer than 0.05 s" in sent[1]["body"]
+
+
+@pytest.mark.parametrize("flag", [["--api-key", "k\u00e9y"], ["--api-key", "key "], ["--allow-origin", "http://x/"],
+                                  ["--allow-origin", "localhost:3000"]])
+def test_serve_refuses_keys_and_origins_no_client_could_send(tiny_dir, flag):
+    from click.testing import CliRunner
+
+    from localspec.cli import cli
+
+    r = CliRunner().invoke(cli, ["serve", "-t", str(tiny_dir / "target.gguf"), *flag])
+    assert r.exit_code == 1
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and ("--allow-origin" in lines[0] or "API key" in lines[0])

@@ -82,6 +82,8 @@ def _wait_for(server, ready, limit: float = 30) -> float:
     return time.monotonic() - started
 
 
+LONG_PROMPT = "Summarise this log.\n" + "".join(f"line {i}: request {i * 7919 % 1000} served in {i % 13} ms\n"
+                                               for i in range(100))
 LONG = {"messages": [{"role": "user", "content": "Write a very long story about a lighthouse keeper."}],
         "max_tokens": 1500, "temperature": 0}
 
@@ -100,32 +102,61 @@ def test_a_client_that_hangs_up_on_a_whole_answer_frees_the_worker_within_a_seco
     assert again.choices[0].message.content == want.choices[0].message.content  # the caches stayed consistent
 
 
-def test_a_queued_client_that_leaves_is_dropped_from_the_queue(server):
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_queued_client_that_leaves_is_dropped_from_the_queue(server, stream):
     client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=120)
     long = client.chat.completions.create(model="target", stream=True, **LONG)
     next(iter(long))  # it is generating now
     before = server.get("/health")["generations"]["cancelled"]
-    s = _open_request(server, {**LONG, "max_tokens": 16})
+    s = _open_request(server, {**LONG, "max_tokens": 16, "stream": stream})
     _wait_for(server, lambda h: h["queued"] == 1)
     s.close()
     took = _wait_for(server, lambda h: h["queued"] == 0 and h["generations"]["cancelled"] == before + 1, 10)
     assert took < 1.5 and server.get("/health")["running"] == 1, took  # the running one was not disturbed
+    time.sleep(0.5)
+    assert server.get("/health")["generations"]["cancelled"] == before + 1  # counted once
     long.close()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_mid_generation_ends_the_server_within_seconds(tmp_path, sig):
+def test_a_client_that_leaves_during_a_long_prompt_frees_the_worker_at_once(server):
+    client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=120)
+    want = client.chat.completions.create(model="target", messages=QUESTION, max_tokens=16, temperature=0)
+    before = server.get("/health")["generations"]["cancelled"]
+    s = _open_request(server, {"messages": [{"role": "user", "content": LONG_PROMPT}], "max_tokens": 8})
+    _wait_for(server, lambda h: h["running"] == 1)
+    time.sleep(1)  # well inside the prompt's processing, which takes several seconds here
+    s.close()
+    took = _wait_for(server, lambda h: h["running"] == 0 and h["generations"]["cancelled"] == before + 1, 10)
+    assert took < 1.5, took
+    again = client.chat.completions.create(model="target", messages=QUESTION, max_tokens=16, temperature=0)
+    assert again.choices[0].message.content == want.choices[0].message.content
+
+
+@pytest.mark.parametrize("sig,during", [(signal.SIGTERM, "decoding"), (signal.SIGINT, "decoding"),
+                                        (signal.SIGTERM, "prompt")])
+def test_a_signal_mid_generation_ends_the_server_within_seconds(tmp_path, sig, during):
     d = real_models_dir()
     s = ServeProcess(["-t", str(d / "target.gguf"), "--ctx", "2048", "--threads", "2", "-m", "plain"], tmp_path,
                      timeout=300)
     try:
         client = openai.OpenAI(base_url=s.url, api_key="x", max_retries=0, timeout=120)
-        stream = client.chat.completions.create(model="target", stream=True, **LONG)
-        next(iter(stream))
+        if during == "decoding":
+            stream = client.chat.completions.create(model="target", stream=True, **LONG)
+            next(iter(stream))
+        else:  # a long prompt runs, two more wait
+            running = _open_request(s, {"messages": [{"role": "user", "content": LONG_PROMPT}], "max_tokens": 8})
+            _wait_for(s, lambda h: h["running"] == 1)
+            waiting = [_open_request(s, {**LONG, "max_tokens": 4}) for _ in range(2)]
+            _wait_for(s, lambda h: h["queued"] == 2)
+            time.sleep(0.5)
         started = time.monotonic()
         s.proc.send_signal(sig)
         s.proc.wait(timeout=5)
         assert time.monotonic() - started < 5
         assert "Traceback" not in s.output()
+        if during == "prompt":  # every client was told why, none got a 500
+            for sock in [running, *waiting]:
+                reply = sock.recv(65536)
+                assert reply.startswith(b"HTTP/1.1 503") and b"shutting down" in reply, reply[:200]
     finally:
         s.close()
