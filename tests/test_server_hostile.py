@@ -433,4 +433,5 @@ def test_serve_refuses_keys_and_origins_no_client_could_send(tiny_dir, flag):
     r = CliRunner().invoke(cli, ["serve", "-t", str(tiny_dir / "target.gguf"), *flag])
     assert r.exit_code == 1
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: ") and ("--allow-origin" in lines[0] or "API key" in lines[0])
+    assert len(lines) == 1 and lines[0].startswith("Error: ")
+    assert "--allow-origin" in lines[0] or "API key" in lines[0]
