@@ -62,7 +62,7 @@ def test_ctrl_c_while_the_prompt_is_processed_drops_the_turn(session, tiny_pair,
     session.reply("hello there", lambda ev: None)
     before = list(session.messages)
 
-    def interrupted_prefill(tokens):
+    def interrupted_prefill(tokens, abort=None):
         raise KeyboardInterrupt  # Ctrl-C inside the first step, before any token
 
     monkeypatch.setattr(tiny_pair.target, "sync", interrupted_prefill)
