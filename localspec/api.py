@@ -25,9 +25,11 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .auto import KMAX, CostProfile, auto_drafter, calibrate, choose_threads, history_estimates
+from .auto import auto_drafter, history_estimates
 from .backend import Model, read_vocab
+from .calibration import KMAX, calibrate, choose_threads
 from .compat import check_vocab
+from .costs import CostProfile
 from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from .engine import Generation, GenerationStats, TokenEvent, check_prompt
 from .errors import ConfigError, ContextOverflowError

@@ -224,7 +224,7 @@ class Model:
         if cache_type not in CACHE_TYPES:
             raise ConfigError(f"Unknown KV cache type {cache_type!r}; choose one of {', '.join(CACHE_TYPES)}.")
         self._log = LlamaLog(verbose)
-        #: True when the caller left the thread count to localspec (see ``auto.choose_threads``).
+        #: True when the caller left the thread count to localspec (see ``calibration.choose_threads``).
         self.threads_unset = not n_threads
         self.n_threads = n_threads if n_threads else default_threads()
         if n_gpu_layers is None:

@@ -34,8 +34,9 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from .api import Pair
-from .auto import CostProfile, expected_tokens, history_estimates, round_cost
+from .auto import history_estimates
 from .backend import gpu_offload_supported
+from .costs import CostProfile, predicted_round_seconds, predicted_speedup
 from .engine import GenerationStats
 from .errors import ConfigError
 from .history import HistoryDrafter, HistoryStore
@@ -280,33 +281,6 @@ def classify(plain: list[int], tokens: list[int], margin: Callable[[int], float]
     m = margin(i)
     info = {"token": float(i), "margin": m}
     return ("tie" if m < tie_margin else "MISMATCH"), info
-
-
-def predicted_speedup(profile: CostProfile, method: str, stats: dict[str, Any]) -> Optional[float]:
-    """Speedup the cost model predicts from this run's measured acceptance (None for plain/auto)."""
-    if method not in ("draft", "lookup") or not stats["rounds"]:
-        return None
-    proposing = stats["rounds"] - stats["empty_rounds"]
-    if proposing <= 0:
-        return 1.0
-    alpha = stats["accepted"] / max(1e-9, stats["accepted"] + stats["rejected_rounds"])
-    k = max(1, min(profile.kmax, round(stats["drafted"] / proposing)))
-    f = proposing / stats["rounds"]  # lookup proposes only when it finds a match
-    tokens = f * expected_tokens(alpha, k) + (1 - f)
-    cost = f * round_cost(profile, method, k) + (1 - f) * profile.verify[0]
-    return tokens / cost * profile.verify[0]
-
-
-def predicted_round_seconds(profile: CostProfile, stats: dict[str, Any]) -> float:
-    """Decode seconds the profile predicts for a run's rounds: verify(drafted + 1) each, plus draft-model steps."""
-    counts = list(stats["proposed_at"]) + [0]
-    total = stats["empty_rounds"] * profile.verify[0]
-    v = profile.verify
-    for j in range(1, len(counts)):
-        rounds = counts[j - 1] - counts[j]  # rounds that drafted exactly j tokens
-        cost = v[j] if j < len(v) else v[-1] + (j - len(v) + 1) * (v[-1] - v[-2])  # beyond the profile: linear
-        total += rounds * cost
-    return total + stats.get("draft_model_tokens", 0) * profile.draft_step
 
 
 def machine_info(pair: Pair, checksums: bool = True) -> dict[str, Any]:

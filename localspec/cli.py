@@ -29,6 +29,7 @@ from .options import K_LIMIT, METHODS, GenerationOptions
 
 if TYPE_CHECKING:
     from .api import Pair
+    from .costs import CostProfile
 
 DEFAULT_PAIR = "qwen2.5-coder-1.5b"
 
@@ -483,6 +484,30 @@ def history_clear(yes: bool) -> None:
 # -- measuring --------------------------------------------------------------------------------------
 
 
+def _profile_table(profile: CostProfile, has_draft: bool, alphas: tuple[float, ...] = (0.3, 0.5, 0.7, 0.9)) -> str:
+    """A readable summary of a profile: relative costs and what auto would choose at each acceptance."""
+    from .costs import best_k
+    rel = profile.relative()
+    verify = rel["verify"]
+    assert isinstance(verify, list)
+    lines = [
+        f"cost profile ({profile.source}): one target step {1000 * profile.verify[0]:.1f} ms",
+        "  verify n tokens / one step: " + "  ".join(f"{n + 1}:{v:.2f}" for n, v in enumerate(verify)),
+    ]
+    if has_draft:
+        lines.append(f"  draft step / target step: {rel['draft_step']:.2f}")
+    lines.append("  predicted speedup over plain (best K) at per-token acceptance alpha:")
+    methods = ["lookup"] + (["draft"] if has_draft else [])
+    lines.append("    alpha  " + "  ".join(f"{m:>14}" for m in methods))
+    for a in alphas:
+        cells = []
+        for m in methods:
+            k, s = best_k(profile, m, a, profile.kmax)
+            cells.append(f"{s:5.2f}x (K={k})" if k else "  plain (K=0)")
+        lines.append(f"    {a:5.2f}  " + "  ".join(f"{c:>14}" for c in cells))
+    return "\n".join(lines)
+
+
 @cli.command()
 @model_options
 @click.option("--recalibrate", is_flag=True, help="Measure again even if a calibration is cached.")
@@ -490,8 +515,6 @@ def history_clear(yes: bool) -> None:
 @_friendly_errors
 def calibrate(models: ModelArgs, recalibrate: bool, as_json: bool) -> None:
     """Measure what verification and drafting cost on this machine (used by auto)."""
-    from .auto import predicted_table
-
     with models.open() as pair:
         profile = pair.calibrate(refresh=recalibrate)
         sweep = pair.choose_threads()  # cached by now: what the choice was made from
@@ -506,7 +529,7 @@ def calibrate(models: ModelArgs, recalibrate: bool, as_json: bool) -> None:
                        + f"  -> using {pair.target.n_threads} (--threads overrides)")
         else:
             click.echo(f"threads: {pair.target.n_threads} (set with --threads)")
-        click.echo(predicted_table(profile, pair.draft is not None))
+        click.echo(_profile_table(profile, pair.draft is not None))
 
 
 @cli.command()

@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from localspec.auto import CostProfile
 from localspec.bench import predicted_speedup
+from localspec.costs import CostProfile
 
 
 def main() -> None:

@@ -30,17 +30,14 @@ import json
 import statistics
 from pathlib import Path
 
-import numpy as np
-
 import localspec
-from localspec.auto import CostProfile, auto_drafter, history_estimates, round_cost
 from localspec.bench import load_related
-from localspec.drafters import PromptLookupDrafter
-from localspec.history import PROMPT_KEEP, HistoryDrafter, HistoryIndex
-from localspec.options import GenerationOptions, SamplingParams
+from localspec.costs import CostProfile
+from localspec.options import GenerationOptions
+from localspec.replay import Recorded, bound, replay_auto
 
 
-def plain_outputs(target: Path, threads: int | None, n: int, cache: Path) -> tuple[list[dict], CostProfile]:
+def plain_outputs(target: Path, threads: int | None, n: int, cache: Path) -> tuple[list[Recorded], CostProfile]:
     """Each request's prompt (text and tokens) and greedy reply, and this machine's cost profile."""
     pair = localspec.load(target, n_threads=threads, history=False)
     try:
@@ -50,7 +47,7 @@ def plain_outputs(target: Path, threads: int | None, n: int, cache: Path) -> tup
             saved = json.loads(cache.read_text())
             if [r["name"] for r in saved] == [bp.name for bp in requests] and all(
                     len(r["reply"]) == n or r["stopped"] for r in saved):
-                return saved, profile
+                return [Recorded(r["name"], r["text"], r["prompt"], r["reply"]) for r in saved], profile
         out = []
         for bp in requests:
             assert bp.messages is not None
@@ -62,64 +59,9 @@ def plain_outputs(target: Path, threads: int | None, n: int, cache: Path) -> tup
                         "stopped": len(r.tokens) < n})
             print(f"decoded {bp.name}: {len(r.tokens)} tokens")
         cache.write_text(json.dumps(out))
-        return out, profile
+        return [Recorded(r["name"], r["text"], r["prompt"], r["reply"]) for r in out], profile
     finally:
         pair.close()
-
-
-def _kept(draft: list[int], truth: list[int]) -> int:
-    k = 0
-    while k < len(draft) and k < len(truth) and draft[k] == truth[k]:
-        k += 1
-    return k
-
-
-def replay_auto(profile: CostProfile, requests: list[dict], shared_history: bool) -> list[float]:
-    """Predicted speedup of auto per request, with the earlier requests' history or an empty one."""
-    index, estimates, out = HistoryIndex(), history_estimates(), []
-    rng = np.random.default_rng(0)
-    for req in requests:
-        if not shared_history:
-            index, estimates = HistoryIndex(), history_estimates()
-        prompt, reply = req["prompt"], req["reply"]
-        auto = auto_drafter(profile, None, SamplingParams(), req["text"], np.asarray(prompt), history=index,
-                            history_alpha=estimates)
-        context, done, cost = list(prompt), 0, 0.0
-        while done < len(reply):
-            draft = auto.propose(np.asarray(context, dtype=np.int32), profile.kmax, rng)
-            kept = _kept(draft.tokens, reply[done:])
-            auto.observe(len(draft.tokens), kept)
-            cost += round_cost(profile, draft.by or "plain", len(draft.tokens))
-            step = min(kept + 1, len(reply) - done)  # the kept prefix and the target's own token
-            context += reply[done : done + step]
-            done += step
-            auto.settle(np.asarray(context, dtype=np.int32))
-        out.append(len(reply) * profile.verify[0] / cost)
-        index.add(np.asarray(prompt[-PROMPT_KEEP:] + reply, dtype=np.int32))
-    return out
-
-
-def bound(profile: CostProfile, requests: list[dict]) -> list[float]:
-    """The best any policy could do with these lookup and history drafts (with the earlier requests' history)."""
-    index, out = HistoryIndex(), []
-    rng = np.random.default_rng(0)
-    v, kmax = profile.verify, profile.kmax
-    for req in requests:
-        prompt, reply = req["prompt"], req["reply"]
-        n, full = len(reply), prompt + reply
-        lookup, history = PromptLookupDrafter(), HistoryDrafter(index)
-        best = [0.0] * (n + 1)  # best[i]: least cost to produce reply[i:]
-        for i in range(n - 1, -1, -1):
-            context = np.asarray(full[: len(prompt) + i], dtype=np.int32)
-            cost = v[0] + best[i + 1]
-            for draft in (lookup.propose(context, kmax, rng), history.propose(context, kmax, rng)):
-                kept = _kept(draft.tokens, reply[i:])
-                for k in range(1, len(draft.tokens) + 1):  # any shorter draft of the same guess
-                    cost = min(cost, v[k] + best[i + min(min(kept, k) + 1, n - i)])
-            best[i] = cost
-        out.append(n * v[0] / best[0])
-        index.add(np.asarray(prompt[-PROMPT_KEEP:] + reply, dtype=np.int32))
-    return out
 
 
 def main() -> None:
@@ -146,7 +88,7 @@ def main() -> None:
           "'bound': the best schedule of the same drafts")
     print(f"{'request':<14} " + " ".join(f"{c:>13}" for c in cols))
     for i, req in enumerate(requests):
-        print(f"{req['name']:<14} " + " ".join(f"{cols[c][i]:>12.2f}x" for c in cols))
+        print(f"{req.name:<14} " + " ".join(f"{cols[c][i]:>12.2f}x" for c in cols))
     print(f"{'median':<14} " + " ".join(f"{statistics.median(cols[c]):>12.2f}x" for c in cols))
     print(f"{'worst':<14} " + " ".join(f"{min(cols[c]):>12.2f}x" for c in cols))
 

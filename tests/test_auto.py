@@ -11,17 +11,10 @@ from helpers import same_distribution, token_counts
 
 import localspec
 from localspec.acceptance import SamplingParams
-from localspec.auto import (
-    AcceptanceEstimate,
-    AutoDrafter,
-    CostProfile,
-    best_k,
-    calibrate,
-    calibration_key,
-    expected_tokens,
-    prompt_prior,
-)
+from localspec.auto import AcceptanceEstimate, AutoDrafter, prompt_prior
 from localspec.backend import Model
+from localspec.calibration import calibrate, calibration_key
+from localspec.costs import CostProfile, best_k, expected_tokens
 from localspec.drafters import ModelDrafter, PromptLookupDrafter
 
 # Memory-bound (laptop GPU): verifying up to 9 tokens costs one step; a draft step 0.1 of one.
@@ -139,18 +132,18 @@ def test_calibration_is_cached_per_settings_and_refreshable(tiny_dir, tmp_path):
 
 
 def test_the_thread_count_is_measured_once_and_the_fastest_is_used(tiny_dir, tmp_path, monkeypatch):
-    from localspec import auto
+    from localspec import calibration
     from localspec.backend import default_threads
 
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
     calls = []
-    real = auto.measure_threads
+    real = calibration.measure_threads
 
     def counted(target, max_threads, steps=7):
         calls.append(max_threads)
         return real(target, max_threads, steps)
 
-    monkeypatch.setattr(auto, "measure_threads", counted)
+    monkeypatch.setattr(calibration, "measure_threads", counted)
     notices: list[str] = []
     with localspec.load(tiny_dir / "target.gguf", tiny_dir / "draft.gguf", n_ctx=512) as pair:
         pair.notify = notices.append

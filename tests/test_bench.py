@@ -8,7 +8,6 @@ import pytest
 from click.testing import CliRunner
 
 import localspec.engine
-from localspec.auto import CostProfile
 from localspec.bench import (
     BenchPrompt,
     MethodSpec,
@@ -21,6 +20,7 @@ from localspec.bench import (
     schedule,
 )
 from localspec.cli import cli
+from localspec.costs import CostProfile
 from localspec.drafters import Draft
 from localspec.engine import GenerationStats
 from localspec.errors import ConfigError

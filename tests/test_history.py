@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from helpers import same_distribution, token_counts
 
 import localspec
-from localspec.auto import CostProfile
 from localspec.cli import cli
+from localspec.costs import CostProfile
 from localspec.history import (
     MAX_MATCH,
     MIN_AGREEMENT,

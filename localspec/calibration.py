@@ -1,0 +1,228 @@
+"""Measuring this machine: the cost profile auto decides by, and the fastest thread count.
+
+Both are measured with the pair's real settings and cached per (model files,
+llama-cpp-python version, device, threads, GPU layers) in the cache directory,
+so a machine is measured once; ``refresh`` measures again. Measuring runs the
+models and leaves their caches empty: callers do it at named points
+(``Pair.calibrate``, ``Pair.choose_threads``) and say so through ``notify``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from .backend import Model, default_threads, gpu_offload_supported
+from .costs import CostProfile
+from .drafters import PromptLookupDrafter
+from .options import AUTO_KMAX
+from .paths import cache_dir, write_atomic
+
+KMAX = AUTO_KMAX
+#: Bumped whenever ``measure`` or what it measures changes (3: huge pages for the model buffers),
+#: so profiles measured the old way are measured again.
+CALIBRATION_VERSION = 3
+_CALIBRATION_TEXT = (
+    "def merge(a, b):\n    out = []\n    i = j = 0\n    while i < len(a) and j < len(b):\n"
+    "        if a[i] <= b[j]:\n            out.append(a[i]); i += 1\n        else:\n"
+    "            out.append(b[j]); j += 1\n    return out + a[i:] + b[j:]\n"
+    "The quick brown fox jumps over the lazy dog while the committee reviews the report. "
+)
+
+
+def _file_identity(path: Path) -> str:
+    st = path.stat()
+    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def threads_key(target: Model) -> str:
+    """Identity of what the fastest thread count depends on: the target's setup and the cores.
+
+    Not the draft model: the sweep never runs it, so loading the target alone reuses the answer.
+    """
+    return _key(["threads", *_setup(target, None), f"cores={default_threads()}"])
+
+
+def choose_threads(target: Model, refresh: bool = False,
+                   cache_file: Optional[Path] = None, notify: Optional[Callable[[str], None]] = None,
+                   ) -> tuple[int, dict[int, float]]:
+    """The fastest thread count for single-token steps on this machine, measured once and cached.
+
+    Args:
+        notify: told in one line when a measurement starts.
+
+    Returns:
+        (threads, seconds per step at each thread count tried).
+    """
+    path = _store_path(cache_file)
+    key = threads_key(target)
+    rec = _read_store(path).get(key)
+    if rec and not refresh:
+        return int(rec["threads"]), {int(n): float(t) for n, t in rec["step_seconds"].items()}
+    if notify is not None:
+        notify("localspec: measuring the fastest thread count for this machine (once; --threads overrides)")
+    sweep = measure_threads(target, default_threads())
+    best = min(sweep, key=lambda n: sweep[n])
+    store = _read_store(path)
+    store[key] = {"threads": best, "step_seconds": sweep, "target": str(target.path), "measured_at": time.time()}
+    _save_store(path, store, notify)
+    return best, sweep
+
+
+def _setup(target: Model, draft: Optional[Model]) -> list[str]:
+    """The model files, library, device and settings every measurement depends on."""
+    import llama_cpp
+
+    return [_file_identity(target.path), _file_identity(draft.path) if draft else "-", llama_cpp.__version__,
+            "gpu" if gpu_offload_supported() else "cpu", f"ngl={target.n_gpu_layers}", f"fa={target.flash_attn}"]
+
+
+def _key(parts: list[str]) -> str:
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
+
+
+def calibration_key(target: Model, draft: Optional[Model], kmax: int) -> str:
+    """Identity of everything a calibration depends on."""
+    return _key([*_setup(target, draft), f"threads={target.n_threads}", f"kmax={kmax}",
+                 f"calibration={CALIBRATION_VERSION}"])
+
+
+def _median_time(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def measure(target: Model, draft: Optional[Model], kmax: int = KMAX, reps: int = 5,
+            context_tokens: int = 256) -> CostProfile:
+    """Time verification of 1..kmax+1 tokens on the target and one draft step.
+
+    Runs after a context of ``context_tokens`` tokens (a typical prompt), with
+    warm caches, like a real round. ``reps`` passes over every n, alternating
+    upwards and downwards so drift hits all n alike; each n takes the median.
+    Leaves both caches holding that calibration context.
+    """
+    base = target.tokenize(_CALIBRATION_TEXT, add_special=False)
+    context_tokens = max(1, min(context_tokens, target.n_ctx - (kmax + 1)))  # a small context holds it all
+    ctx = (base * (context_tokens // len(base) + 1))[:context_tokens]
+    probe = (base * 2)[: kmax + 1]
+
+    def run(model: Model, n: int) -> None:
+        model.eval(probe[:n], logits="all")
+        model.truncate(len(ctx))
+
+    target.truncate(0)
+    target.eval(ctx, logits="none")
+    for n in (kmax + 1, 1):
+        run(target, n)  # warm-up: buffers sized for the largest batch, and the single-token graph
+    sizes = list(range(1, kmax + 2))
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for rep in range(reps):
+        for n in sizes if rep % 2 == 0 else sizes[::-1]:
+            times[n].append(_median_time(lambda n=n: run(target, n), 1))
+    verify = [float(np.median(times[n])) for n in sizes]
+    # Costs must not fall with n. Noise is mostly upward spikes (scheduling, a cold graph), so
+    # each n takes the cheapest time seen for any n at least as large, not the dearest below it.
+    verify = [float(v) for v in np.minimum.accumulate(verify[::-1])[::-1]]
+    step = 0.0
+    if draft is not None:
+        draft.truncate(0)
+        draft.eval(ctx, logits="none")
+        run(draft, 1)
+        step = _median_time(lambda: run(draft, 1), 2 * reps + 1)
+    lookup = PromptLookupDrafter()
+    arr = np.asarray(ctx, dtype=np.int32)
+    rng = np.random.default_rng(0)
+    lookup_cost = _median_time(lambda: lookup.propose(arr, kmax, rng), 20)
+    return CostProfile(verify, step, lookup_cost, "measured")
+
+
+def measure_threads(target: Model, max_threads: int, steps: int = 7) -> dict[int, float]:
+    """Seconds per single-token step of the target at 1..max_threads threads (median of ``steps``).
+
+    Leaves the target at the thread count it had, with an empty cache.
+    """
+    base = target.tokenize(_CALIBRATION_TEXT, add_special=False)
+    ctx = (base * 4)[:128]
+    was = target.n_threads
+    out: dict[int, float] = {}
+    target.reset()
+    target.eval(ctx, logits="none")
+    try:
+        for n in range(1, max_threads + 1):
+            target.set_threads(n)
+
+            def step() -> None:
+                target.eval(base[:1], logits="last")
+                target.truncate(len(ctx))
+
+            step()  # warm-up at this thread count
+            out[n] = _median_time(step, steps)
+    finally:
+        target.set_threads(was)
+        target.reset()
+    return out
+
+
+def _read_store(path: Path) -> dict[str, dict]:
+    if path.is_file():
+        try:
+            store = json.loads(path.read_text())
+            return store if isinstance(store, dict) else {}
+        except (OSError, ValueError):
+            pass  # a damaged cache is just re-measured
+    return {}
+
+
+def _save_store(path: Path, store: dict[str, dict], notify: Optional[Callable[[str], None]]) -> None:
+    """Cache measurements; a cache that cannot be written only means measuring again next time."""
+    try:
+        write_atomic(path, json.dumps(store, indent=1))
+    except OSError as exc:
+        if notify is not None:
+            notify(f"localspec: could not cache the measurement in {path} ({exc.strerror or exc}); "
+                   "it will be measured again next time.")
+
+
+def _store_path(cache_file: Optional[Path]) -> Path:
+    return cache_file or cache_dir() / "calibration.json"
+
+
+def calibrate(target: Model, draft: Optional[Model], kmax: int = KMAX, refresh: bool = False,
+              cache_file: Optional[Path] = None, notify: Optional[Callable[[str], None]] = None) -> CostProfile:
+    """The cached cost profile for these models and settings, measuring it if needed.
+
+    Measuring leaves both models' caches empty.
+
+    Args:
+        refresh: measure again even if a cached profile exists.
+        cache_file: JSON file of profiles (default: ``calibration.json`` in the cache dir).
+        notify: told in one line when a measurement starts.
+    """
+    path = _store_path(cache_file)
+    key = calibration_key(target, draft, kmax)
+    store = _read_store(path)
+    if not refresh and key in store:
+        rec = store[key]
+        return CostProfile(rec["verify"], rec["draft_step"], rec["lookup"], "cache")
+    if notify is not None:
+        notify("localspec: measuring this machine's costs for auto mode (a few seconds, once per models and "
+               "settings; `localspec calibrate` shows them)")
+    profile = measure(target, draft, kmax)
+    target.reset()
+    if draft is not None:
+        draft.reset()
+    store = _read_store(path)  # another process may have added profiles meanwhile
+    store[key] = {"verify": profile.verify, "draft_step": profile.draft_step, "lookup": profile.lookup,
+                  "target": str(target.path), "draft": str(draft.path) if draft else None,
+                  "threads": target.n_threads, "gpu_layers": target.n_gpu_layers, "measured_at": time.time()}
+    _save_store(path, store, notify)
+    return profile

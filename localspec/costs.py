@@ -1,0 +1,118 @@
+"""The cost model: what a round of each method costs on a machine, and what it yields.
+
+Pure arithmetic over a ``CostProfile`` (the machine's measured costs, see
+``localspec.calibration``), shared by auto's per-round choice, the bench's
+predictions and the replay of recorded workloads, so that there is one
+model and no copies:
+
+* with per-token acceptance alpha and draft length K, a round yields on
+  average (1 - alpha^(K+1)) / (1 - alpha) tokens (the accepted prefix plus the
+  target's own token);
+* it costs verify(K+1) plus K draft-model steps (the draft model) or one
+  search (lookup, history); plain decoding yields 1 token per verify(1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+#: Speculate only when the predicted speedup clears this, so estimation noise cannot make auto slower than plain.
+MIN_GAIN = 1.1
+
+
+@dataclass
+class CostProfile:
+    """Measured (or assumed) costs, in seconds.
+
+    Attributes:
+        verify: verify[n - 1] is the target's time to evaluate n tokens with
+            logits for all of them, n = 1 .. kmax + 1.
+        draft_step: the draft model's time for one token (0 without a draft).
+        lookup: the prompt-lookup search time per round.
+        source: "measured", "cache" or a name for a synthetic profile.
+    """
+
+    verify: list[float]
+    draft_step: float = 0.0
+    lookup: float = 2e-5
+    source: str = "measured"
+
+    @property
+    def kmax(self) -> int:
+        return len(self.verify) - 1
+
+    def verify_seconds(self, n: int) -> float:
+        """Seconds to verify n tokens; past the measured range, the last step's slope continues."""
+        v = self.verify
+        if n <= len(v):
+            return v[n - 1]
+        return v[-1] + (n - len(v)) * (v[-1] - v[-2] if len(v) > 1 else v[-1])
+    def relative(self) -> dict[str, object]:
+        """Costs relative to one target step (what decides everything)."""
+        v1 = self.verify[0]
+        return {"verify": [round(v / v1, 3) for v in self.verify], "draft_step": round(self.draft_step / v1, 3)}
+
+    @classmethod
+    def synthetic(cls, verify_ratios: list[float], draft_ratio: float, step: float = 0.02,
+                  name: str = "synthetic") -> CostProfile:
+        """A profile from ratios to one target step, e.g. a GPU-like flat verify curve."""
+        return cls([r * step for r in verify_ratios], draft_ratio * step, 2e-5, name)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Mean tokens per round with per-token acceptance alpha and draft length k."""
+    if k == 0:
+        return 1.0
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def round_cost(profile: CostProfile, method: str, k: int) -> float:
+    """Seconds for one round of ``method`` with draft length k."""
+    if method == "plain" or k == 0:
+        return profile.verify[0]
+    extra = k * profile.draft_step if method == "draft" else profile.lookup  # lookup and history: a search
+    return profile.verify[k] + extra
+
+
+def best_k(profile: CostProfile, method: str, alpha: float, kmax: int,
+           min_gain: float = MIN_GAIN) -> tuple[int, float]:
+    """The draft length with the highest expected tokens/second, and that speedup over plain.
+
+    K = 0 (plain, speedup 1.0) unless some K is predicted at least ``min_gain`` times faster.
+    """
+    plain = 1.0 / profile.verify[0]
+    best, best_speed = 0, 1.0
+    threshold = min_gain
+    for k in range(1, min(kmax, profile.kmax) + 1):
+        speed = expected_tokens(alpha, k) / round_cost(profile, method, k) / plain
+        if speed > best_speed and speed >= threshold:
+            best, best_speed = k, speed
+    return best, best_speed
+
+
+def predicted_speedup(profile: CostProfile, method: str, stats: dict[str, Any]) -> Optional[float]:
+    """Speedup the cost model predicts from this run's measured acceptance (None for plain/auto)."""
+    if method not in ("draft", "lookup") or not stats["rounds"]:
+        return None
+    proposing = stats["rounds"] - stats["empty_rounds"]
+    if proposing <= 0:
+        return 1.0
+    alpha = stats["accepted"] / max(1e-9, stats["accepted"] + stats["rejected_rounds"])
+    k = max(1, min(profile.kmax, round(stats["drafted"] / proposing)))
+    f = proposing / stats["rounds"]  # lookup proposes only when it finds a match
+    tokens = f * expected_tokens(alpha, k) + (1 - f)
+    cost = f * round_cost(profile, method, k) + (1 - f) * profile.verify[0]
+    return tokens / cost * profile.verify[0]
+
+
+def predicted_round_seconds(profile: CostProfile, stats: dict[str, Any]) -> float:
+    """Decode seconds the profile predicts for a run's rounds: verify(drafted + 1) each, plus draft-model steps."""
+    counts = list(stats["proposed_at"]) + [0]
+    total = stats["empty_rounds"] * profile.verify[0]
+    for j in range(1, len(counts)):
+        rounds = counts[j - 1] - counts[j]  # rounds that drafted exactly j tokens
+        total += rounds * profile.verify_seconds(j + 1)
+    return total + stats.get("draft_model_tokens", 0) * profile.draft_step
