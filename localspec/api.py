@@ -69,7 +69,7 @@ class Result:
         s = self.stats
         how = s.method
         if s.auto:
-            used = ", ".join(f"{m} {n}" for m, n in s.auto["rounds"].items() if n)
+            used = ", ".join(f"{m} {n}" for m, n in s.rounds_by_method.items() if n)
             how = f"auto ({used} rounds)"
         elif s.k:
             how += f" k={s.k}"

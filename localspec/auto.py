@@ -22,14 +22,14 @@ so the output stays exactly the target's.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
 from .backend import Model
 from .costs import CostProfile, best_k
-from .drafters import EMPTY_DRAFT, Draft, ModelDrafter, PromptLookupDrafter
+from .drafters import EMPTY_DRAFT, AutoChange, AutoReport, Draft, ModelDrafter, PromptLookupDrafter
 from .history import HistoryDrafter, HistoryIndex
 from .options import AUTO_KMAX, SamplingParams
 
@@ -93,21 +93,18 @@ def prompt_prior(text: str, prompt_tokens: np.ndarray) -> float:
 
 
 @dataclass
-class AutoReport:
-    """What auto did in one generation, for stats."""
+class Choice:
+    """One candidate for a round: a method and K, the speedup it is predicted to give, and on what."""
 
-    rounds: dict[str, int] = field(default_factory=lambda: {"plain": 0, "lookup": 0, "history": 0, "draft": 0})
-    #: Each change of choice: round number, method, k, alpha it acted on, predicted speedup.
-    changes: list[dict[str, object]] = field(default_factory=list)
-    alpha: dict[str, float] = field(default_factory=dict)
-    profile: dict[str, object] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+    speed: float
+    method: str
+    k: int
+    alpha: float
+    estimate: Optional[AcceptanceEstimate] = None  # the estimate its outcome updates
+    draft: Draft = EMPTY_DRAFT  # lookup's or history's guess, made before choosing (free)
 
 
-# (predicted speedup, method, k, alpha, its estimate, the lookup or history draft)
-_Choice = tuple[float, str, int, float, Optional[AcceptanceEstimate], Draft]
+PLAIN = Choice(1.0, "plain", 0, 0.0)
 
 #: History matches are weighed by length band: 2-3, 4-7, 8-15 and 16 or more tokens.
 HISTORY_BANDS = (2, 4, 8, 16)
@@ -169,7 +166,8 @@ class AutoDrafter:
         self.lookup_alpha = {n: AcceptanceEstimate(min(0.95, lookup_prior + 0.1 * (n - 1)))
                              for n in range(1, lookup.max_ngram + 1)}
         self.draft_alpha = AcceptanceEstimate(0.6)
-        self._report = AutoReport(profile=profile.relative())
+        self._report = AutoReport(rounds={"plain": 0, "lookup": 0, "history": 0, "draft": 0},
+                                  profile=profile.relative())
         self._pending: Optional[tuple[AcceptanceEstimate, str]] = None
         # lookup's and history's unused first guesses in a plain round, scored against the token that came
         self._shadows: list[tuple[AcceptanceEstimate, int, int]] = []
@@ -189,51 +187,47 @@ class AutoDrafter:
                 shadow_est.update(1, int(context[-1] == shadow_guess))
         self._shadows = []
         kmax = min(k, self.kmax)
-        choices: list[_Choice] = [
-            (1.0, "plain", 0, 0.0, None, EMPTY_DRAFT)]
+        choices = [PLAIN]
         if kmax > 0:
             guess = self.lookup.propose(context, kmax, rng)
             if guess.tokens:
                 lk = self.lookup_alpha[self.lookup.last_match]
                 kk, speed = best_k(self.profile, "lookup", lk.alpha, min(kmax, len(guess.tokens)))
-                choices.append((speed, "lookup", kk, lk.alpha, lk, guess))
+                choices.append(Choice(speed, "lookup", kk, lk.alpha, lk, guess))
             if self.history is not None:
                 recalled = self.history.propose(context, kmax, rng)
                 if recalled.tokens:
                     hk = self.history_alpha[history_band(self.history.last_match)]
                     kk, speed = best_k(self.profile, "history", hk.alpha, min(kmax, len(recalled.tokens)))
-                    choices.append((speed, "history", kk, hk.alpha, hk, recalled))
+                    choices.append(Choice(speed, "history", kk, hk.alpha, hk, recalled))
             if self.model is not None:
                 kk, speed = best_k(self.profile, "draft", self.draft_alpha.alpha, kmax)
-                choices.append((speed, "draft", kk, self.draft_alpha.alpha, self.draft_alpha, EMPTY_DRAFT))
-        speed, method, kk, alpha, est, draft = max(choices, key=lambda c: c[0])
-        if kk == 0:
-            method = "plain"
-            explored = self._explore(choices)
-            if explored is not None:
-                speed, method, kk, alpha, est, draft = explored
-        if method == "plain":
+                choices.append(Choice(speed, "draft", kk, self.draft_alpha.alpha, self.draft_alpha))
+        best = max(choices, key=lambda c: c.speed)
+        if best.k == 0:  # nothing pays: plain, unless a method is due for a look
+            best = self._explore(choices) or Choice(1.0, "plain", 0, best.alpha)
+        if best.method == "plain":
             self._pending = None
             for choice in choices:
-                if choice[1] in ("lookup", "history") and choice[4] is not None:
-                    self._shadows.append((choice[4], choice[5].tokens[0], len(context)))
-            self._note("plain", 0, alpha, 1.0)
+                if choice.draft.tokens and choice.estimate is not None:  # lookup's and history's guesses
+                    self._shadows.append((choice.estimate, choice.draft.tokens[0], len(context)))
+            self._note(best)
             return EMPTY_DRAFT
-        self._last_tried[method] = self._round
-        self._note(method, kk, alpha, speed)
-        self._pending = (est, method) if est is not None else None
-        if method in ("lookup", "history"):
-            return Draft(draft.tokens[:kk], None, method)
+        self._last_tried[best.method] = self._round
+        self._note(best)
+        self._pending = (best.estimate, best.method) if best.estimate is not None else None
+        if best.draft.tokens:
+            return Draft(best.draft.tokens[: best.k], None, best.method)
         assert self.model is not None
-        return self.model.propose(context, kk, rng)
+        return self.model.propose(context, best.k, rng)
 
-    def _explore(self, choices: list[_Choice]) -> Optional[_Choice]:
+    def _explore(self, choices: list[Choice]) -> Optional[Choice]:
         """A cheap K=1 round of a method not tried for a while that could pay if alpha were higher."""
-        for speed, method, _, alpha, est, draft in choices[1:]:
-            stale = self._round - self._last_tried[method] >= self.explore_every
-            optimistic = best_k(self.profile, method, min(0.98, alpha + 0.25), 1)[1] > 1.0
+        for c in choices[1:]:
+            stale = self._round - self._last_tried[c.method] >= self.explore_every
+            optimistic = best_k(self.profile, c.method, min(0.98, c.alpha + 0.25), 1)[1] > 1.0
             if stale and optimistic:
-                return (speed, method, 1, alpha, est, draft)
+                return Choice(c.speed, c.method, 1, c.alpha, c.estimate, c.draft)
         return None
 
     def observe(self, drafted: int, kept: int) -> None:
@@ -253,17 +247,17 @@ class AutoDrafter:
             for band, est in self.history_alpha.items():
                 self._report.alpha[f"history{HISTORY_BANDS[band]}+"] = round(est.alpha, 3)
 
-    def report(self) -> dict[str, object]:
+    def report(self) -> AutoReport:
         """Rounds per method, the choices made and the estimates behind them."""
-        return self._report.to_dict()
+        return self._report
 
-    def _note(self, method: str, k: int, alpha: float, speed: float) -> None:
-        self._report.rounds[method] += 1
-        if self._last_choice != (method, k):
-            self._last_choice = (method, k)
+    def _note(self, choice: Choice) -> None:
+        self._report.rounds[choice.method] += 1
+        if self._last_choice != (choice.method, choice.k):
+            self._last_choice = (choice.method, choice.k)
             if len(self._report.changes) < 50:
-                self._report.changes.append({"round": self._round, "method": method, "k": k,
-                                            "alpha": round(alpha, 3), "predicted_speedup": round(speed, 3)})
+                self._report.changes.append(AutoChange(self._round, choice.method, choice.k, round(choice.alpha, 3),
+                                                       round(choice.speed, 3)))
 
 
 def auto_drafter(profile: CostProfile, draft_model: Optional[Model], params: SamplingParams,

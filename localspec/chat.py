@@ -169,8 +169,7 @@ class ChatSession:
         t.decode_seconds += s.decode_seconds
         t.drafted += s.drafted
         t.accepted += s.accepted
-        rounds = s.auto["rounds"] if s.auto else {s.method: s.rounds}
-        for m, n in rounds.items():
+        for m, n in s.rounds_by_method.items():
             t.rounds[m] = t.rounds.get(m, 0) + n
 
     def stats_text(self) -> str:

@@ -18,6 +18,7 @@ generations instead of the current context.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import NamedTuple, Optional, Protocol
 
 import numpy as np
@@ -36,6 +37,34 @@ class Draft(NamedTuple):
 
 
 EMPTY_DRAFT = Draft([], None)
+
+
+@dataclass
+class AutoChange:
+    """A round where auto changed its choice: which method and K, on what estimate, predicting what speedup."""
+
+    round: int
+    method: str
+    k: int
+    alpha: float
+    predicted_speedup: float
+
+
+@dataclass
+class AutoReport:
+    """What an adaptive drafter (auto mode) decided during one generation.
+
+    Attributes:
+        rounds: rounds per method ("plain" included).
+        changes: each change of choice, at most the first 50.
+        alpha: the final acceptance estimates by name ("lookup2", "history8+", "draft").
+        profile: the cost profile decided by, relative to one target step.
+    """
+
+    rounds: dict[str, int] = field(default_factory=dict)
+    changes: list[AutoChange] = field(default_factory=list)
+    alpha: dict[str, float] = field(default_factory=dict)
+    profile: dict[str, object] = field(default_factory=dict)
 
 
 class Drafter(Protocol):
@@ -61,7 +90,7 @@ class Drafter(Protocol):
         """Feedback after each verified round (used by adaptive drafters)."""
         ...
 
-    def report(self) -> Optional[dict[str, object]]:
+    def report(self) -> Optional[AutoReport]:
         """What the drafter decided during the generation, for stats (None: nothing to say)."""
         ...
 
@@ -123,7 +152,7 @@ class ModelDrafter:
     def observe(self, drafted: int, kept: int) -> None:
         """Nothing to learn: K is fixed."""
 
-    def report(self) -> Optional[dict[str, object]]:
+    def report(self) -> Optional[AutoReport]:
         """Nothing beyond the engine's own counts."""
         return None
 
@@ -190,6 +219,6 @@ class PromptLookupDrafter:
     def observe(self, drafted: int, kept: int) -> None:
         """Nothing to learn: K is fixed."""
 
-    def report(self) -> Optional[dict[str, object]]:
+    def report(self) -> Optional[AutoReport]:
         """Nothing beyond the engine's own counts."""
         return None

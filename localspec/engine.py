@@ -28,7 +28,7 @@ import numpy as np
 
 from .acceptance import ProbRows, accept_greedy, accept_sampled, probabilities, sample
 from .backend import Detokenizer, Model
-from .drafters import EMPTY_DRAFT, Draft, Drafter
+from .drafters import EMPTY_DRAFT, AutoReport, Draft, Drafter
 from .errors import ConfigError, ContextOverflowError, GenerationCancelled, InterleavedGenerationError
 from .options import SamplingParams
 
@@ -91,7 +91,7 @@ class GenerationStats:
     #: Part of decode_seconds spent inside llama.cpp (target and draft decode calls).
     llama_seconds: float = 0.0
     #: For method "auto": rounds per method, the choices it made and the estimates behind them.
-    auto: Optional[dict] = None
+    auto: Optional[AutoReport] = None
 
     def count_round(self, draft: Draft, kept: int) -> None:
         """Count one verified round (accepted tokens are counted when emitted, not here)."""
@@ -105,6 +105,11 @@ class GenerationStats:
             self.drafted_by[draft.by] = self.drafted_by.get(draft.by, 0) + len(draft.tokens)
         for i in range(len(draft.tokens)):
             self.proposed_at[i] += 1
+
+    @property
+    def rounds_by_method(self) -> dict[str, int]:
+        """Rounds per drafting method: auto's choices, or all rounds under the one method used."""
+        return dict(self.auto.rounds) if self.auto is not None else {self.method: self.rounds}
 
     @property
     def acceptance_rate(self) -> float:

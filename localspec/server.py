@@ -74,9 +74,8 @@ def _stats(r: Result) -> dict[str, Any]:
         "predicted_per_second": s.generated_tokens / s.decode_seconds if s.decode_seconds else 0.0,
         "draft_n": s.drafted, "draft_n_accepted": s.accepted,
     }
-    rounds = s.auto["rounds"] if s.auto else {s.method: s.rounds}
-    ours = {"method": "auto" if s.auto else s.method, "k": s.k, "rounds": s.rounds,
-            "rounds_per_method": {m: n for m, n in rounds.items() if n}, "drafted": s.drafted,
+    ours = {"method": s.method, "k": s.k, "rounds": s.rounds,
+            "rounds_per_method": {m: n for m, n in s.rounds_by_method.items() if n}, "drafted": s.drafted,
             "accepted": s.accepted, "acceptance_rate": s.acceptance_rate, "tokens_per_round": s.tokens_per_round,
             "drafted_by": s.drafted_by, "accepted_by": s.accepted_by}
     return {"timings": timings, "localspec": ours}

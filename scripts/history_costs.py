@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.history import DEFAULT_LIMIT_TOKENS, HistoryDrafter, HistoryStore
+from localspec.history import HistoryDrafter, HistoryStore
+from localspec.history.store import DEFAULT_LIMIT_TOKENS
 
 
 def fake_records(n_tokens: int, rng: np.random.Generator) -> list[np.ndarray]:

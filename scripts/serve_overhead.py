@@ -81,7 +81,7 @@ def main() -> int:
                       f"{server_rates[-1]:.2f} tok/s at the client, {inside:.2f} inside the server "
                       f"({usage.completion_tokens} tokens)", file=sys.stderr)
                 if os.environ.get("SERVE_OVERHEAD_DEBUG"):
-                    print("  api rounds", r.stats.auto and r.stats.auto["rounds"], r.stats.accepted, r.stats.drafted,
+                    print("  api rounds", r.stats.auto and r.stats.auto.rounds, r.stats.accepted, r.stats.drafted,
                           "\n  server rounds", served["rounds_per_method"], served["accepted"], served["drafted"],
                           file=sys.stderr)
         finally:

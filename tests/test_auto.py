@@ -177,7 +177,7 @@ def test_auto_greedy_is_exact(tiny_pair, profile):
             r = tiny_pair.generate(prompt, max_tokens=80, method="auto")
             assert r.tokens == plain.tokens
             assert r.stats.method == "auto" and r.stats.auto is not None
-            assert sum(r.stats.auto["rounds"].values()) == r.stats.rounds
+            assert sum(r.stats.auto.rounds.values()) == r.stats.rounds
     finally:
         tiny_pair.set_profile(None)
 
@@ -188,8 +188,8 @@ def test_auto_uses_the_draft_model_where_it_pays(tiny_pair):
         r = tiny_pair.generate(PROMPTS[0], max_tokens=80, method="auto")
     finally:
         tiny_pair.set_profile(None)
-    assert r.stats.auto["rounds"]["draft"] > 0
-    assert r.stats.auto["changes"][0]["predicted_speedup"] > 1.0
+    assert r.stats.auto.rounds["draft"] > 0
+    assert r.stats.auto.changes[0].predicted_speedup > 1.0
     assert r.stats.accepted > 0
 
 
@@ -230,7 +230,7 @@ def test_stream_events_name_the_drafter(tiny_pair):
     with localspec.load(tiny_pair.target.path) as single:  # no draft model: lookup or plain only
         single.set_profile(GPU)
         r = single.generate(PROMPTS[1], max_tokens=40, method="auto")
-        assert r.stats.auto["rounds"]["draft"] == 0
+        assert r.stats.auto.rounds["draft"] == 0
 
 
 def test_history_estimates_carry_over_to_the_next_generation_but_yield_to_new_evidence():

@@ -18,14 +18,8 @@ from helpers import same_distribution, token_counts
 import localspec
 from localspec.cli import cli
 from localspec.costs import CostProfile
-from localspec.history import (
-    MAX_MATCH,
-    MIN_AGREEMENT,
-    HistoryDrafter,
-    HistoryIndex,
-    HistoryStore,
-    list_stores,
-)
+from localspec.history import HistoryDrafter, HistoryIndex, HistoryStore, list_stores
+from localspec.history.index import MAX_MATCH, MIN_AGREEMENT
 
 GPU = CostProfile.synthetic([1.0 + 0.02 * n for n in range(9)], 0.1, name="gpu-like")
 PROMPT = "The cat sat on the mat and the dog sat on the"
@@ -210,7 +204,7 @@ def test_greedy_with_history_equals_plain_decoding_and_a_repeat_is_drafted_from_
     assert again.tokens == plain.tokens
     assert again.stats.accepted_by["history"] > 60
     auto = history_pair.generate(PROMPT, max_tokens=80)
-    assert auto.tokens == plain.tokens and auto.stats.auto["rounds"]["history"] > 0
+    assert auto.tokens == plain.tokens and auto.stats.auto.rounds["history"] > 0
 
 
 def test_wrong_history_is_rejected_and_the_output_stays_exact(history_pair):

@@ -1,0 +1,57 @@
+"""The history drafter: what followed the longest suffix of the context in earlier generations."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import numpy as np
+
+from ..drafters import EMPTY_DRAFT, AutoReport, Draft
+from .index import HistoryIndex
+
+if TYPE_CHECKING:
+    from ..backend import Model
+
+
+class HistoryDrafter:
+    """Proposes what followed the longest suffix of the context in earlier generations.
+
+    Args:
+        index: the store's index.
+        min_match: shortest suffix match that counts.
+    """
+
+    name = "history"
+
+    def __init__(self, index: HistoryIndex, min_match: int = 2):
+        self.index = index
+        self.min_match = min_match
+        self.models: tuple[Model, ...] = ()
+        #: Length of the suffix match behind the last proposal (0: none).
+        self.last_match = 0
+
+    def prefill(self, context: np.ndarray) -> None:
+        """Nothing to prepare."""
+
+    def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
+        """Up to ``k`` tokens, fewer where the earlier continuations stop agreeing."""
+        self.last_match = 0
+        if k <= 0 or len(context) < self.min_match:
+            return EMPTY_DRAFT
+        length, ends = self.index.match(context)
+        if length < self.min_match:
+            return EMPTY_DRAFT
+        tokens, _ = self.index.continuation(ends, k)
+        if not tokens:
+            return EMPTY_DRAFT
+        self.last_match = length
+        return Draft(tokens, None, "history")
+
+    def settle(self, context: np.ndarray) -> None:
+        """Nothing to do: recording happens once the generation is over (see ``api``)."""
+
+    def observe(self, drafted: int, kept: int) -> None:
+        """Nothing to learn here: auto weighs the guesses."""
+
+    def report(self) -> Optional[AutoReport]:
+        return None
