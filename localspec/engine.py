@@ -156,6 +156,15 @@ def check_prompt(target: Model, n_tokens: int) -> None:
         )
 
 
+class Emitted(NamedTuple):
+    """A token a round adds: where it came from, and for an accepted drafted token its drafter and position."""
+
+    token: int
+    source: str
+    drafter: str = ""
+    position: int = -1  # its place in the draft; -1 for the target's own token
+
+
 class Round(NamedTuple):
     """What one round decided.
 
@@ -169,12 +178,12 @@ class Round(NamedTuple):
     kept: int
     next_token: int
 
-    def emitted(self) -> list[tuple[int, str, str, int]]:
-        """(token, source, drafter, draft position or -1) for each token the round adds, in order."""
+    def emitted(self) -> list[Emitted]:
+        """The tokens the round adds, in order: the kept draft, then the target's own token."""
         d = self.draft
         tail = SOURCE_TARGET if not d.tokens else SOURCE_BONUS if self.kept == len(d.tokens) else SOURCE_CORRECTION
-        kept = [(t, SOURCE_DRAFT, d.by, i) for i, t in enumerate(d.tokens[: self.kept])]
-        return kept + [(self.next_token, tail, "", -1)]
+        kept = [Emitted(t, SOURCE_DRAFT, d.by, i) for i, t in enumerate(d.tokens[: self.kept])]
+        return kept + [Emitted(self.next_token, tail)]
 
 
 def speculative_round(
@@ -376,7 +385,7 @@ class Generation:
                                                                                 self.rng)
             stats.prefill_seconds = time.perf_counter() - t_start
             busy0, t_mark = self._llama_busy(), time.perf_counter()  # decode timing starts here
-            pending = [(first, SOURCE_TARGET, "", -1)]
+            pending = [Emitted(first, SOURCE_TARGET)]
             while True:
                 # emit: stop at an end-of-generation token (never shown) or at max_tokens.
                 for tok, source, by, position in pending:
