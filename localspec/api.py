@@ -25,15 +25,16 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .auto import auto_drafter, history_estimates
+from .auto import history_estimates
 from .backend import Model, read_vocab
 from .calibration import KMAX, calibrate, choose_threads
 from .compat import check_vocab
 from .costs import CostProfile
-from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
+from .drafters import Drafter
 from .engine import Generation, GenerationStats, TokenEvent, check_prompt
 from .errors import ConfigError, ContextOverflowError
-from .history import PROMPT_KEEP, HistoryDrafter, HistoryStore, history_dir
+from .history import PROMPT_KEEP, HistoryStore, history_dir
+from .methods import HISTORY, DraftingContext, get_method
 from .options import GenerationOptions, check_k
 
 PathLike = Union[str, os.PathLike]
@@ -360,39 +361,31 @@ class Pair:
         """Record a finished generation: the prompt's new part (what the cache did not hold) and the reply."""
         fresh = prompt_tokens[done.stats.cached_prompt_tokens:][-PROMPT_KEEP:]
         try:
-            store.add(fresh + done.tokens, done.stats.drafted_by.get("history", 0),
-                      done.stats.accepted_by.get("history", 0))
+            store.add(fresh + done.tokens, done.stats.drafted_by.get(HISTORY.name, 0),
+                      done.stats.accepted_by.get(HISTORY.name, 0))
         except OSError as exc:  # a full or read-only disk must not cost the reply
             self.notify(f"localspec: could not record this generation in {store.path}: {exc.strerror or exc}.")
 
     def drafter(self, opts: GenerationOptions, prompt_text: Optional[str] = None,
                 prompt_tokens: Sequence[int] = ()) -> tuple[Optional[Drafter], int]:
-        """The drafter and draft length for ``opts.method``.
+        """The drafter and draft length for ``opts.method``, built by the registered method.
 
-        Auto calibrates on first use and reads the prompt to set its priors.
+        Auto calibrates on first use (see ``calibrate``) and reads the prompt to set its priors.
+
+        Raises:
+            ConfigError: the method cannot run here (no draft model, history off).
         """
+        method = get_method(opts.method)
         k = opts.draft_length(self.draft_k)
-        if opts.method == "plain" or k == 0:
+        if method.build is None or k == 0:
             return None, 0
         store = self.history if opts.history else None
-        if opts.method == "auto":
-            text = prompt_text if prompt_text is not None else self.target.detokenize(prompt_tokens)
-            drafter = auto_drafter(self.calibrate(), self.draft, opts.sampling, text,
-                                   np.asarray(prompt_tokens, dtype=np.int32), k,
-                                   history=store.index if store is not None else None,
-                                   history_alpha=self.history_alpha)
-            return drafter, k
-        if opts.method == "history":
-            if store is None:
-                raise ConfigError("Method 'history' needs the history store, which is off for this call "
-                                  "(history=False, --no-history or LOCALSPEC_HISTORY=off).")
-            return HistoryDrafter(store.index), k
-        if opts.method == "draft":
-            if self.draft is None:
-                raise ConfigError("Method 'draft' needs a draft model; load one (--draft) or use 'lookup'.")
-            return ModelDrafter(self.draft, opts.sampling), k
-        lo, hi = opts.ngram
-        return PromptLookupDrafter(max_ngram=hi, min_ngram=lo), k
+        tokens = np.asarray(prompt_tokens, dtype=np.int32)
+        ctx = DraftingContext(
+            opts, k, tokens, lambda: prompt_text if prompt_text is not None else self.target.detokenize(tokens),
+            draft=self.draft, history=store.index if store is not None else None,
+            history_alpha=self.history_alpha, profile=self.calibrate)
+        return method.build(ctx), k
 
 
 def history_enabled() -> bool:

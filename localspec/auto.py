@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from .backend import Model
 from .costs import CostProfile, best_k
-from .drafters import EMPTY_DRAFT, AutoChange, AutoReport, Draft, ModelDrafter, PromptLookupDrafter
+from .drafters import EMPTY_DRAFT, AutoChange, AutoReport, Draft, Drafter, ModelDrafter, build_lookup
 from .history import HistoryDrafter, HistoryIndex
-from .options import AUTO_KMAX, SamplingParams
+from .methods import AUTO_KMAX, DRAFT, HISTORY, LOOKUP, REGISTRY, DraftingContext, Method
+from .methods import PLAIN as PLAIN_METHOD
+from .options import GenerationOptions, SamplingParams
 
 KMAX = AUTO_KMAX
 
@@ -104,7 +106,7 @@ class Choice:
     draft: Draft = EMPTY_DRAFT  # lookup's or history's guess, made before choosing (free)
 
 
-PLAIN = Choice(1.0, "plain", 0, 0.0)
+PLAIN = Choice(1.0, PLAIN_METHOD.name, 0, 0.0)
 
 #: History matches are weighed by length band: 2-3, 4-7, 8-15 and 16 or more tokens.
 HISTORY_BANDS = (2, 4, 8, 16)
@@ -127,57 +129,84 @@ def history_estimates() -> dict[int, AcceptanceEstimate]:
     return {i: AcceptanceEstimate(p) for i, p in enumerate(HISTORY_PRIORS)}
 
 
-class AutoDrafter:
-    """A drafter that picks lookup, history, the draft model, or nothing (plain) each round.
+class Candidate:
+    """A method as auto offers it each round: its drafter and the acceptance estimates behind its choice.
+
+    A drafter that guesses for free (a search: lookup, history) guesses before auto chooses, and the
+    estimate is picked by what backs the guess (``key``: the length of the match); one that runs a
+    model guesses only once chosen. See the ``*_candidate`` factories for the built-in ones.
 
     Args:
-        profile: the machine's costs (see ``calibrate``).
-        lookup: the prompt-lookup drafter.
-        model: the draft-model drafter, or None.
+        method: the registered method.
+        drafter: its drafter.
+        estimates: acceptance estimates by key; updated in place (a caller may keep them).
+        free: guessing costs nothing, so the guess is made before choosing (False: a model runs).
+        key: the estimate that backs the drafter's last guess (default: the first).
+        names: how the report names each estimate (default: the method's name).
+    """
+
+    def __init__(self, method: Method, drafter: Drafter, estimates: dict[Any, AcceptanceEstimate], free: bool = True,
+                 key: Optional[Callable[[], Any]] = None, names: Optional[Callable[[Any], str]] = None):
+        self.method = method
+        self.drafter = drafter
+        self.estimates = estimates
+        self.free = free
+        self.key = key
+        self.names = names
+        self.models: tuple[Model, ...] = drafter.models
+
+    @property
+    def name(self) -> str:
+        return self.method.name
+
+    def offer(self, context: np.ndarray, kmax: int, rng: np.random.Generator
+              ) -> Optional[tuple[AcceptanceEstimate, Draft]]:
+        """The estimate to decide by, and the free guess (empty for a model); None: nothing to offer."""
+        if not self.free:
+            return next(iter(self.estimates.values())), EMPTY_DRAFT
+        guess = self.drafter.propose(context, kmax, rng)
+        if not guess.tokens:
+            return None
+        return self.estimates[self.key() if self.key else next(iter(self.estimates))], guess
+
+    def alphas(self) -> dict[str, float]:
+        """The estimates, rounded, by their report names."""
+        return {(self.names(k) if self.names else self.name): round(e.alpha, 3) for k, e in self.estimates.items()}
+
+
+class AutoDrafter:
+    """A drafter that picks one of its candidates (lookup, history, the draft model...) or plain, each round.
+
+    Args:
+        profile: the machine's costs (see ``calibration.calibrate``).
+        candidates: what auto may choose from, in order of preference on ties.
         kmax: the longest draft considered.
-        lookup_prior: prior acceptance for lookup (see ``prompt_prior``).
         explore_every: at most one exploratory round per this many rounds,
             to re-check a method the estimates have ruled out.
-        history: the history drafter, or None.
-        history_alpha: its estimates by match band (see ``history_estimates``);
-            updated in place, so a caller can keep them for the next generation.
     """
 
     name = "auto"
 
-    def __init__(self, profile: CostProfile, lookup: PromptLookupDrafter, model: Optional[ModelDrafter],
-                 kmax: int = KMAX, lookup_prior: float = 0.25, explore_every: int = 32,
-                 history: Optional[HistoryDrafter] = None,
-                 history_alpha: Optional[dict[int, AcceptanceEstimate]] = None):
+    def __init__(self, profile: CostProfile, candidates: Sequence[Candidate], kmax: int = KMAX,
+                 explore_every: int = 32):
         self.profile = profile
-        self.lookup = lookup
-        self.history = history
-        self.history_alpha = history_alpha if history_alpha is not None else history_estimates()
-        for est in self.history_alpha.values():
-            est.shrink(HISTORY_CARRY_WEIGHT)
         self.kmax = min(kmax, profile.kmax)
-        # A draft model that could not pay even if it were always right is never run
-        # (nor fed the prompt): on a compute-bound CPU this is the usual case.
-        self.draft_viable = model is not None and best_k(profile, "draft", 0.98, self.kmax)[0] > 0
-        self.model = model if self.draft_viable else None
-        self.models: tuple[Model, ...] = self.model.models if self.model is not None else ()
+        self.candidates = list(candidates)
+        self.models: tuple[Model, ...] = tuple(m for c in self.candidates for m in c.models)
         self.explore_every = explore_every
-        # lookup acceptance depends on the n-gram length of the match (1, 2, 3...)
-        self.lookup_alpha = {n: AcceptanceEstimate(min(0.95, lookup_prior + 0.1 * (n - 1)))
-                             for n in range(1, lookup.max_ngram + 1)}
-        self.draft_alpha = AcceptanceEstimate(0.6)
-        self._report = AutoReport(rounds={"plain": 0, "lookup": 0, "history": 0, "draft": 0},
+        self._report = AutoReport(rounds={m.name: 0 for m in REGISTRY if m.candidate or m is PLAIN_METHOD},
                                   profile=profile.relative())
-        self._pending: Optional[tuple[AcceptanceEstimate, str]] = None
-        # lookup's and history's unused first guesses in a plain round, scored against the token that came
+        self._pending: Optional[AcceptanceEstimate] = None
+        # free guessers' unused first guesses in a plain round, scored against the token that came
         self._shadows: list[tuple[AcceptanceEstimate, int, int]] = []
-        self._last_tried = {"lookup": 0, "history": 0, "draft": 0}
+        self._last_tried = {c.name: 0 for c in self.candidates}
         self._round = 0
         self._last_choice: Optional[tuple[str, int]] = None
 
     def prefill(self, context: np.ndarray) -> None:
-        if self.model is not None:
-            self.model.prefill(context)
+        for c in self.candidates:
+            if not c.free:
+                c.drafter.prefill(context)
 
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """Choose a method and K for this round and return its draft (empty for plain)."""
@@ -188,38 +217,32 @@ class AutoDrafter:
         self._shadows = []
         kmax = min(k, self.kmax)
         choices = [PLAIN]
+        by_name = {c.name: c for c in self.candidates}
         if kmax > 0:
-            guess = self.lookup.propose(context, kmax, rng)
-            if guess.tokens:
-                lk = self.lookup_alpha[self.lookup.last_match]
-                kk, speed = best_k(self.profile, "lookup", lk.alpha, min(kmax, len(guess.tokens)))
-                choices.append(Choice(speed, "lookup", kk, lk.alpha, lk, guess))
-            if self.history is not None:
-                recalled = self.history.propose(context, kmax, rng)
-                if recalled.tokens:
-                    hk = self.history_alpha[history_band(self.history.last_match)]
-                    kk, speed = best_k(self.profile, "history", hk.alpha, min(kmax, len(recalled.tokens)))
-                    choices.append(Choice(speed, "history", kk, hk.alpha, hk, recalled))
-            if self.model is not None:
-                kk, speed = best_k(self.profile, "draft", self.draft_alpha.alpha, kmax)
-                choices.append(Choice(speed, "draft", kk, self.draft_alpha.alpha, self.draft_alpha))
-        best = max(choices, key=lambda c: c.speed)
+            for c in self.candidates:
+                offer = c.offer(context, kmax, rng)
+                if offer is None:
+                    continue
+                est, guess = offer
+                most = min(kmax, len(guess.tokens)) if c.free else kmax
+                kk, speed = best_k(self.profile, c.name, est.alpha, most)
+                choices.append(Choice(speed, c.name, kk, est.alpha, est, guess))
+        best = max(choices, key=lambda ch: ch.speed)
         if best.k == 0:  # nothing pays: plain, unless a method is due for a look
-            best = self._explore(choices) or Choice(1.0, "plain", 0, best.alpha)
-        if best.method == "plain":
+            best = self._explore(choices) or Choice(1.0, PLAIN.method, 0, best.alpha)
+        if best.method == PLAIN.method:
             self._pending = None
             for choice in choices:
-                if choice.draft.tokens and choice.estimate is not None:  # lookup's and history's guesses
+                if choice.draft.tokens and choice.estimate is not None:  # the free guessers' guesses
                     self._shadows.append((choice.estimate, choice.draft.tokens[0], len(context)))
             self._note(best)
             return EMPTY_DRAFT
         self._last_tried[best.method] = self._round
         self._note(best)
-        self._pending = (best.estimate, best.method) if best.estimate is not None else None
+        self._pending = best.estimate
         if best.draft.tokens:
             return Draft(best.draft.tokens[: best.k], None, best.method)
-        assert self.model is not None
-        return self.model.propose(context, best.k, rng)
+        return by_name[best.method].drafter.propose(context, best.k, rng)
 
     def _explore(self, choices: list[Choice]) -> Optional[Choice]:
         """A cheap K=1 round of a method not tried for a while that could pay if alpha were higher."""
@@ -233,26 +256,20 @@ class AutoDrafter:
     def observe(self, drafted: int, kept: int) -> None:
         """Feedback after verification: update the estimate of the method just used."""
         if self._pending is not None and drafted > 0:
-            est, method = self._pending
-            est.update(drafted, kept)
+            self._pending.update(drafted, kept)
         self._pending = None
 
     def settle(self, context: np.ndarray) -> None:
-        if self.model is not None:
-            self.model.settle(context)
-        self._report.alpha = {"draft": round(self.draft_alpha.alpha, 3)} if self.model else {}
-        for n, est in self.lookup_alpha.items():
-            self._report.alpha[f"lookup{n}"] = round(est.alpha, 3)
-        if self.history is not None:
-            for band, est in self.history_alpha.items():
-                self._report.alpha[f"history{HISTORY_BANDS[band]}+"] = round(est.alpha, 3)
+        for c in self.candidates:
+            c.drafter.settle(context)
+        self._report.alpha = {name: a for c in self.candidates for name, a in c.alphas().items()}
 
     def report(self) -> AutoReport:
         """Rounds per method, the choices made and the estimates behind them."""
         return self._report
 
     def _note(self, choice: Choice) -> None:
-        self._report.rounds[choice.method] += 1
+        self._report.rounds[choice.method] = self._report.rounds.get(choice.method, 0) + 1
         if self._last_choice != (choice.method, choice.k):
             self._last_choice = (choice.method, choice.k)
             if len(self._report.changes) < 50:
@@ -260,18 +277,61 @@ class AutoDrafter:
                                                        round(choice.speed, 3)))
 
 
+# -- the built-in candidates, registered with their methods (see ``localspec.methods``) ----------------
+
+
+def lookup_candidate(ctx: DraftingContext, prior: Optional[float] = None) -> Candidate:
+    """Prompt lookup, with one estimate per n-gram length of the match, their priors read from the prompt."""
+    lookup = build_lookup(ctx)
+    if prior is None:
+        prior = prompt_prior(ctx.prompt_text(), ctx.prompt_tokens)
+    # lookup acceptance depends on the n-gram length of the match (1, 2, 3...)
+    estimates = {n: AcceptanceEstimate(min(0.95, prior + 0.1 * (n - 1))) for n in range(1, lookup.max_ngram + 1)}
+    return Candidate(LOOKUP, lookup, estimates, key=lambda: lookup.last_match, names=lambda n: f"lookup{n}")
+
+
+def history_candidate(ctx: DraftingContext) -> Optional[Candidate]:
+    """History, with one estimate per match-length band, carried over from the pair's earlier generations."""
+    if ctx.history is None:
+        return None
+    estimates = ctx.history_alpha if ctx.history_alpha is not None else history_estimates()
+    for est in estimates.values():
+        est.shrink(HISTORY_CARRY_WEIGHT)
+    drafter = HistoryDrafter(ctx.history)
+    return Candidate(HISTORY, drafter, estimates, key=lambda: history_band(drafter.last_match),
+                     names=lambda band: f"history{HISTORY_BANDS[band]}+")
+
+
+def model_candidate(ctx: DraftingContext) -> Optional[Candidate]:
+    """The draft model, unless it could not pay even if it were always right (then it is never run, nor
+    fed the prompt: on a compute-bound CPU the usual case)."""
+    if ctx.draft is None or ctx.profile is None:
+        return None
+    if best_k(ctx.profile(), DRAFT.name, 0.98, min(ctx.k, KMAX))[0] == 0:
+        return None
+    return Candidate(DRAFT, ModelDrafter(ctx.draft, ctx.options.sampling), {0: AcceptanceEstimate(0.6)}, free=False)
+
+
+def build_auto(ctx: DraftingContext) -> AutoDrafter:
+    """Method "auto": every registered method with a candidate that can take part in this generation."""
+    assert ctx.profile is not None, "auto needs the machine's cost profile"
+    candidates = [c for m in REGISTRY if m.candidate is not None for c in [m.candidate(ctx)] if c is not None]
+    return AutoDrafter(ctx.profile(), candidates, kmax=ctx.k)
+
+
 def auto_drafter(profile: CostProfile, draft_model: Optional[Model], params: SamplingParams,
                  prompt_text: str, prompt_tokens: np.ndarray, kmax: int = KMAX,
                  history: Optional[HistoryIndex] = None,
-                 history_alpha: Optional[dict[int, AcceptanceEstimate]] = None) -> AutoDrafter:
-    """An AutoDrafter for one generation, with the lookup prior set from the prompt.
+                 history_alpha: Optional[dict[int, AcceptanceEstimate]] = None,
+                 options: Optional[GenerationOptions] = None) -> AutoDrafter:
+    """An AutoDrafter for one generation outside a ``Pair`` (the replay, tests), built as a pair builds it.
 
     Args:
         history: the index of earlier generations to draft from (None: no history).
         history_alpha: history's acceptance estimates, kept by the caller across generations.
+        options: the generation's options (sampling, n-gram range); default: greedy with ``params``.
     """
-    model = ModelDrafter(draft_model, params) if draft_model is not None else None
-    return AutoDrafter(profile, PromptLookupDrafter(), model, kmax=kmax,
-                       lookup_prior=prompt_prior(prompt_text, prompt_tokens),
-                       history=HistoryDrafter(history) if history is not None else None,
-                       history_alpha=history_alpha)
+    opts = (options or GenerationOptions()).replace(temperature=params.temperature, top_k=params.top_k,
+                                                    top_p=params.top_p, min_p=params.min_p)
+    return build_auto(DraftingContext(opts, kmax, prompt_tokens, lambda: prompt_text, draft_model, history,
+                                      history_alpha, lambda: profile))

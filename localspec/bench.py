@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -41,6 +41,7 @@ from .engine import GenerationStats
 from .errors import ConfigError
 from .history import HistoryDrafter, HistoryStore
 from .hugepages import thp_mode
+from .methods import AUTO, HISTORY, PLAIN, REGISTRY
 from .options import GenerationOptions
 from .peers import PEER_LOOKUP, PEER_METHODS, PEER_PLAIN, PeerRunner
 
@@ -74,9 +75,10 @@ class MethodSpec:
             return "lcp plain"
         if self.method == PEER_LOOKUP:
             return f"lcp lookup k={self.k}"
-        if self.method == "auto":
-            return "auto" if self.history else "auto -history"
-        return self.method if self.method == "plain" else f"{self.method} k={self.k}"
+        method = REGISTRY.find(self.method)
+        if method is not None and method.adaptive:
+            return method.name if self.history else f"{method.name} -history"
+        return self.method if self.k == 0 else f"{self.method} k={self.k}"
 
 
 def load_suite(path: Optional[Path] = None, categories: Sequence[str] = (), quick: bool = False,
@@ -135,23 +137,22 @@ def load_suite(path: Optional[Path] = None, categories: Sequence[str] = (), quic
     return prompts
 
 
-def default_methods(has_draft: bool, quick: bool, lookup_k: Optional[Sequence[int]] = None,
-                    draft_k: Optional[Sequence[int]] = None, auto: bool = True,
-                    peers: bool = True, history_check: bool = False) -> list[MethodSpec]:
-    """Plain first, then the peers (llama-cpp-python plain, its lookup with 2 and 10 tokens),
-    lookup and draft at several K, then auto (with an empty history; ``history_check`` adds
-    auto without history, to show an empty store costs nothing)."""
-    lookup_k = lookup_k or ((2, 4) if quick else (2, 4, 8))
-    draft_k = draft_k or ((1, 2) if quick else (1, 2, 4, 8))
-    methods = [MethodSpec("plain")]
+def default_methods(has_draft: bool, quick: bool, ks: Optional[Mapping[str, Sequence[int]]] = None,
+                    auto: bool = True, peers: bool = True, history_check: bool = False) -> list[MethodSpec]:
+    """Plain first, then the peers (llama-cpp-python plain, its lookup with 2 and 10 tokens), every
+    registered method with bench rows at its draft lengths (``ks`` overrides them by method name), then
+    auto (with an empty history; ``history_check`` adds auto without history, to show an empty store
+    costs nothing)."""
+    methods = [MethodSpec(PLAIN.name)]
     if peers:
         methods += [MethodSpec(PEER_PLAIN), MethodSpec(PEER_LOOKUP, 2), MethodSpec(PEER_LOOKUP, 10)]
-    methods += [MethodSpec("lookup", k) for k in lookup_k]
-    if has_draft:
-        methods += [MethodSpec("draft", k) for k in draft_k]
+    for m in REGISTRY:  # every method with bench rows of its own, at its draft lengths
+        if m.bench_k and (has_draft or not m.needs_draft):
+            chosen = (ks or {}).get(m.name) or (m.bench_k_quick if quick else m.bench_k)
+            methods += [MethodSpec(m.name, k) for k in chosen]
     if auto and history_check:
-        methods.append(MethodSpec("auto", 8, history=False))
-    return methods + ([MethodSpec("auto", 8)] if auto else [])
+        methods.append(MethodSpec(AUTO.name, AUTO.default_k, history=False))
+    return methods + ([MethodSpec(AUTO.name, AUTO.default_k)] if auto else [])
 
 
 def schedule(n_prompts: int, methods: Sequence[MethodSpec], reps: int) -> list[tuple[int, int, MethodSpec]]:
@@ -341,9 +342,9 @@ def run_bench(
         progress: called once per generation with a short description.
         checksums: hash the model files for the report.
     """
-    if not methods or methods[0].method != "plain":
+    if not methods or methods[0].method != PLAIN.name:
         raise ConfigError("The first bench method must be plain: it is the reference for speedups.")
-    if pair.draft is None and any(m.method == "draft" for m in methods):
+    if pair.draft is None and any(getattr(REGISTRY.find(m.method), "needs_draft", False) for m in methods):
         raise ConfigError("Draft-model methods need a draft model (--draft).")
     profile = pair.calibrate()
     prompt_ids = {bp.name: _prompt_tokens(pair, bp) for bp in prompts}  # template and tokenizer once
@@ -392,9 +393,10 @@ def _generate(pair: Pair, peers: Optional[PeerRunner], tokens: list[int], spec: 
     if spec.method in PEER_METHODS:
         assert peers is not None
         return peers.generate(spec.method, spec.k, tokens, temperature, seed, max_tokens, top_p)
+    method = REGISTRY.get(spec.method)
     return _fresh_generate(pair, tokens, GenerationOptions(
         max_tokens=max_tokens, method=spec.method, k=spec.k, temperature=temperature, top_p=top_p, seed=seed,
-        history=spec.history and spec.method in ("auto", "history")))
+        history=spec.history and (method.adaptive or method is HISTORY)))
 
 
 def _fresh_generate(pair: Pair, tokens: list[int], opts: GenerationOptions) -> tuple[list[int], GenerationStats]:
@@ -435,7 +437,7 @@ def _summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], pr
         return [_tps(r) / _tps(ref[r.rep]) for r in group if r.rep in ref and _tps(ref[r.rep]) > 0]
 
     for (name, method, k, temperature, history), group in by_key.items():
-        plain = by_key[(name, "plain", 0, temperature, True)]
+        plain = by_key[(name, PLAIN.name, 0, temperature, True)]
         peer = by_key.get((name, PEER_PLAIN, 0, temperature, True))
         speedups, vs_peer = ratios(group, plain), ratios(group, peer)
         last = group[-1].stats
@@ -446,7 +448,7 @@ def _summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], pr
         exactness, divergence, exactness_peer = "-", None, "-"
 
         if temperature == 0:
-            exactness, divergence = ("reference", None) if method == "plain" else _exactness(
+            exactness, divergence = ("reference", None) if method == PLAIN.name else _exactness(
                 pair, prompt_ids[name], plain[0].tokens, group, tie_margin, margins)
             if peer is not None:
                 exactness_peer = "reference" if method == PEER_PLAIN else _exactness(
@@ -468,7 +470,7 @@ def _summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], pr
             round_ms=_per_round(sum(r.stats["decode_seconds"] for r in group), merged["rounds"]),
             round_ms_predicted=_per_round(sum(predicted_round_seconds(profile, r.stats) for r in group),
                                           merged["rounds"]),
-            round_ms_predicted_here=None if method in ("plain", *PEER_METHODS) else _per_round(
+            round_ms_predicted_here=None if method in (PLAIN.name, *PEER_METHODS) else _per_round(
                 sum(predicted_round_seconds(profile, r.stats) * _plain_step(plain, r.rep) / profile.verify[0]
                     for r in group), merged["rounds"]),
             speedup_peer=statistics.median(vs_peer) if vs_peer else None,
@@ -543,7 +545,7 @@ def render_table(report: BenchReport) -> str:
         spread = (f"({row.speedup_peer_min:.2f}-{row.speedup_peer_max:.2f})"
                   if row.speedup_peer_min is not None and row.method != PEER_PLAIN else "")
         pred = f"{row.predicted_speedup:.2f}" if row.predicted_speedup is not None else "-"
-        acc = f"{100 * row.acceptance:.0f}%" if row.method in ("lookup", "draft", "auto") else "-"
+        acc = f"{100 * row.acceptance:.0f}%" if getattr(REGISTRY.find(row.method), "build", None) else "-"
         tpr = f"{row.tokens_per_round:.2f}" if row.method not in PEER_METHODS else "-"
         verdict = row.exactness + (f" / {row.exactness_peer}" if peers else "")
         rms = (f"{row.round_ms:.0f}/{row.round_ms_predicted:.0f}"
@@ -580,7 +582,7 @@ def write_plot(report: BenchReport, path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise ConfigError("--plot needs matplotlib: pip install 'localspec[plot]'.") from exc
-    methods = [m for m in ("lookup", "draft") if any(r.method == m for r in report.rows)]
+    methods = [m.name for m in REGISTRY if m.bench_k and any(r.method == m.name for r in report.rows)]
     vs_peer = any(r.speedup_peer is not None for r in report.rows)
     reference = "llama-cpp-python plain" if vs_peer else "localspec plain"
 
@@ -596,7 +598,7 @@ def write_plot(report: BenchReport, path: Path) -> None:
                 ax.plot([k for k, _ in pts], [s for _, s in pts], marker="o", label=category)
         ax.set_xticks(sorted({r.k for r in report.rows if r.method == method}))
         ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label=reference)
-        for label, style in (("plain", ":"), ("auto", "-.")):
+        for label, style in ((PLAIN.name, ":"), (AUTO.name, "-.")):
             ours = [value(r) for r in report.rows if r.method == label and r.temperature == 0]
             if ours and vs_peer:
                 ax.axhline(statistics.median(ours), color="grey", linestyle=style, linewidth=1,
@@ -678,7 +680,7 @@ def run_related(pair: Pair, prompts: Sequence[BenchPrompt], *, reps: int = 3, ma
                                      "peer": {"library": "llama-cpp-python Llama.generate", **peers.settings}})
     runs: dict[tuple[str, str], list[Run]] = {}
     updates: list[float] = []
-    opts = GenerationOptions(max_tokens=max_tokens, method="auto")
+    opts = GenerationOptions(max_tokens=max_tokens, method=AUTO.name)
 
     def ours(store: HistoryStore, estimates: dict, tokens: list[int]) -> tuple[list[int], GenerationStats]:
         pair.set_history(store)
@@ -730,8 +732,8 @@ def run_related(pair: Pair, prompts: Sequence[BenchPrompt], *, reps: int = 3, ma
             earlier_tps=statistics.median(_tps(r) for r in earlier_runs),
             speedup_empty=statistics.median(vs_empty), speedup_earlier=statistics.median(vs_earlier),
             speedup_earlier_min=min(vs_earlier), speedup_earlier_max=max(vs_earlier),
-            history_drafted=sum(r.stats["drafted_by"].get("history", 0) for r in earlier_runs),
-            history_accepted=sum(r.stats["accepted_by"].get("history", 0) for r in earlier_runs),
+            history_drafted=sum(r.stats["drafted_by"].get(HISTORY.name, 0) for r in earlier_runs),
+            history_accepted=sum(r.stats["accepted_by"].get(HISTORY.name, 0) for r in earlier_runs),
             rounds={m: n for m, n in rounds.items() if n}, exactness=verdict))
     report.mismatches = sum(row.exactness == "MISMATCH" for row in report.rows)
     report.machine = machine_info(pair, checksums)

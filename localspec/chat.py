@@ -26,12 +26,17 @@ import click
 from .api import Pair, Result, Stream
 from .engine import SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, TokenEvent
 from .errors import ConfigError, LocalspecError
+from .methods import REGISTRY
 from .options import K_LIMIT, GenerationOptions
 from .paths import home
 
-#: Colour of a token by where it came from (with --show-drafts on a terminal).
-COLOURS = {"lookup": "cyan", "history": "blue", "draft": "green", SOURCE_CORRECTION: "yellow",
-           SOURCE_BONUS: "magenta"}
+#: Colour of a token the target chose itself where a draft was rejected, or after a fully kept one.
+SOURCE_COLOURS = {SOURCE_CORRECTION: "yellow", SOURCE_BONUS: "magenta"}
+
+
+def colours() -> dict[str, str]:
+    """Colour of a token by where it came from (with --show-drafts on a terminal): its drafter's, or its source's."""
+    return {**{m.name: m.colour for m in REGISTRY if m.colour}, **SOURCE_COLOURS}
 
 #: Slash commands that set one generation option: the option, how to parse the value, what it must be.
 SETTERS: dict[str, tuple[str, Callable[[str], Any], str]] = {
@@ -109,8 +114,9 @@ class ChatSession:
         if name == "/stats":
             return self.stats_text(), False
         if name == "/method":
-            if arg == "draft" and self.pair.draft is None:
-                raise ConfigError("/method draft needs a draft model; this session has none.")
+            method = REGISTRY.find(arg)
+            if method is not None and method.needs_draft and self.pair.draft is None:
+                raise ConfigError(f"/method {arg} needs a draft model; this session has none.")
             self.options = self.options.replace(method=arg, k=None)  # back to that method's default K
             return f"method: {arg}", False
         if name in SETTERS:
@@ -255,15 +261,14 @@ def run_chat(session: ChatSession, show_drafts: bool, stdout: Optional[TextIO] =
     say(f"localspec chat: {session.pair.target.path.name}"
         + (f" + draft {session.pair.draft.path.name}" if session.pair.draft else "") + ". /help for commands.",
         dim=True)
+    palette = colours()
     if show_drafts and colour:
-        say("colours: " + " ".join(click.style(name, fg=c) for name, c in (
-            ("lookup", "cyan"), ("history", "blue"), ("draft", "green"), ("correction", "yellow"),
-            ("bonus", "magenta"))), dim=True)
+        say("colours: " + " ".join(click.style(name, fg=c) for name, c in palette.items()), dim=True)
 
     def on_event(ev: TokenEvent) -> None:
         fg = None
         if show_drafts and colour:
-            fg = COLOURS.get(ev.drafter if ev.source == SOURCE_DRAFT else ev.source)
+            fg = palette.get(ev.drafter if ev.source == SOURCE_DRAFT else ev.source)
         click.echo(click.style(ev.text, fg=fg) if fg else ev.text, nl=False, file=stdout, color=colour)
         stdout.flush()
 

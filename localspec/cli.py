@@ -25,7 +25,8 @@ import click
 
 from . import __version__
 from .errors import LocalspecError
-from .options import K_LIMIT, METHODS, GenerationOptions
+from .methods import DRAFT, LOOKUP, REGISTRY
+from .options import K_LIMIT, GenerationOptions
 
 if TYPE_CHECKING:
     from .api import Pair
@@ -124,7 +125,7 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _click_type(name: str, annotation: Any) -> Any:
     if name == "method":
-        return click.Choice(METHODS)
+        return click.Choice(REGISTRY.names())
     args = [a for a in typing.get_args(annotation) if a is not type(None)]  # Optional[int] -> int
     return args[0] if args else annotation
 
@@ -322,7 +323,7 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
         name = models.pair_name or pair.target.path.stem
         server = Server(pair, name, options, max_queue=max_queue, history=pair.history is not None,
                         max_tokens=options.max_tokens if given_max_tokens else None)
-        if options.method == "auto":
+        if REGISTRY.get(options.method).adaptive:
             # Now rather than in the first request, and on the worker thread that will generate:
             # llama.cpp's OpenMP threads belong to the thread that calls it, and a second team left
             # over from another thread slowed every later batch by a fifth here.
@@ -497,7 +498,7 @@ def _profile_table(profile: CostProfile, has_draft: bool, alphas: tuple[float, .
     if has_draft:
         lines.append(f"  draft step / target step: {rel['draft_step']:.2f}")
     lines.append("  predicted speedup over plain (best K) at per-token acceptance alpha:")
-    methods = ["lookup"] + (["draft"] if has_draft else [])
+    methods = [m.name for m in REGISTRY if m.bench_k and (has_draft or not m.needs_draft)]
     lines.append("    alpha  " + "  ".join(f"{m:>14}" for m in methods))
     for a in alphas:
         cells = []
@@ -575,9 +576,9 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
         return
     prompts = load_suite(Path(suite) if suite else None, categories, quick)
     with models.open() as pair:
-        methods = default_methods(pair.draft is not None, quick, _k_list(k_lookup, "--k-lookup"),
-                                  _k_list(k_draft, "--k-draft"), auto=not no_auto, peers=not no_peers,
-                                  history_check=history_check)
+        ks = {LOOKUP.name: _k_list(k_lookup, "--k-lookup"), DRAFT.name: _k_list(k_draft, "--k-draft")}
+        methods = default_methods(pair.draft is not None, quick, {m: k for m, k in ks.items() if k},
+                                  auto=not no_auto, peers=not no_peers, history_check=history_check)
         GenerationOptions(temperature=sampled_temperature, top_p=sampled_top_p)  # bad values fail before any work
         reps = reps or (2 if quick else 3)
         max_tokens = max_tokens or (64 if quick else 128)

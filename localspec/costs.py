@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from .methods import REGISTRY
+
 #: Speculate only when the predicted speedup clears this, so estimation noise cannot make auto slower than plain.
 MIN_GAIN = 1.1
 
@@ -70,11 +72,8 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 
 def round_cost(profile: CostProfile, method: str, k: int) -> float:
-    """Seconds for one round of ``method`` with draft length k."""
-    if method == "plain" or k == 0:
-        return profile.verify[0]
-    extra = k * profile.draft_step if method == "draft" else profile.lookup  # lookup and history: a search
-    return profile.verify[k] + extra
+    """Seconds for one round of the registered ``method`` with draft length k (k = 0: one plain step)."""
+    return REGISTRY.get(method).round_cost(profile, k) if k else profile.verify[0]
 
 
 def best_k(profile: CostProfile, method: str, alpha: float, kmax: int,
@@ -94,8 +93,9 @@ def best_k(profile: CostProfile, method: str, alpha: float, kmax: int,
 
 
 def predicted_speedup(profile: CostProfile, method: str, stats: dict[str, Any]) -> Optional[float]:
-    """Speedup the cost model predicts from this run's measured acceptance (None for plain/auto)."""
-    if method not in ("draft", "lookup") or not stats["rounds"]:
+    """Speedup the cost model predicts from this run's measured acceptance (None for plain, auto and peers)."""
+    m = REGISTRY.find(method)
+    if m is None or m.build is None or m.adaptive or not stats["rounds"]:
         return None
     proposing = stats["rounds"] - stats["empty_rounds"]
     if proposing <= 0:

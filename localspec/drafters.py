@@ -19,13 +19,17 @@ generations instead of the current context.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple, Optional, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Optional, Protocol
 
 import numpy as np
 
 from .acceptance import probabilities, sample
 from .backend import Model
+from .errors import ConfigError
 from .options import LOOKUP_NGRAM, SamplingParams
+
+if TYPE_CHECKING:
+    from .methods import DraftingContext
 
 
 class Draft(NamedTuple):
@@ -222,3 +226,16 @@ class PromptLookupDrafter:
     def report(self) -> Optional[AutoReport]:
         """Nothing beyond the engine's own counts."""
         return None
+
+
+def build_lookup(ctx: DraftingContext) -> PromptLookupDrafter:
+    """Method "lookup": prompt lookup over the options' n-gram range."""
+    lo, hi = ctx.options.ngram
+    return PromptLookupDrafter(max_ngram=hi, min_ngram=lo)
+
+
+def build_model_drafter(ctx: DraftingContext) -> ModelDrafter:
+    """Method "draft": the pair's draft model, sampling as the target does."""
+    if ctx.draft is None:
+        raise ConfigError("Method 'draft' needs a draft model; load one (--draft) or use 'lookup'.")
+    return ModelDrafter(ctx.draft, ctx.options.sampling)

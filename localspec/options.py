@@ -19,13 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .errors import ConfigError, SamplingError
+from .methods import AUTO, AUTO_KMAX, REGISTRY
 
-#: Drafting methods. "auto" picks lookup, history, the draft model or plain decoding each round.
-METHODS = ("auto", "plain", "draft", "lookup", "history")
-#: The most tokens drafted per round that auto considers (and calibrates for).
-AUTO_KMAX = 8
-#: Draft length when ``k`` is not given (for auto: the longest it considers).
-DEFAULT_K = {"auto": AUTO_KMAX, "plain": 0, "draft": 4, "lookup": 8, "history": 8}
 #: Bounds of the draft length everywhere (API, CLI, chat, bench, models.toml).
 K_LIMIT = 16
 #: The n-gram lengths prompt lookup matches, (shortest, longest): a long match pins a copy to its place in the
@@ -136,7 +131,7 @@ class GenerationOptions:
     top_p: float = _opt(1.0, "Nucleus sampling mass (1: off).", "--top-p")
     min_p: float = _opt(0.0, "Drop tokens below min-p times the top probability (0: off).", "--min-p")
     seed: Optional[int] = _opt(None, "Sampling seed (default or -1: random).", "--seed")
-    method: str = _opt("auto", "How to draft: auto picks prompt lookup, history, the draft model or plain "
+    method: str = _opt(AUTO.name, "How to draft: auto picks prompt lookup, history, the draft model or plain "
                                "decoding (and K) each round from this machine's measured costs.", "--method", "-m")
     k: Optional[int] = _opt(None, f"Tokens drafted per round, 0 to {K_LIMIT} (default: 4 for draft or the pair's "
                                   f"suggestion, 8 for lookup; for auto the most, {AUTO_KMAX}).", "--k", "-k")
@@ -153,8 +148,7 @@ class GenerationOptions:
             object.__setattr__(self, "seed", None)  # frozen: the one normalisation done in place
         if self.seed is not None and not (_is_whole(self.seed) and self.seed >= 0):
             raise ConfigError(f"seed must be a whole number >= 0 (or -1 or None for a random one), got {self.seed!r}.")
-        if self.method not in METHODS:
-            raise ConfigError(f"Unknown method {self.method!r}; choose one of {', '.join(METHODS)}.")
+        REGISTRY.get(self.method)  # raises ConfigError naming the methods there are
         if self.k is not None:
             check_k(self.k)
         ng = self.ngram
@@ -178,12 +172,13 @@ class GenerationOptions:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)
 
     def draft_length(self, suggested_draft_k: Optional[int] = None) -> int:
-        """``k``, or the method's default (``suggested_draft_k`` for the draft model when given)."""
+        """``k``, or the method's default (``suggested_draft_k`` for the draft model's methods when given)."""
         if self.k is not None:
             return self.k
-        if self.method == "draft" and suggested_draft_k is not None:
+        method = REGISTRY.get(self.method)
+        if method.needs_draft and suggested_draft_k is not None:
             return suggested_draft_k
-        return DEFAULT_K[self.method]
+        return method.default_k
 
     def replace(self, **changes: Any) -> GenerationOptions:
         """A copy with ``changes`` applied and validated.

@@ -10,12 +10,19 @@ import pytest
 from helpers import same_distribution, token_counts
 
 import localspec
-from localspec.acceptance import SamplingParams
-from localspec.auto import AcceptanceEstimate, AutoDrafter, prompt_prior
+from localspec.auto import (
+    AcceptanceEstimate,
+    AutoDrafter,
+    history_candidate,
+    lookup_candidate,
+    model_candidate,
+    prompt_prior,
+)
 from localspec.backend import Model
 from localspec.calibration import calibrate, calibration_key
 from localspec.costs import CostProfile, best_k, expected_tokens
-from localspec.drafters import ModelDrafter, PromptLookupDrafter
+from localspec.methods import DraftingContext
+from localspec.options import GenerationOptions
 
 # Memory-bound (laptop GPU): verifying up to 9 tokens costs one step; a draft step 0.1 of one.
 GPU = CostProfile.synthetic([1.0] * 9, 0.1, name="gpu-like")
@@ -63,8 +70,11 @@ def test_prompt_prior_reads_copy_requests():
 
 
 def _auto(profile, model=None, explore_every=32, prior=0.45):
-    return AutoDrafter(profile, PromptLookupDrafter(), model, kmax=8, lookup_prior=prior,
-                       explore_every=explore_every)
+    """Auto over lookup (with the given prior) and, if given, the draft model, as a pair builds it."""
+    ctx = DraftingContext(GenerationOptions(), 8, np.zeros(0, dtype=np.int32), lambda: "", draft=model,
+                          profile=lambda: profile)
+    candidates = [c for c in (lookup_candidate(ctx, prior=prior), model_candidate(ctx)) if c is not None]
+    return AutoDrafter(profile, candidates, kmax=8, explore_every=explore_every)
 
 
 def _replay(auto, context, trace):
@@ -101,10 +111,10 @@ def test_decisions_on_a_replayed_trace_switch_when_acceptance_collapses():
 
 def test_draft_model_that_cannot_pay_is_never_run(tiny_dir):
     with Model(tiny_dir / "draft.gguf", n_ctx=256) as d:
-        auto = _auto(CPU, ModelDrafter(d, SamplingParams()))
-        assert auto.model is None and auto.models == ()
-        auto = _auto(GPU, ModelDrafter(d, SamplingParams()))
-        assert auto.model is not None
+        auto = _auto(CPU, d)
+        assert [c.name for c in auto.candidates] == ["lookup"] and auto.models == ()
+        auto = _auto(GPU, d)
+        assert [c.name for c in auto.candidates] == ["lookup", "draft"] and auto.models == (d,)
 
 
 def test_calibration_is_cached_per_settings_and_refreshable(tiny_dir, tmp_path):
@@ -235,13 +245,14 @@ def test_stream_events_name_the_drafter(tiny_pair):
 
 def test_history_estimates_carry_over_to_the_next_generation_but_yield_to_new_evidence():
     from localspec.auto import history_estimates
-    from localspec.history import HistoryDrafter, HistoryIndex
+    from localspec.history import HistoryIndex
 
     est = history_estimates()
     for _ in range(50):
         est[3].update(3, 3)  # a request whose history matched perfectly
     high = est[3].alpha
-    AutoDrafter(GPU, PromptLookupDrafter(), None, history=HistoryDrafter(HistoryIndex()), history_alpha=est)
+    history_candidate(DraftingContext(GenerationOptions(), 8, np.zeros(0, dtype=np.int32), lambda: "",
+                                      history=HistoryIndex(), history_alpha=est, profile=lambda: GPU))
     assert est[3].alpha == pytest.approx(high) and high > 0.95  # the next generation starts from it...
     est[3].update(3, 0)
     est[3].update(3, 0)

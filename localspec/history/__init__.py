@@ -14,7 +14,7 @@ compaction, set-aside copies), ``index`` (the in-memory suffix index) and
 
 from __future__ import annotations
 
-from .drafter import HistoryDrafter
+from .drafter import HistoryDrafter, build_history
 from .index import HistoryIndex
 from .store import (
     PROMPT_KEEP,
@@ -29,4 +29,4 @@ from .store import (
 )
 
 __all__ = ["PROMPT_KEEP", "HistoryCounts", "HistoryDrafter", "HistoryIndex", "HistoryStore", "Record",
-           "clear_stores", "history_dir", "list_stores", "model_id", "set_aside_copies"]
+           "build_history", "clear_stores", "history_dir", "list_stores", "model_id", "set_aside_copies"]

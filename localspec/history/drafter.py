@@ -7,10 +7,12 @@ from typing import TYPE_CHECKING, Optional
 import numpy as np
 
 from ..drafters import EMPTY_DRAFT, AutoReport, Draft
+from ..errors import ConfigError
 from .index import HistoryIndex
 
 if TYPE_CHECKING:
     from ..backend import Model
+    from ..methods import DraftingContext
 
 
 class HistoryDrafter:
@@ -55,3 +57,11 @@ class HistoryDrafter:
 
     def report(self) -> Optional[AutoReport]:
         return None
+
+
+def build_history(ctx: DraftingContext) -> HistoryDrafter:
+    """Method "history": what followed the same text in this model's earlier generations."""
+    if ctx.history is None:
+        raise ConfigError("Method 'history' needs the history store, which is off for this call "
+                          "(history=False, --no-history or LOCALSPEC_HISTORY=off).")
+    return HistoryDrafter(ctx.history)
