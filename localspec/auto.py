@@ -31,7 +31,7 @@ from .backend import Model
 from .costs import CostProfile, best_k
 from .drafters import EMPTY_DRAFT, AutoChange, AutoReport, Draft, Drafter, ModelDrafter, build_lookup
 from .history import HistoryDrafter, HistoryIndex
-from .methods import AUTO_KMAX, DRAFT, HISTORY, LOOKUP, REGISTRY, DraftingContext, Method
+from .methods import AUTO, AUTO_KMAX, DRAFT, HISTORY, LOOKUP, REGISTRY, DraftingContext, Method
 from .methods import PLAIN as PLAIN_METHOD
 from .options import GenerationOptions, SamplingParams
 
@@ -185,7 +185,7 @@ class AutoDrafter:
             to re-check a method the estimates have ruled out.
     """
 
-    name = "auto"
+    name = AUTO.name
 
     def __init__(self, profile: CostProfile, candidates: Sequence[Candidate], kmax: int = KMAX,
                  explore_every: int = 32):

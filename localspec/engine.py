@@ -30,6 +30,7 @@ from .acceptance import ProbRows, accept_greedy, accept_sampled, probabilities, 
 from .backend import Detokenizer, Model
 from .drafters import EMPTY_DRAFT, AutoReport, Draft, Drafter
 from .errors import ConfigError, ContextOverflowError, GenerationCancelled, InterleavedGenerationError
+from .methods import PLAIN, REGISTRY
 from .options import SamplingParams
 
 #: Where an emitted token came from.
@@ -99,7 +100,7 @@ class GenerationStats:
         self.drafted += len(draft.tokens)
         self.empty_rounds += not draft.tokens
         self.rejected_rounds += kept < len(draft.tokens)
-        if draft.by == "draft":
+        if getattr(REGISTRY.find(draft.by), "needs_draft", False):  # a draft model ran once per token
             self.draft_model_tokens += len(draft.tokens)
         if draft.tokens:
             self.drafted_by[draft.by] = self.drafted_by.get(draft.by, 0) + len(draft.tokens)
@@ -306,7 +307,7 @@ class Generation:
         self.params = params or SamplingParams()
         self.max_tokens = max_tokens
         self.rng = rng or np.random.default_rng()
-        self.stats = GenerationStats(method=drafter.name if drafter else "plain", k=k,
+        self.stats = GenerationStats(method=drafter.name if drafter else PLAIN.name, k=k,
                                      proposed_at=[0] * k, accepted_at=[0] * k)
         #: "stop" (end-of-generation token), "length" (max_tokens or context full), "interrupted"
         #: (closed early or failed), or None while running.

@@ -20,6 +20,7 @@ from .auto import auto_drafter, history_estimates
 from .costs import CostProfile, round_cost
 from .drafters import PromptLookupDrafter
 from .history import PROMPT_KEEP, HistoryDrafter, HistoryIndex
+from .methods import PLAIN
 from .options import SamplingParams
 
 
@@ -63,7 +64,7 @@ def replay_auto(profile: CostProfile, requests: list[Recorded], shared_history: 
             draft = auto.propose(np.asarray(context, dtype=np.int32), profile.kmax, rng)
             kept = kept_prefix(draft.tokens, reply[done:])
             auto.observe(len(draft.tokens), kept)
-            cost += round_cost(profile, draft.by or "plain", len(draft.tokens))
+            cost += round_cost(profile, draft.by or PLAIN.name, len(draft.tokens))
             step = min(kept + 1, len(reply) - done)  # the kept prefix and the target's own token
             context += reply[done : done + step]
             done += step

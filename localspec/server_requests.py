@@ -18,6 +18,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import LocalspecError
+from .methods import HISTORY
 from .options import GenerationOptions
 from .server_http import ApiError
 
@@ -207,7 +208,7 @@ def _options(req: _Body, defaults: GenerationOptions, limits: Limits) -> Generat
                 raise ApiError(400, f"The request gives {target!r} twice with different values ({given[target]!r} "
                                f"and {value!r}); give it once.", param=name, code="invalid_value")
             given[target] = value
-    if not limits.history and (given.get("history") is True or given.get("method") == "history"):
+    if not limits.history and (given.get("history") is True or given.get("method") == HISTORY.name):
         raise ApiError(400, "History is off on this server (--no-history or LOCALSPEC_HISTORY=off); "
                        "leave out 'history' and method 'history'.",
                        param="history" if given.get("history") is True else "method", code="history_off")
