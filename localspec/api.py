@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .auto import history_estimates
+from .auto import AcceptanceEstimate, history_estimates
 from .backend import Model, read_vocab
 from .calibration import KMAX, calibrate, choose_threads
 from .compat import check_vocab
@@ -180,14 +180,22 @@ class Pair:
                 self._history = False
         return self._history if isinstance(self._history, HistoryStore) else None
 
-    def set_history(self, history: Union[bool, HistoryStore]) -> Union[bool, HistoryStore]:
+    def set_history(self, history: Union[bool, HistoryStore],
+                    estimates: Optional[dict[int, AcceptanceEstimate]] = None) -> Union[bool, HistoryStore]:
         """Switch history on (True: the target's own store), to another store, or off (False).
 
-        Auto's estimates of history start afresh. Returns the previous setting.
+        Auto's estimates of history start afresh, or from ``estimates`` (kept and updated in place,
+        e.g. to let a series of requests share them). Returns the previous setting.
         """
         previous, self._history = self._history, history
-        self.history_alpha = history_estimates()
+        self.history_alpha = estimates if estimates is not None else history_estimates()
         return previous
+
+    def reset(self) -> None:
+        """Empty both models' caches: the next generation processes its whole prompt."""
+        self.target.reset()
+        if self.draft is not None:
+            self.draft.reset()
 
     def calibrate(self, refresh: bool = False) -> CostProfile:
         """The machine's cost profile for auto mode (cached on disk; measured on first use).

@@ -12,13 +12,13 @@ from localspec.bench import (
     BenchPrompt,
     MethodSpec,
     Run,
-    _summarise,
     classify,
     default_methods,
     load_suite,
     run_bench,
     schedule,
 )
+from localspec.bench.summary import summarise
 from localspec.cli import cli
 from localspec.costs import CostProfile
 from localspec.drafters import Draft
@@ -88,7 +88,7 @@ def test_round_time_is_predicted_from_the_profile_and_from_this_runs_plain_step(
 
     runs = [Run("p", "code", "plain", 0, 0, 0.7, [], stats("plain", 10, 0, 2.0)),
             Run("p", "code", "lookup", 2, 0, 0.7, [], stats("lookup", 5, 2, 2.25))]
-    plain, lookup = _summarise(None, {}, runs, profile, 0.5)  # type: ignore[arg-type]  # sampled: no exactness
+    plain, lookup = summarise(None, {}, runs, profile, 0.5)  # type: ignore[arg-type]  # sampled: no exactness
     assert (plain.round_ms, plain.round_ms_predicted, plain.round_ms_predicted_here) == (
         pytest.approx(200), pytest.approx(100), None)
     # From the profile: verify(3) = 200 ms. From this run's plain step: 200 ms x verify(3)/verify(1) = 400 ms.

@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any, Optional, Sequence
 
-from .backend import Model
-from .engine import GenerationStats
+from ..backend import Model
+from ..engine import GenerationStats
 
 #: Bench method names of the peer rows.
 PEER_PLAIN = "llama-cpp-python"

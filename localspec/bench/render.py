@@ -1,0 +1,99 @@
+"""Bench reports as terminal tables and JSON."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from ..methods import REGISTRY
+from .exactness import TIE_MARGIN
+from .peers import PEER_METHODS, PEER_PLAIN
+from .records import BenchReport, RelatedReport
+
+
+def render_table(report: BenchReport) -> str:
+    """The report as a terminal table, with the cost profile on top."""
+    p = report.profile
+    verify = "  ".join(f"{n + 1}:{v:.2f}" for n, v in enumerate(p.get("verify", [])))
+    out = [f"cost profile ({p.get('source')}): target step {1000 * p.get('step_seconds', 0):.1f} ms; "
+           f"draft step / target step: {p.get('draft_step', 0):.2f}",
+           f"verify n tokens / 1: {verify}",
+           f"batch-shape logit noise of this build: {p.get('batch_noise', 0):.3f} "
+           f"(divergences below a {p.get('tie_margin', TIE_MARGIN):.3f} top-two margin count as ties)", ""]
+    peers = any(r.speedup_peer is not None for r in report.rows)
+    out.append("round ms: mean decode time per round, measured/predicted by the cost profile from the rounds' "
+               "draft lengths (in brackets: predicted with this run's plain step in place of the calibrated one).")
+    if peers:
+        out.append("lcp = llama-cpp-python's own Llama (plain, and its prompt-lookup draft), same file and threads; "
+                   "'vs lcp' is the headline speedup, 'vs plain' is against localspec's plain path.")
+    header = (f"{'prompt':<15} {'temp':>4} {'method':<15} {'tok/s':>6} {'vs lcp':>6} {'(min-max)':>11} "
+              f"{'vs plain':>8} {'pred':>5} {'accept':>6} {'tok/rnd':>7} {'round ms':>15}  "
+              "exactness (vs plain / vs lcp)")
+    out += [header, "-" * len(header)]
+    last_prompt = None
+    for row in report.rows:
+        name = row.prompt if row.prompt != last_prompt else ""
+        last_prompt = row.prompt
+        vs_peer = f"{row.speedup_peer:.2f}x" if row.speedup_peer is not None else "-"
+        spread = (f"({row.speedup_peer_min:.2f}-{row.speedup_peer_max:.2f})"
+                  if row.speedup_peer_min is not None and row.method != PEER_PLAIN else "")
+        pred = f"{row.predicted_speedup:.2f}" if row.predicted_speedup is not None else "-"
+        acc = f"{100 * row.acceptance:.0f}%" if getattr(REGISTRY.find(row.method), "build", None) else "-"
+        tpr = f"{row.tokens_per_round:.2f}" if row.method not in PEER_METHODS else "-"
+        verdict = row.exactness + (f" / {row.exactness_peer}" if peers else "")
+        rms = (f"{row.round_ms:.0f}/{row.round_ms_predicted:.0f}"
+               if row.round_ms is not None and row.round_ms_predicted is not None else "-")
+        if row.round_ms_predicted_here is not None:
+            rms += f" ({row.round_ms_predicted_here:.0f})"
+        if row.divergence:
+            verdict += f" @{int(row.divergence['token'])} (margin {row.divergence['margin']:.3f})"
+        if row.auto_rounds:
+            verdict += "  [" + " ".join(f"{m}:{n}" for m, n in row.auto_rounds.items() if n) + "]"
+        out.append(f"{name:<15} {row.temperature:>4.1f} {row.label:<15} "
+                   f"{row.decode_tps:>6.1f} {vs_peer:>6} {spread:>11} {row.speedup:>7.2f}x {pred:>5} {acc:>6} "
+                   f"{tpr:>7} {rms:>15}  {verdict}")
+    for title, attr in ((("median speedup over llama-cpp-python plain across prompts:", "speedup_peer"),) if peers
+                        else ()) + (("median speedup over localspec plain across prompts:", "speedup"),):
+        out += ["", title]
+        for label in report.settings.get("methods", [])[1:]:
+            values = [getattr(r, attr) for r in report.rows
+                      if r.label == label and getattr(r, attr) is not None]
+            if values:
+                out.append(f"  {label:<15} {statistics.median(values):.2f}x  (worst {min(values):.2f}x, "
+                           f"best {max(values):.2f}x)")
+    if report.mismatches:
+        out.append(f"\n{report.mismatches} MISMATCH(ES) against plain decoding: this is a bug, please report it.")
+    return "\n".join(out)
+
+def write_json(report: BenchReport, path: Path) -> None:
+    """The whole report as JSON."""
+    Path(path).write_text(json.dumps(report.to_dict(), indent=1))
+
+def render_related(report: RelatedReport) -> str:
+    """The related-requests report as a terminal table."""
+    out = ["Related requests, run in order. 'empty': auto with an empty history; 'earlier': auto with the history "
+           "of the requests before it. Speedups are against llama-cpp-python plain (same file and threads), "
+           "medians over repetitions.",
+           f"{'request':<14} {'lcp tok/s':>9} {'empty':>6} {'earlier':>7} {'(min-max)':>11} "
+           f"{'history accepted':>17}  exactness  rounds (earlier)"]
+    out.append("-" * len(out[-1]))
+    for row in report.rows:
+        hist = f"{row.history_accepted}/{row.history_drafted}" if row.history_drafted else "-"
+        out.append(f"{row.prompt:<14} {row.lcp_tps:>9.1f} {row.speedup_empty:>5.2f}x {row.speedup_earlier:>6.2f}x "
+                   f"{f'({row.speedup_earlier_min:.2f}-{row.speedup_earlier_max:.2f})':>11} {hist:>17}  "
+                   f"{row.exactness:<9}  " + " ".join(f"{m}:{n}" for m, n in row.rounds.items()))
+    if report.rows:
+        later = [r.speedup_earlier for r in report.rows]
+        out += ["", f"with the earlier requests' history: median {statistics.median(later):.2f}x, worst "
+                    f"{min(later):.2f}x; with an empty history: median "
+                    f"{statistics.median(r.speedup_empty for r in report.rows):.2f}x"]
+    c, st = report.costs, report.store
+    if c:
+        out.append(f"history lookup: median {c['lookup_us_median']:.0f} us, p99 {c['lookup_us_p99']:.0f} us per round; "
+                   f"update: median {c['update_ms_median']:.1f} ms, max {c['update_ms_max']:.1f} ms per request; "
+                   f"store after the workload: {st.get('records', 0)} records, {st.get('tokens', 0)} tokens, "
+                   f"{st.get('bytes', 0) / 1e3:.1f} kB")
+    if report.mismatches:
+        out.append(f"\n{report.mismatches} MISMATCH(ES) against plain decoding: this is a bug, please report it.")
+    return "\n".join(out)

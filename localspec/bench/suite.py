@@ -1,0 +1,123 @@
+"""The bench's prompts and methods: the built-in suite and related workload, and the rows to measure."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+from ..errors import ConfigError
+from ..methods import AUTO, PLAIN, REGISTRY
+from .peers import PEER_LOOKUP, PEER_PLAIN
+
+
+@dataclass
+class BenchPrompt:
+    """One prompt of the suite: raw ``text`` or chat ``messages``."""
+
+    category: str
+    text: Optional[str] = None
+    messages: Optional[list[dict[str, str]]] = None
+    quick: bool = False
+    name: str = ""
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method and its draft length; auto runs with an empty history store unless ``history`` is False."""
+
+    method: str
+    k: int = 0
+    history: bool = True
+
+    @property
+    def label(self) -> str:
+        if self.method == PEER_PLAIN:
+            return "lcp plain"
+        if self.method == PEER_LOOKUP:
+            return f"lcp lookup k={self.k}"
+        method = REGISTRY.find(self.method)
+        if method is not None and method.adaptive:
+            return method.name if self.history else f"{method.name} -history"
+        return self.method if self.k == 0 else f"{self.method} k={self.k}"
+
+def load_suite(path: Optional[Path] = None, categories: Sequence[str] = (), quick: bool = False,
+               builtin: str = "suite.jsonl") -> list[BenchPrompt]:
+    """The built-in suite, or a JSONL file of ``{"category", "prompt" | "messages"}`` lines.
+
+    Args:
+        path: a JSONL file; None for the file ``builtin`` shipped with localspec.
+        categories: keep only these categories (empty: all).
+        quick: keep only the prompts marked ``"quick"`` (the built-in suite
+            marks one per kind of text); a user suite without marks keeps its
+            first prompt of each category.
+
+    Raises:
+        ConfigError: unreadable file, bad JSON, missing fields (file and line named),
+            or a filter that leaves nothing.
+    """
+    if path is None:
+        source = f"built-in {builtin}"
+        lines = resources.files("localspec").joinpath(f"data/{builtin}").read_text(encoding="utf-8").splitlines()
+    else:
+        source = str(path)
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ConfigError(f"Cannot read the prompt suite {path}: {exc.strerror}.") from exc
+    prompts: list[BenchPrompt] = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as exc:
+            raise ConfigError(f"{source}, line {lineno}: not valid JSON ({exc}).") from exc
+        if not isinstance(rec, dict) or not isinstance(rec.get("category"), str):
+            raise ConfigError(f"{source}, line {lineno}: needs a \"category\" string.")
+        text, messages = rec.get("prompt"), rec.get("messages")
+        if (text is None) == (messages is None):
+            raise ConfigError(f"{source}, line {lineno}: give exactly one of \"prompt\" or \"messages\".")
+        if messages is not None and not (
+                isinstance(messages, list) and all(isinstance(m, dict) and "role" in m and "content" in m
+                                                   for m in messages)):
+            raise ConfigError(f"{source}, line {lineno}: \"messages\" must be a list of {{role, content}} objects.")
+        prompts.append(BenchPrompt(rec["category"], text, messages, bool(rec.get("quick", False)),
+                                   f"{rec['category']}#{sum(p.category == rec['category'] for p in prompts) + 1}"))
+    if categories:
+        prompts = [p for p in prompts if p.category in categories]
+    if quick:
+        marked = [p for p in prompts if p.quick]
+        if not marked:
+            seen: set[str] = set()
+            marked = [p for p in prompts if not (p.category in seen or seen.add(p.category))]  # type: ignore[func-returns-value]
+        prompts = marked
+    if not prompts:
+        raise ConfigError(f"No prompts left in the {source} after filtering by {', '.join(categories) or 'quick'}.")
+    return prompts
+
+def load_related(path: Optional[Path] = None) -> list[BenchPrompt]:
+    """The related-requests workload (run in order), built in or from a JSONL file like a suite."""
+    return load_suite(path, builtin="related.jsonl")
+
+def default_methods(has_draft: bool, quick: bool, ks: Optional[Mapping[str, Sequence[int]]] = None,
+                    auto: bool = True, peers: bool = True, history_check: bool = False) -> list[MethodSpec]:
+    """Plain first, then the peers (llama-cpp-python plain, its lookup with 2 and 10 tokens), every
+    registered method with bench rows at its draft lengths (``ks`` overrides them by method name), then
+    auto (with an empty history; ``history_check`` adds auto without history, to show an empty store
+    costs nothing)."""
+    methods = [MethodSpec(PLAIN.name)]
+    if peers:
+        methods += [MethodSpec(PEER_PLAIN), MethodSpec(PEER_LOOKUP, 2), MethodSpec(PEER_LOOKUP, 10)]
+    for m in REGISTRY:  # every method with bench rows of its own, at its draft lengths
+        if m.bench_k and (has_draft or not m.needs_draft):
+            chosen = (ks or {}).get(m.name) or (m.bench_k_quick if quick else m.bench_k)
+            methods += [MethodSpec(m.name, k) for k in chosen]
+    if auto and history_check:
+        methods.append(MethodSpec(AUTO.name, AUTO.default_k, history=False))
+    return methods + ([MethodSpec(AUTO.name, AUTO.default_k)] if auto else [])
+
+def schedule(n_prompts: int, methods: Sequence[MethodSpec], reps: int) -> list[tuple[int, int, MethodSpec]]:
+    """(prompt index, repetition, method) in run order: per prompt, repetitions of all methods in turn."""
+    return [(p, r, m) for p in range(n_prompts) for r in range(reps) for m in methods]
