@@ -410,6 +410,7 @@ def load(
     n_gpu_layers: Optional[int] = None,
     verbose: bool = False,
     flash_attn: Optional[bool] = None,
+    huge_pages: bool = True,
     defaults: Optional[GenerationOptions] = None,
     draft_k: Optional[int] = None,
     history: Optional[bool] = None,
@@ -424,6 +425,8 @@ def load(
         n_gpu_layers: layers to offload for both; -1 all (default on GPU builds), 0 none.
         verbose: show llama.cpp's log for these models.
         flash_attn: force flash attention on or off (default: off on the CPU, llama.cpp's choice on a GPU).
+        huge_pages: on a CPU build under Linux, ask for transparent huge pages for llama.cpp's buffers
+            (see ``localspec.hugepages``); False leaves its pages as they are.
         defaults: generation options used where a call does not give them.
         draft_k: suggested draft length for the draft model (see ``Pair``).
         history: draft from the target's earlier generations and record new
@@ -435,13 +438,13 @@ def load(
         VocabMismatchError: the draft's vocabulary differs from the target's.
     """
     t = Model(target, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-              verbose=verbose)
+              huge_pages=huge_pages, verbose=verbose)
     d = None
     try:
         if draft is not None:
             check_vocab(t.vocab_info(), read_vocab(draft))  # before the draft's weights are loaded
             d = Model(draft, n_ctx=t.n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-                      verbose=verbose)
+                      huge_pages=huge_pages, verbose=verbose)
         if history is None:
             history = history_enabled()
         return Pair(t, d, defaults=defaults, draft_k=draft_k, history=history)

@@ -67,6 +67,7 @@ class ModelArgs:
     n_threads: Optional[int]
     n_gpu_layers: Optional[int]
     flash_attn: str
+    huge_pages: bool
     verbose: bool
 
     def open(self) -> Pair:
@@ -83,15 +84,16 @@ class ModelArgs:
             files = resolve(spec)
             return load(files.target, files.draft, n_ctx=spec.ctx if self.n_ctx is None else self.n_ctx,
                         n_threads=self.n_threads, n_gpu_layers=self.n_gpu_layers, verbose=self.verbose,
-                        flash_attn=FLASH_ATTN[self.flash_attn], draft_k=spec.k)
+                        flash_attn=FLASH_ATTN[self.flash_attn], huge_pages=self.huge_pages, draft_k=spec.k)
         if not self.target:
             raise click.UsageError("Name a pair (see `localspec models`) or give --target (and --draft).")
         return load(self.target, self.draft, n_ctx=4096 if self.n_ctx is None else self.n_ctx,
                     n_threads=self.n_threads, n_gpu_layers=self.n_gpu_layers, verbose=self.verbose,
-                    flash_attn=FLASH_ATTN[self.flash_attn])
+                    flash_attn=FLASH_ATTN[self.flash_attn], huge_pages=self.huge_pages)
 
 
-_MODEL_KEYS = ("pair_name", "target", "draft", "n_ctx", "n_threads", "n_gpu_layers", "flash_attn", "verbose")
+_MODEL_KEYS = ("pair_name", "target", "draft", "n_ctx", "n_threads", "n_gpu_layers", "flash_attn", "huge_pages",
+               "verbose")
 FLASH_ATTN = {"auto": None, "on": True, "off": False}
 
 
@@ -117,6 +119,8 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Layers to offload to the GPU; -1 all (default on GPU builds), 0 none."),
         click.option("--flash-attn", type=click.Choice(list(FLASH_ATTN)), default="auto", show_default=True,
                      help="Flash attention; auto: off on the CPU (see the README), llama.cpp's choice on a GPU."),
+        click.option("--huge-pages/--no-huge-pages", default=True, show_default=True,
+                     help="Ask Linux for transparent huge pages for llama.cpp's CPU buffers (see the README)."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's log."),
     ]):
         wrapper = opt(wrapper)

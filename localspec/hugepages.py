@@ -9,7 +9,7 @@ show in the speed: on the 2-core test VM, localspec's plain decoding of a 1.5B
 model went from 0.92-1.01x to 1.01-1.09x of llama-cpp-python's on the same file
 in the bench's quick suite (0.96-1.10x over all eight suite prompts, both ends
 on one noisy prompt), and without huge pages its speed depended on the order in
-which models were loaded (``scripts/load_order.py``).
+which models were loaded (``benchmarks/load_order.py``).
 
 llama.cpp's allocations cannot be hooked from Python, so ``HugePages`` notes the
 anonymous mappings before a load and, afterwards, advises huge pages for the

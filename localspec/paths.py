@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
 import platformdirs
 
 APP = "localspec"
 
 
+def _home_override() -> Optional[Path]:
+    """``LOCALSPEC_HOME``, the one place it is read."""
+    env = os.environ.get("LOCALSPEC_HOME")
+    return Path(env).expanduser() if env else None
+
+
 def home() -> Path:
     """Directory for user configuration (``models.toml``) and downloaded models."""
-    env = os.environ.get("LOCALSPEC_HOME")
-    return Path(env).expanduser() if env else Path(platformdirs.user_data_dir(APP))
+    return _home_override() or Path(platformdirs.user_data_dir(APP))
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -30,5 +36,5 @@ def write_atomic(path: Path, text: str) -> None:
 
 def cache_dir() -> Path:
     """Directory for things that can be recomputed (calibrations)."""
-    env = os.environ.get("LOCALSPEC_HOME")
-    return Path(env).expanduser() / "cache" if env else Path(platformdirs.user_cache_dir(APP))
+    override = _home_override()
+    return override / "cache" if override else Path(platformdirs.user_cache_dir(APP))

@@ -108,3 +108,35 @@ def test_a_real_model_with_huge_pages_gives_the_same_logits():
     with Model(target, n_ctx=512, n_threads=2) as huge:
         assert huge.huge_page_bytes > 100 * HUGE_PAGE  # the repacked weights at least
         np.testing.assert_array_equal(huge.eval(prompt, logits="all"), expect)
+
+
+@linux_madvise
+@pytest.mark.real
+def test_huge_pages_can_be_turned_off_through_load_and_the_command_line(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+    from conftest import real_models_dir
+
+    import localspec
+    import localspec.api
+    from localspec.cli import cli
+
+    target = real_models_dir() / "target.gguf"
+    with localspec.load(target, n_ctx=256, n_threads=2, huge_pages=False, history=False) as pair:
+        assert pair.target.huge_page_bytes == 0
+    with localspec.load(target, n_ctx=256, n_threads=2, history=False) as pair:
+        assert pair.target.huge_page_bytes > 100 * HUGE_PAGE
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    loaded: list = []
+    real_load = localspec.api.load
+
+    def load(*args, **kwargs):
+        pair = real_load(*args, **kwargs)
+        loaded.append(pair.target.huge_page_bytes)
+        return pair
+
+    monkeypatch.setattr(localspec.api, "load", load)
+    for flag, off in (("--no-huge-pages", True), ("--huge-pages", False)):
+        r = CliRunner().invoke(cli, ["generate", "-t", str(target), "--ctx", "256", "--threads", "2", flag,
+                                     "-p", "def f(x):", "-n", "2", "-m", "plain"])
+        assert r.exit_code == 0, r.output
+        assert (loaded[-1] == 0) == off

@@ -20,7 +20,7 @@ silicon gives up to 9 tokens), which shows whether a shortfall is the policy's
 or the machine's.
 
 Usage:
-    python scripts/replay_related.py TARGET.gguf [--threads N] [-n 128] [--outputs related.json]
+    python benchmarks/replay_related.py TARGET.gguf [--threads N] [-n 128] [--outputs related.json]
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ same, higher speed. `--huge-pages first` gives only the first copy huge
 pages, so first/second is their gain (with the order effect against it).
 
 Usage:
-    python scripts/load_order.py MODEL.gguf [--threads 1] [--reps 4] [--before OTHER.gguf] [--closed-first]
+    python benchmarks/load_order.py MODEL.gguf [--threads 1] [--reps 4] [--before OTHER.gguf] [--closed-first]
                                  [--huge-pages both|none|first]
 """
 

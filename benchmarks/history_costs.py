@@ -7,7 +7,7 @@ Fills a scratch store up to its limit with records shaped like real use
 * lookup: one ``HistoryDrafter.propose`` (what auto pays every round), median and p99;
 * update: one ``HistoryStore.add`` of a 600-token record (lock, append, index merge).
 
-Usage: python scripts/history_costs.py MODEL.gguf [--tokens 2000000]
+Usage: python benchmarks/history_costs.py MODEL.gguf [--tokens 2000000]
 (the model file only names the store; nothing is loaded).
 """
 

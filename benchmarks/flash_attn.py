@@ -14,7 +14,7 @@ out of the timing by running on/off and off/on in turn. Reports per prompt:
   (what `localspec bench` checks), to show speculation stays exact either way.
 
 Usage:
-    python scripts/flash_attn.py TARGET.gguf [--threads 2] [--reps 3] [--max-tokens 96]
+    python benchmarks/flash_attn.py TARGET.gguf [--threads 2] [--reps 3] [--max-tokens 96]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from localspec.bench import batch_noise, classify, load_suite, margin_at
 
 def compare(pair: Pair, prompt: list[int], ref: list[int], tokens: list[int], tie: float) -> tuple[str, Optional[dict]]:
     """Exactness of ``tokens`` against ``ref`` (plain decoding on ``pair``), as the bench classifies it."""
-    return classify(ref, tokens, lambda i: margin_at(pair, prompt, ref, i), tie)
+    return classify(ref, tokens, lambda i: margin_at(pair.target, prompt, ref, i), tie)
 
 
 def main() -> None:
@@ -46,7 +46,7 @@ def main() -> None:
     prompts = load_suite(quick=True)
     ids = {p.name: pairs[False].chat_tokens(p.messages) if p.messages else pairs[False].tokenize(p.text or "")
            for p in prompts}
-    noise = batch_noise(pairs[False], ids[prompts[0].name])
+    noise = batch_noise(pairs[False].target, ids[prompts[0].name])
     tie = max(0.05, 2 * noise)
     print(f"threads {args.threads}, {args.max_tokens} tokens, {args.reps} reps; batch-shape noise {noise:.3f}, "
           f"tie margin {tie:.3f}")
