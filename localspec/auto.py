@@ -110,9 +110,9 @@ PLAIN = Choice(1.0, PLAIN_METHOD.name, 0, 0.0)
 
 #: History matches are weighed by length band: 2-3, 4-7, 8-15 and 16 or more tokens.
 HISTORY_BANDS = (2, 4, 8, 16)
-#: Prior acceptance per band: a long match in earlier output is usually followed the same way. (Replaying
-#: the related-requests workload gave per-token acceptance 0.74, 0.82, 0.88 and 0.96 by band; the priors
-#: stay below that, since other workloads repeat less.)
+#: Prior acceptance per band: a long match in earlier output is usually followed the same way. The priors
+#: stay below what replaying the related-requests workload measured per band (``benchmarks/replay_related.py``),
+#: since other workloads repeat less.
 HISTORY_PRIORS = (0.45, 0.6, 0.75, 0.9)
 #: What one generation carries over of the estimates the last ones learned, in guesses: a new request may
 #: be about something else, and two or three wasted history rounds should be enough to notice.

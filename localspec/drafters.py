@@ -167,11 +167,8 @@ class PromptLookupDrafter:
     The first match rather than the newest: an answer that copies its prompt
     (a rewrite, an edit, a quote) finds its source there, while a newer
     occurrence is usually a phrase the answer already repeated, followed by
-    what came after it the first time. Replaying plain outputs of the bench
-    suite at K = 3 against this CPU's verify costs, the first match (with
-    n up to 5 instead of 3) raised the predicted speedup by 2-9% on every
-    copy-heavy prompt and lowered it by 3-4% on open code and prose, where
-    auto decodes plainly anyway.
+    what came after it the first time (a replay of the bench suite's plain
+    outputs favoured it on every copy-heavy prompt).
 
     Args:
         max_ngram: longest suffix tried first.

@@ -5,11 +5,9 @@ Debian and Ubuntu), anonymous memory gets 4 KiB pages unless the program asks
 for more, and llama.cpp does not ask. Its CPU buffers (the weights it repacks
 for the CPU's matrix kernels, the KV cache, the compute buffers) are such
 memory, and decoding reads every weight once per token, so the page-table walks
-show in the speed: on the 2-core test VM, localspec's plain decoding of a 1.5B
-model went from 0.92-1.01x to 1.01-1.09x of llama-cpp-python's on the same file
-in the bench's quick suite (0.96-1.10x over all eight suite prompts, both ends
-on one noisy prompt), and without huge pages its speed depended on the order in
-which models were loaded (``benchmarks/load_order.py``).
+show in the speed, and without huge pages the speed can depend on the order in
+which models were loaded (the README gives the figures; ``benchmarks/load_order.py``
+measures them).
 
 llama.cpp's allocations cannot be hooked from Python, so ``HugePages`` notes the
 anonymous mappings before a load and, afterwards, advises huge pages for the
