@@ -47,6 +47,29 @@ def tiny_pair(tiny_dir: Path):
     pair.close()
 
 
+@pytest.fixture
+def make_pair(tiny_dir: Path):
+    """A factory of freshly loaded tiny pairs, each with its own cost profile and history setting.
+
+    Tests that change a pair's profile or history take their own instead of
+    mutating the session's ``tiny_pair``; every pair made is closed afterwards.
+    """
+    import localspec
+
+    opened = []
+
+    def make(profile=None, history=False, draft=True, n_ctx=1024):
+        pair = localspec.load(tiny_dir / "target.gguf", tiny_dir / "draft.gguf" if draft else None, n_ctx=n_ctx,
+                              history=history)
+        pair.set_profile(profile)
+        opened.append(pair)
+        return pair
+
+    yield make
+    for pair in opened:
+        pair.close()
+
+
 def real_models_dir() -> Path:
     """Where scripts/fetch_test_models.py puts the real pair."""
     sys.path.insert(0, str(REPO / "scripts"))

@@ -178,41 +178,30 @@ PROMPTS = ["The cat sat on the mat and the dog sat on the", "in the end, in the 
 
 
 @pytest.mark.parametrize("profile", [GPU, CPU, None], ids=["gpu-like", "cpu-like", "measured"])
-def test_auto_greedy_is_exact(tiny_pair, profile):
-    if profile is not None:
-        tiny_pair.set_profile(profile)
-    try:
-        for prompt in PROMPTS:
-            plain = tiny_pair.generate(prompt, max_tokens=80, method="plain")
-            r = tiny_pair.generate(prompt, max_tokens=80, method="auto")
-            assert r.tokens == plain.tokens
-            assert r.stats.method == "auto" and r.stats.auto is not None
-            assert sum(r.stats.auto.rounds.values()) == r.stats.rounds
-    finally:
-        tiny_pair.set_profile(None)
+def test_auto_greedy_is_exact(make_pair, profile):
+    pair = make_pair(profile)
+    for prompt in PROMPTS:
+        plain = pair.generate(prompt, max_tokens=80, method="plain")
+        r = pair.generate(prompt, max_tokens=80, method="auto")
+        assert r.tokens == plain.tokens
+        assert r.stats.method == "auto" and r.stats.auto is not None
+        assert sum(r.stats.auto.rounds.values()) == r.stats.rounds
 
 
-def test_auto_uses_the_draft_model_where_it_pays(tiny_pair):
-    tiny_pair.set_profile(GPU)
-    try:
-        r = tiny_pair.generate(PROMPTS[0], max_tokens=80, method="auto")
-    finally:
-        tiny_pair.set_profile(None)
+def test_auto_uses_the_draft_model_where_it_pays(make_pair):
+    r = make_pair(GPU).generate(PROMPTS[0], max_tokens=80, method="auto")
     assert r.stats.auto.rounds["draft"] > 0
     assert r.stats.auto.changes[0].predicted_speedup > 1.0
     assert r.stats.accepted > 0
 
 
-def test_auto_sampled_keeps_the_distribution(tiny_pair):
-    tiny_pair.set_profile(GPU)
-    try:
-        prompt = PROMPTS[1]
-        for position in (1, 3):
-            plain = token_counts(tiny_pair, prompt, 2000, position, method="plain")
-            auto = token_counts(tiny_pair, prompt, 2000, position, method="auto")
-            assert same_distribution(plain, auto) > 1e-3
-    finally:
-        tiny_pair.set_profile(None)
+def test_auto_sampled_keeps_the_distribution(make_pair):
+    pair = make_pair(GPU)
+    prompt = PROMPTS[1]
+    for position in (1, 3):
+        plain = token_counts(pair, prompt, 2000, position, method="plain")
+        auto = token_counts(pair, prompt, 2000, position, method="auto")
+        assert same_distribution(plain, auto) > 1e-3
 
 
 def test_calibrate_command_prints_the_profile(tiny_dir):
@@ -228,12 +217,8 @@ def test_calibrate_command_prints_the_profile(tiny_dir):
     assert len(data["verify_seconds"]) == 9
 
 
-def test_stream_events_name_the_drafter(tiny_pair):
-    tiny_pair.set_profile(GPU)
-    try:
-        events = list(tiny_pair.stream(PROMPTS[1], max_tokens=60, method="auto"))
-    finally:
-        tiny_pair.set_profile(None)
+def test_stream_events_name_the_drafter(tiny_pair, make_pair):
+    events = list(make_pair(GPU).stream(PROMPTS[1], max_tokens=60, method="auto"))
     drafted = {ev.drafter for ev in events if ev.from_draft}
     assert drafted and drafted <= {"lookup", "draft"}
     assert all(ev.drafter == "" for ev in events if not ev.from_draft)

@@ -167,28 +167,23 @@ def test_sampled_bench_has_no_exactness_verdict(tiny_pair):
     assert len(sampled) == 2 and sampled[1].exactness == "-"
 
 
-def test_the_suite_bench_neither_uses_nor_changes_the_users_history(tiny_pair):
+def test_the_suite_bench_neither_uses_nor_changes_the_users_history(make_pair):
     from localspec.history import HistoryStore
 
-    previous = tiny_pair.set_history(True)
-    try:
-        store = tiny_pair.history
-        store.add(tiny_pair.tokenize(QUICK[0].text) + [5, 6, 7])  # something a run could draft from
-        before = store.counts.records
-        methods = default_methods(True, quick=True, peers=False, history_check=True)
-        assert [m.label for m in methods][-2:] == ["auto -history", "auto"]
-        tiny_pair.set_profile(CostProfile.synthetic([1.0 + 0.02 * n for n in range(9)], 0.1))  # drafting pays
-        report = run_bench(tiny_pair, QUICK, methods, reps=2, max_tokens=16, checksums=False)
-        assert tiny_pair.history is store and HistoryStore(tiny_pair.target.path).counts.records == before
-        assert {r.label for r in report.rows} >= {"auto", "auto -history"} and report.mismatches == 0
-        for row in report.rows:  # an empty store per run: no repetition drafts from another's output
-            assert not (row.auto_rounds or {}).get("history")
-    finally:
-        tiny_pair.set_history(previous)
-        tiny_pair.set_profile(None)
+    pair = make_pair(CostProfile.synthetic([1.0 + 0.02 * n for n in range(9)], 0.1), history=True)  # drafting pays
+    store = pair.history
+    store.add(pair.tokenize(QUICK[0].text) + [5, 6, 7])  # something a run could draft from
+    before = store.counts.records
+    methods = default_methods(True, quick=True, peers=False, history_check=True)
+    assert [m.label for m in methods][-2:] == ["auto -history", "auto"]
+    report = run_bench(pair, QUICK, methods, reps=2, max_tokens=16, checksums=False)
+    assert pair.history is store and HistoryStore(pair.target.path).counts.records == before
+    assert {r.label for r in report.rows} >= {"auto", "auto -history"} and report.mismatches == 0
+    for row in report.rows:  # an empty store per run: no repetition drafts from another's output
+        assert not (row.auto_rounds or {}).get("history")
 
 
-def test_related_bench_runs_requests_in_order_with_the_earlier_ones_history(tiny_pair, tmp_path):
+def test_related_bench_runs_requests_in_order_with_the_earlier_ones_history(make_pair, tmp_path):
     from localspec.bench import load_related, render_related, run_related
 
     builtin = load_related()
@@ -196,15 +191,12 @@ def test_related_bench_runs_requests_in_order_with_the_earlier_ones_history(tiny
     # the same request twice: the second one can copy the first one's reply from history
     workload = [BenchPrompt("same", text="The cat sat on the", name="same#1"),
                 BenchPrompt("same", text="The cat sat on the", name="same#2")]
-    tiny_pair.set_profile(CostProfile.synthetic([1.0 + 0.02 * n for n in range(9)], 0.1))
-    try:
-        report = run_related(tiny_pair, workload, reps=2, max_tokens=40, checksums=False)
-    finally:
-        tiny_pair.set_profile(None)
+    pair = make_pair(CostProfile.synthetic([1.0 + 0.02 * n for n in range(9)], 0.1))
+    report = run_related(pair, workload, reps=2, max_tokens=40, checksums=False)
     first, second = report.rows
     assert first.history_drafted == 0 and second.history_accepted > 30
     assert first.exactness in ("identical", "tie") and second.exactness in ("identical", "tie")
     assert report.store["records"] == 2 and report.costs["lookup_us_median"] > 0
     table = render_related(report)
     assert "same#2" in table and "history lookup" in table
-    assert tiny_pair.history is None  # the pair's own setting is back
+    assert pair.history is None  # the pair's own setting is back

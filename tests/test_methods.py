@@ -52,17 +52,13 @@ def toy():
     REGISTRY.unregister("toy")
 
 
-def test_a_registered_drafter_runs_through_generate_auto_stats_bench_and_chat(toy, tiny_pair):
+def test_a_registered_drafter_runs_through_generate_auto_stats_bench_and_chat(toy, tiny_pair, make_pair):
     plain = tiny_pair.generate(PROMPT, max_tokens=40, method="plain")
     r = tiny_pair.generate(PROMPT, max_tokens=40, method="toy")
     assert r.tokens == plain.tokens  # exact, whatever it guesses
     assert r.stats.method == "toy" and r.stats.k == 3 and r.stats.drafted_by["toy"] > 0
     assert r.stats.rounds_by_method == {"toy": r.stats.rounds}
-    tiny_pair.set_profile(GPU)  # where drafting pays, auto takes the toy's confident guesses
-    try:
-        a = tiny_pair.generate(PROMPT, max_tokens=40, method="auto")
-    finally:
-        tiny_pair.set_profile(None)
+    a = make_pair(GPU).generate(PROMPT, max_tokens=40, method="auto")  # where drafting pays, the toy's guesses
     assert a.tokens == plain.tokens and a.stats.auto.rounds["toy"] > 0 and "toy" in a.stats.auto.alpha
     assert a.stats.drafted_by.get("toy", 0) > 0
     assert round_cost(GPU, "toy", 2) == round_cost(GPU, "lookup", 2)  # its cost, from its registration
