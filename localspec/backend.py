@@ -234,37 +234,13 @@ class Model:
         self._ctx = None
         self._batch: Optional[ll.llama_batch] = None
 
-        mparams = ll.llama_model_default_params()
-        mparams.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
         # Only on CPU builds: a GPU build's host buffers may be pinned for the device,
         # and their pages are best left where the driver put them.
         pages = HugePages(huge_pages and not gpu_offload_supported())
-        with self._log:
-            ll.llama_backend_init()  # idempotent: ggml's timer and tables
-            self._model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
-        if not self._model:
-            reason = self._log.last_error()
-            raise ModelFileError(
-                f"llama.cpp could not load {self.path}" + (f" ({reason})" if reason else "")
-                + ": the GGUF is truncated, corrupt, or of an architecture this llama-cpp-python build "
-                "does not support; re-download it."
-            )
+        self._model = self._load_weights(n_gpu_layers)
         if n_ctx == 0:
             n_ctx = int(ll.llama_model_n_ctx_train(self._model))
-        cparams = ll.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = cparams.n_ubatch = min(n_batch, n_ctx)
-        cparams.n_seq_max = 1
-        cparams.n_threads = cparams.n_threads_batch = self.n_threads
-        cparams.type_k = cparams.type_v = CACHE_TYPES[cache_type]
-        if flash_attn is None:
-            # On CPU, flash attention rounds through f16 and moves logits by up to ~0.4
-            # between batch shapes, enough to flip near-greedy choices between plain
-            # decoding and batched verification; GPU builds keep llama.cpp's choice.
-            flash_attn = None if n_gpu_layers != 0 and gpu_offload_supported() else False
-        if flash_attn is not None:
-            cparams.flash_attn_type = 1 if flash_attn else 0
-        self.flash_attn = flash_attn
+        cparams = self._context_params(n_ctx, n_batch, cache_type, flash_attn)
         with self._log:
             self._ctx = ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -283,18 +259,7 @@ class Model:
         self.n_vocab = int(ll.llama_vocab_n_tokens(self._vocab))
         self.bos = int(ll.llama_vocab_bos(self._vocab))
         self.eos = int(ll.llama_vocab_eos(self._vocab))
-
-        # One batch reused for every decode; numpy views over its arrays make
-        # filling it a handful of vectorised writes.
-        self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
-        nb = self.n_batch
-        self._b_token = np.ctypeslib.as_array(self._batch.token, shape=(nb,))
-        self._b_pos = np.ctypeslib.as_array(self._batch.pos, shape=(nb,))
-        self._b_logits = np.ctypeslib.as_array(self._batch.logits, shape=(nb,))
-        np.ctypeslib.as_array(self._batch.n_seq_id, shape=(nb,))[:] = 1
-        for i in range(nb):
-            self._batch.seq_id[i][0] = 0  # every token belongs to sequence 0
-
+        self._init_batch()
         self._tokens = np.zeros(self.n_ctx, dtype=np.int32)
         self._n = 0
         self._dirty = False
@@ -304,6 +269,50 @@ class Model:
         self.busy_seconds = 0.0
         #: Number of decode calls made.
         self.decode_calls = 0
+
+    def _load_weights(self, n_gpu_layers: int) -> ll.llama_model_p:
+        mparams = ll.llama_model_default_params()
+        mparams.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+        with self._log:
+            ll.llama_backend_init()  # idempotent: ggml's timer and tables
+            model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not model:
+            reason = self._log.last_error()
+            raise ModelFileError(
+                f"llama.cpp could not load {self.path}" + (f" ({reason})" if reason else "")
+                + ": the GGUF is truncated, corrupt, or of an architecture this llama-cpp-python build "
+                "does not support; re-download it."
+            )
+        return model
+
+    def _context_params(self, n_ctx: int, n_batch: int, cache_type: str,
+                        flash_attn: Optional[bool]) -> ll.llama_context_params:
+        cparams = ll.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = cparams.n_ubatch = min(n_batch, n_ctx)
+        cparams.n_seq_max = 1
+        cparams.n_threads = cparams.n_threads_batch = self.n_threads
+        cparams.type_k = cparams.type_v = CACHE_TYPES[cache_type]
+        if flash_attn is None:
+            # On CPU, flash attention rounds through f16 and moves logits by up to ~0.4
+            # between batch shapes, enough to flip near-greedy choices between plain
+            # decoding and batched verification; GPU builds keep llama.cpp's choice.
+            flash_attn = None if self.n_gpu_layers != 0 and gpu_offload_supported() else False
+        if flash_attn is not None:
+            cparams.flash_attn_type = 1 if flash_attn else 0
+        self.flash_attn = flash_attn
+        return cparams
+
+    def _init_batch(self) -> None:
+        """One batch reused for every decode; numpy views over its arrays make filling it a few vectorised writes."""
+        self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
+        nb = self.n_batch
+        self._b_token = np.ctypeslib.as_array(self._batch.token, shape=(nb,))
+        self._b_pos = np.ctypeslib.as_array(self._batch.pos, shape=(nb,))
+        self._b_logits = np.ctypeslib.as_array(self._batch.logits, shape=(nb,))
+        np.ctypeslib.as_array(self._batch.n_seq_id, shape=(nb,))[:] = 1
+        for i in range(nb):
+            self._batch.seq_id[i][0] = 0  # every token belongs to sequence 0
 
     # -- lifetime -----------------------------------------------------------
 

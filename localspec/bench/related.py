@@ -76,28 +76,33 @@ def run_related(pair: Pair, prompts: Sequence[BenchPrompt], *, reps: int = 3, ma
     finally:
         peers.close()
     margins: dict[tuple[int, ...], float] = {}
-    for bp in prompts:
-        lcp, empty_runs, earlier_runs = (runs[(bp.name, row)] for row in ("lcp", "empty", "earlier"))
-        vs_empty = [tps(r) / tps(p) for r, p in zip(empty_runs, lcp, strict=True)]
-        vs_earlier = [tps(r) / tps(p) for r, p in zip(earlier_runs, lcp, strict=True)]
-        verdict, _ = worst_verdict(pair.target, ids[bp.name], lcp[0].tokens, empty_runs + earlier_runs, tie_margin,
-                                   margins)
-        rounds: dict[str, int] = {}
-        for r in earlier_runs:
-            for m, n in (r.stats["auto"] or {}).get("rounds", {}).items():
-                rounds[m] = rounds.get(m, 0) + n
-        report.rows.append(RelatedRow(
-            prompt=bp.name, category=bp.category, lcp_tps=statistics.median(tps(r) for r in lcp),
-            empty_tps=statistics.median(tps(r) for r in empty_runs),
-            earlier_tps=statistics.median(tps(r) for r in earlier_runs),
-            speedup_empty=statistics.median(vs_empty), speedup_earlier=statistics.median(vs_earlier),
-            speedup_earlier_min=min(vs_earlier), speedup_earlier_max=max(vs_earlier),
-            history_drafted=sum(r.stats["drafted_by"].get(HISTORY.name, 0) for r in earlier_runs),
-            history_accepted=sum(r.stats["accepted_by"].get(HISTORY.name, 0) for r in earlier_runs),
-            rounds={m: n for m, n in rounds.items() if n}, exactness=verdict))
+    report.rows = [related_row(pair, bp, ids[bp.name], [runs[(bp.name, row)] for row in ("lcp", "empty", "earlier")],
+                               tie_margin, margins) for bp in prompts]
     report.mismatches = sum(row.exactness == "MISMATCH" for row in report.rows)
     report.machine = machine_info(pair, checksums)
     return report
+
+def related_row(pair: Pair, bp: BenchPrompt, tokens: list[int], runs: list[list[Run]], tie_margin: float,
+                margins: dict[tuple[int, ...], float]) -> RelatedRow:
+    """One request's row from its llama-cpp-python, empty-history and earlier-history runs."""
+    lcp, empty_runs, earlier_runs = runs
+    vs_empty = [tps(r) / tps(p) for r, p in zip(empty_runs, lcp, strict=True)]
+    vs_earlier = [tps(r) / tps(p) for r, p in zip(earlier_runs, lcp, strict=True)]
+    verdict, _ = worst_verdict(pair.target, tokens, lcp[0].tokens, empty_runs + earlier_runs, tie_margin, margins)
+    rounds: dict[str, int] = {}
+    for r in earlier_runs:
+        for m, n in (r.stats["auto"] or {}).get("rounds", {}).items():
+            rounds[m] = rounds.get(m, 0) + n
+    return RelatedRow(
+        prompt=bp.name, category=bp.category, lcp_tps=statistics.median(tps(r) for r in lcp),
+        empty_tps=statistics.median(tps(r) for r in empty_runs),
+        earlier_tps=statistics.median(tps(r) for r in earlier_runs),
+        speedup_empty=statistics.median(vs_empty), speedup_earlier=statistics.median(vs_earlier),
+        speedup_earlier_min=min(vs_earlier), speedup_earlier_max=max(vs_earlier),
+        history_drafted=sum(r.stats["drafted_by"].get(HISTORY.name, 0) for r in earlier_runs),
+        history_accepted=sum(r.stats["accepted_by"].get(HISTORY.name, 0) for r in earlier_runs),
+        rounds={m: n for m, n in rounds.items() if n}, exactness=verdict)
+
 
 def history_costs(store: HistoryStore, contexts: list[list[int]], updates: list[float]) -> dict[str, float]:
     """Lookup time per round (every position of each request's prompt and reply) and update time per request."""
