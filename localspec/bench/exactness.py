@@ -24,6 +24,7 @@ def margin_at(target: Model, prompt: list[int], plain_tokens: list[int], i: int)
     target.reset()
     return float(top2[1] - top2[0])
 
+
 def batch_noise(target: Model, tokens: list[int], n: int = 8) -> float:
     """Largest logit difference between evaluating n tokens one at a time and as one batch.
 
@@ -39,6 +40,7 @@ def batch_noise(target: Model, tokens: list[int], n: int = 8) -> float:
     batch = target.eval(tail, logits="all").copy()
     target.reset()
     return float(np.abs(single - batch).max())
+
 
 def classify(plain: list[int], tokens: list[int], margin: Callable[[int], float],
              tie_margin: float = TIE_MARGIN) -> tuple[str, Optional[dict[str, float]]]:
@@ -57,6 +59,7 @@ def classify(plain: list[int], tokens: list[int], margin: Callable[[int], float]
     m = margin(i)
     info = {"token": float(i), "margin": m}
     return ("tie" if m < tie_margin else "MISMATCH"), info
+
 
 def worst_verdict(target: Model, prompt_tokens: list[int], ref: list[int], group: list[Run], tie_margin: float,
                margins: dict[tuple[int, ...], float]) -> tuple[str, Optional[dict]]:

@@ -22,6 +22,7 @@ class Run:
     stats: dict[str, Any]
     history: bool = True
 
+
 @dataclass
 class Row:
     """One prompt x method x temperature, summarised over repetitions."""
@@ -67,18 +68,26 @@ class Row:
     def label(self) -> str:
         return MethodSpec(self.method, self.k, self.history).label
 
-@dataclass
-class BenchReport:
-    """Everything a bench run measured."""
 
-    rows: list[Row] = field(default_factory=list)
-    profile: dict[str, Any] = field(default_factory=dict)
-    machine: dict[str, Any] = field(default_factory=dict)
+@dataclass
+class Report:
+    """What every bench report has: how it ran, on what machine, and how many runs were not exact."""
+
     settings: dict[str, Any] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
     mismatches: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class BenchReport(Report):
+    """Everything a suite run measured."""
+
+    rows: list[Row] = field(default_factory=list)
+    profile: dict[str, Any] = field(default_factory=dict)
+
 
 @dataclass
 class RelatedRow:
@@ -100,19 +109,15 @@ class RelatedRow:
     rounds: dict[str, int]
     exactness: str  # worst over both localspec rows against llama-cpp-python's plain tokens
 
+
 @dataclass
-class RelatedReport:
+class RelatedReport(Report):
     """What ``run_related`` measured."""
 
     rows: list[RelatedRow] = field(default_factory=list)
     costs: dict[str, float] = field(default_factory=dict)
     store: dict[str, int] = field(default_factory=dict)
-    settings: dict[str, Any] = field(default_factory=dict)
-    machine: dict[str, Any] = field(default_factory=dict)
-    mismatches: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 def tps(run: Run) -> float:
     return float(run.stats["decode_tokens_per_second"])

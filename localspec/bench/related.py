@@ -82,6 +82,7 @@ def run_related(pair: Pair, prompts: Sequence[BenchPrompt], *, reps: int = 3, ma
     report.machine = machine_info(pair, checksums)
     return report
 
+
 def related_row(pair: Pair, bp: BenchPrompt, tokens: list[int], runs: list[list[Run]], tie_margin: float,
                 margins: dict[tuple[int, ...], float]) -> RelatedRow:
     """One request's row from its llama-cpp-python, empty-history and earlier-history runs."""

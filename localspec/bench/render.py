@@ -66,9 +66,11 @@ def render_table(report: BenchReport) -> str:
         out.append(f"\n{report.mismatches} MISMATCH(ES) against plain decoding: this is a bug, please report it.")
     return "\n".join(out)
 
+
 def write_json(report: BenchReport, path: Path) -> None:
     """The whole report as JSON."""
     Path(path).write_text(json.dumps(report.to_dict(), indent=1))
+
 
 def render_related(report: RelatedReport) -> str:
     """The related-requests report as a terminal table."""

@@ -86,8 +86,10 @@ def run_bench(
     report.machine = machine_info(pair, checksums)
     return report
 
+
 def prompt_tokens(pair: Pair, bp: BenchPrompt) -> list[int]:
     return pair.chat_tokens(bp.messages) if bp.messages is not None else pair.tokenize(bp.text or "")
+
 
 def generate(pair: Pair, peers: Optional[PeerRunner], tokens: list[int], spec: MethodSpec, temperature: float,
               seed: int, max_tokens: int, top_p: float) -> tuple[list[int], GenerationStats]:
@@ -100,11 +102,13 @@ def generate(pair: Pair, peers: Optional[PeerRunner], tokens: list[int], spec: M
         max_tokens=max_tokens, method=spec.method, k=spec.k, temperature=temperature, top_p=top_p, seed=seed,
         history=spec.history and (method.adaptive or method is HISTORY)))
 
+
 def fresh_generate(pair: Pair, tokens: list[int], opts: GenerationOptions) -> tuple[list[int], GenerationStats]:
     """Generate from empty caches: every run prefills the whole prompt, so no run inherits another's work."""
     pair.reset()
     r = pair.generate(tokens, opts)
     return r.tokens, r.stats
+
 
 @contextlib.contextmanager
 def scratch_stores(pair: Pair, *names: str) -> Iterator[list[HistoryStore]]:

@@ -23,6 +23,7 @@ class BenchPrompt:
     quick: bool = False
     name: str = ""
 
+
 @dataclass(frozen=True)
 class MethodSpec:
     """A method and its draft length; auto runs with an empty history store unless ``history`` is False."""
@@ -41,6 +42,7 @@ class MethodSpec:
         if method is not None and method.adaptive:
             return method.name if self.history else f"{method.name} -history"
         return self.method if self.k == 0 else f"{self.method} k={self.k}"
+
 
 def load_suite(path: Optional[Path] = None, categories: Sequence[str] = (), quick: bool = False,
                builtin: str = "suite.jsonl") -> list[BenchPrompt]:
@@ -97,9 +99,11 @@ def load_suite(path: Optional[Path] = None, categories: Sequence[str] = (), quic
         raise ConfigError(f"No prompts left in the {source} after filtering by {', '.join(categories) or 'quick'}.")
     return prompts
 
+
 def load_related(path: Optional[Path] = None) -> list[BenchPrompt]:
     """The related-requests workload (run in order), built in or from a JSONL file like a suite."""
     return load_suite(path, builtin="related.jsonl")
+
 
 def default_methods(has_draft: bool, quick: bool, ks: Optional[Mapping[str, Sequence[int]]] = None,
                     auto: bool = True, peers: bool = True, history_check: bool = False) -> list[MethodSpec]:
@@ -117,6 +121,7 @@ def default_methods(has_draft: bool, quick: bool, ks: Optional[Mapping[str, Sequ
     if auto and history_check:
         methods.append(MethodSpec(AUTO.name, AUTO.default_k, history=False))
     return methods + ([MethodSpec(AUTO.name, AUTO.default_k)] if auto else [])
+
 
 def schedule(n_prompts: int, methods: Sequence[MethodSpec], reps: int) -> list[tuple[int, int, MethodSpec]]:
     """(prompt index, repetition, method) in run order: per prompt, repetitions of all methods in turn."""

@@ -70,10 +70,12 @@ def summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], pro
         ))
     return rows
 
+
 def plain_step(plain: list[Run], rep: int) -> float:
     """Seconds per round of localspec's plain run in repetition ``rep`` (one target step)."""
     run = next(r for r in plain if r.rep == rep)
     return float(run.stats["decode_seconds"]) / max(1, run.stats["rounds"])
+
 
 def per_round(seconds: float, rounds: int) -> Optional[float]:
     return 1000 * seconds / rounds if rounds else None
