@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from dataclasses import dataclass
@@ -27,14 +28,14 @@ import numpy as np
 
 from .auto import AcceptanceEstimate, history_estimates
 from .backend import Model, read_vocab
-from .calibration import KMAX, calibrate, choose_threads
+from .calibration import calibrate, choose_threads
 from .compat import check_vocab
 from .costs import CostProfile
 from .drafters import Drafter
 from .engine import Generation, GenerationStats, TokenEvent, check_prompt
 from .errors import ConfigError, ContextOverflowError
 from .history import PROMPT_KEEP, HistoryStore, history_dir
-from .methods import HISTORY, DraftingContext, get_method
+from .methods import AUTO_KMAX, HISTORY, DraftingContext, get_method
 from .options import GenerationOptions, check_k
 
 PathLike = Union[str, os.PathLike]
@@ -210,7 +211,7 @@ class Pair:
         """
         if self._profile is None or refresh:
             self.choose_threads(refresh)
-            self._profile = calibrate(self.target, self.draft, KMAX, refresh=refresh, notify=self.notify)
+            self._profile = calibrate(self.target, self.draft, AUTO_KMAX, refresh=refresh, notify=self.notify)
         return self._profile
 
     def choose_threads(self, refresh: bool = False) -> dict[int, float]:
@@ -361,7 +362,8 @@ class Pair:
         self.choose_threads()  # once per machine (cached); plain decoding runs at the fastest count too
         drafter, k = self.drafter(opts, prompt_text, prompt_tokens)
         g = Generation(self.target, prompt_tokens, drafter=drafter, k=k, params=opts.sampling,
-                       max_tokens=opts.max_tokens, rng=np.random.default_rng(opts.seed), stop=opts.stop)
+                       max_tokens=opts.max_tokens, rng=np.random.default_rng(opts.seed), stop=opts.stop,
+                       method=opts.method)
         store = self.history if opts.history else None
         return Stream(g, prompt_tokens, (lambda done: self._record(store, prompt_tokens, done)) if store else None)
 
@@ -387,12 +389,14 @@ class Pair:
         k = opts.draft_length(self.draft_k)
         if method.build is None or k == 0:
             return None, 0
+        if method.needs_draft and self.draft is None:
+            raise ConfigError(f"Method {method.name!r} needs a draft model; load one (--draft) or use 'lookup'.")
         store = self.history if opts.history else None
         tokens = np.asarray(prompt_tokens, dtype=np.int32)
-        ctx = DraftingContext(
-            opts, k, tokens, lambda: prompt_text if prompt_text is not None else self.target.detokenize(tokens),
-            draft=self.draft, history=store.index if store is not None else None,
-            history_alpha=self.history_alpha, profile=self.calibrate)
+        text = functools.cache(lambda: prompt_text if prompt_text is not None else self.target.detokenize(tokens))
+        ctx = DraftingContext(opts, k, tokens, text, draft=self.draft,
+                              history=store.index if store is not None else None,
+                              history_alpha=self.history_alpha, profile=self.calibrate)
         return method.build(ctx), k
 
 

@@ -30,12 +30,10 @@ import numpy as np
 from .backend import Model
 from .costs import CostProfile, best_k
 from .drafters import EMPTY_DRAFT, AutoChange, AutoReport, Draft, Drafter, ModelDrafter, build_lookup
+from .errors import ConfigError
 from .history import HistoryDrafter, HistoryIndex
-from .methods import AUTO, AUTO_KMAX, DRAFT, HISTORY, LOOKUP, REGISTRY, DraftingContext, Method
-from .methods import PLAIN as PLAIN_METHOD
-from .options import GenerationOptions, SamplingParams
-
-KMAX = AUTO_KMAX
+from .methods import AUTO, AUTO_KMAX, DRAFT, HISTORY, LOOKUP, PLAIN, REGISTRY, DraftingContext, Method
+from .options import GenerationOptions
 
 
 class AcceptanceEstimate:
@@ -94,7 +92,7 @@ def prompt_prior(text: str, prompt_tokens: np.ndarray) -> float:
     return 0.25
 
 
-@dataclass
+@dataclass(frozen=True)
 class Choice:
     """One candidate for a round: a method and K, the speedup it is predicted to give, and on what."""
 
@@ -106,7 +104,7 @@ class Choice:
     draft: Draft = EMPTY_DRAFT  # lookup's or history's guess, made before choosing (free)
 
 
-PLAIN = Choice(1.0, PLAIN_METHOD.name, 0, 0.0)
+PLAIN_CHOICE = Choice(1.0, PLAIN.name, 0, 0.0)
 
 #: History matches are weighed by length band: 2-3, 4-7, 8-15 and 16 or more tokens.
 HISTORY_BANDS = (2, 4, 8, 16)
@@ -187,19 +185,20 @@ class AutoDrafter:
 
     name = AUTO.name
 
-    def __init__(self, profile: CostProfile, candidates: Sequence[Candidate], kmax: int = KMAX,
+    def __init__(self, profile: CostProfile, candidates: Sequence[Candidate], kmax: int = AUTO_KMAX,
                  explore_every: int = 32):
         self.profile = profile
         self.kmax = min(kmax, profile.kmax)
         self.candidates = list(candidates)
         self.models: tuple[Model, ...] = tuple(m for c in self.candidates for m in c.models)
         self.explore_every = explore_every
-        self._report = AutoReport(rounds={m.name: 0 for m in REGISTRY if m.candidate or m is PLAIN_METHOD},
+        self._report = AutoReport(rounds={m.name: 0 for m in REGISTRY if m.candidate or m.name == PLAIN.name},
                                   profile=profile.relative())
         self._pending: Optional[AcceptanceEstimate] = None
         # free guessers' unused first guesses in a plain round, scored against the token that came
         self._shadows: list[tuple[AcceptanceEstimate, int, int]] = []
         self._last_tried = {c.name: 0 for c in self.candidates}
+        self._by_name = {c.name: c for c in self.candidates}
         self._round = 0
         self._last_choice: Optional[tuple[str, int]] = None
 
@@ -216,8 +215,7 @@ class AutoDrafter:
                 shadow_est.update(1, int(context[-1] == shadow_guess))
         self._shadows = []
         kmax = min(k, self.kmax)
-        choices = [PLAIN]
-        by_name = {c.name: c for c in self.candidates}
+        choices = [PLAIN_CHOICE]
         if kmax > 0:
             for c in self.candidates:
                 offer = c.offer(context, kmax, rng)
@@ -227,10 +225,10 @@ class AutoDrafter:
                 most = min(kmax, len(guess.tokens)) if c.free else kmax
                 kk, speed = best_k(self.profile, c.name, est.alpha, most)
                 choices.append(Choice(speed, c.name, kk, est.alpha, est, guess))
-        best = max(choices, key=lambda ch: ch.speed)
+        best = max(choices, key=lambda ch: ch.speed)  # plain on ties: it comes first
         if best.k == 0:  # nothing pays: plain, unless a method is due for a look
-            best = self._explore(choices) or Choice(1.0, PLAIN.method, 0, best.alpha)
-        if best.method == PLAIN.method:
+            best = self._explore(choices) or PLAIN_CHOICE
+        if best.method == PLAIN.name:
             self._pending = None
             for choice in choices:
                 if choice.draft.tokens and choice.estimate is not None:  # the free guessers' guesses
@@ -242,7 +240,7 @@ class AutoDrafter:
         self._pending = best.estimate
         if best.draft.tokens:
             return Draft(best.draft.tokens[: best.k], None, best.method)
-        return by_name[best.method].drafter.propose(context, best.k, rng)
+        return self._by_name[best.method].drafter.propose(context, best.k, rng)
 
     def _explore(self, choices: list[Choice]) -> Optional[Choice]:
         """A cheap K=1 round of a method not tried for a while that could pay if alpha were higher."""
@@ -287,7 +285,7 @@ def lookup_candidate(ctx: DraftingContext, prior: Optional[float] = None) -> Can
         prior = prompt_prior(ctx.prompt_text(), ctx.prompt_tokens)
     # lookup acceptance depends on the n-gram length of the match (1, 2, 3...)
     estimates = {n: AcceptanceEstimate(min(0.95, prior + 0.1 * (n - 1))) for n in range(1, lookup.max_ngram + 1)}
-    return Candidate(LOOKUP, lookup, estimates, key=lambda: lookup.last_match, names=lambda n: f"lookup{n}")
+    return Candidate(LOOKUP, lookup, estimates, key=lambda: lookup.last_match, names=lambda n: f"{LOOKUP.name}{n}")
 
 
 def history_candidate(ctx: DraftingContext) -> Optional[Candidate]:
@@ -299,7 +297,7 @@ def history_candidate(ctx: DraftingContext) -> Optional[Candidate]:
         est.shrink(HISTORY_CARRY_WEIGHT)
     drafter = HistoryDrafter(ctx.history)
     return Candidate(HISTORY, drafter, estimates, key=lambda: history_band(drafter.last_match),
-                     names=lambda band: f"history{HISTORY_BANDS[band]}+")
+                     names=lambda band: f"{HISTORY.name}{HISTORY_BANDS[band]}+")
 
 
 def model_candidate(ctx: DraftingContext) -> Optional[Candidate]:
@@ -307,31 +305,29 @@ def model_candidate(ctx: DraftingContext) -> Optional[Candidate]:
     fed the prompt: on a compute-bound CPU the usual case)."""
     if ctx.draft is None or ctx.profile is None:
         return None
-    if best_k(ctx.profile(), DRAFT.name, 0.98, min(ctx.k, KMAX))[0] == 0:
+    if best_k(ctx.profile(), DRAFT.name, 0.98, ctx.k)[0] == 0:  # best_k stops at the profile's longest K
         return None
     return Candidate(DRAFT, ModelDrafter(ctx.draft, ctx.options.sampling), {0: AcceptanceEstimate(0.6)}, free=False)
 
 
 def build_auto(ctx: DraftingContext) -> AutoDrafter:
     """Method "auto": every registered method with a candidate that can take part in this generation."""
-    assert ctx.profile is not None, "auto needs the machine's cost profile"
+    if ctx.profile is None:
+        raise ConfigError("Method 'auto' needs the machine's cost profile; build it through a Pair, or give one.")
     candidates = [c for m in REGISTRY if m.candidate is not None for c in [m.candidate(ctx)] if c is not None]
     return AutoDrafter(ctx.profile(), candidates, kmax=ctx.k)
 
 
-def auto_drafter(profile: CostProfile, draft_model: Optional[Model], params: SamplingParams,
-                 prompt_text: str, prompt_tokens: np.ndarray, kmax: int = KMAX,
+def auto_drafter(profile: CostProfile, draft_model: Optional[Model], options: GenerationOptions,
+                 prompt_text: str, prompt_tokens: np.ndarray, kmax: int = AUTO_KMAX,
                  history: Optional[HistoryIndex] = None,
-                 history_alpha: Optional[dict[int, AcceptanceEstimate]] = None,
-                 options: Optional[GenerationOptions] = None) -> AutoDrafter:
+                 history_alpha: Optional[dict[int, AcceptanceEstimate]] = None) -> AutoDrafter:
     """An AutoDrafter for one generation outside a ``Pair`` (the replay, tests), built as a pair builds it.
 
     Args:
+        options: the generation's options (sampling, the lookup n-gram range).
         history: the index of earlier generations to draft from (None: no history).
         history_alpha: history's acceptance estimates, kept by the caller across generations.
-        options: the generation's options (sampling, n-gram range); default: greedy with ``params``.
     """
-    opts = (options or GenerationOptions()).replace(temperature=params.temperature, top_k=params.top_k,
-                                                    top_p=params.top_p, min_p=params.min_p)
-    return build_auto(DraftingContext(opts, kmax, prompt_tokens, lambda: prompt_text, draft_model, history,
+    return build_auto(DraftingContext(options, kmax, prompt_tokens, lambda: prompt_text, draft_model, history,
                                       history_alpha, lambda: profile))

@@ -20,10 +20,9 @@ import numpy as np
 from .backend import Model, default_threads, gpu_offload_supported
 from .costs import CostProfile
 from .drafters import PromptLookupDrafter
-from .options import AUTO_KMAX
+from .methods import AUTO_KMAX
 from .paths import cache_dir, write_atomic
 
-KMAX = AUTO_KMAX
 #: Bumped whenever ``measure`` or what it measures changes (3: huge pages for the model buffers),
 #: so profiles measured the old way are measured again.
 CALIBRATION_VERSION = 3
@@ -101,7 +100,7 @@ def _median_time(fn, reps: int) -> float:
     return float(np.median(times))
 
 
-def measure(target: Model, draft: Optional[Model], kmax: int = KMAX, reps: int = 5,
+def measure(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, reps: int = 5,
             context_tokens: int = 256) -> CostProfile:
     """Time verification of 1..kmax+1 tokens on the target and one draft step.
 
@@ -196,7 +195,7 @@ def _store_path(cache_file: Optional[Path]) -> Path:
     return cache_file or cache_dir() / "calibration.json"
 
 
-def calibrate(target: Model, draft: Optional[Model], kmax: int = KMAX, refresh: bool = False,
+def calibrate(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, refresh: bool = False,
               cache_file: Optional[Path] = None, notify: Optional[Callable[[str], None]] = None) -> CostProfile:
     """The cached cost profile for these models and settings, measuring it if needed.
 

@@ -26,8 +26,8 @@ import click
 from .api import Pair, Result, Stream
 from .engine import SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, TokenEvent
 from .errors import ConfigError, LocalspecError
-from .methods import REGISTRY
-from .options import K_LIMIT, GenerationOptions
+from .methods import K_LIMIT, REGISTRY
+from .options import GenerationOptions
 from .paths import home
 
 #: Colour of a token the target chose itself where a draft was rejected, or after a fully kept one.
@@ -46,13 +46,13 @@ SETTERS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "/max-tokens": ("max_tokens", int, "a whole number"),
 }
 
-HELP = f"""\
+HELP = """\
 commands:
   /help                 this list
   /reset                forget the conversation (keeps the system prompt)
   /stats                totals for this session
-  /method NAME          auto, plain, draft, lookup or history
-  /k N                  tokens drafted per round, 0 to {K_LIMIT} (for auto: the most)
+  /method NAME          how to draft: {methods}
+  /k N                  tokens drafted per round, 0 to {k_limit} (for auto: the most)
   /temperature T        0 for greedy, above 0 to sample
   /top-p P              nucleus sampling mass (1: off)
   /max-tokens N         the longest reply
@@ -61,6 +61,12 @@ commands:
 Several lines as one message: paste them (on a terminal), or type \"\"\" on a
 line of its own, then the lines, then \"\"\" again.
 Ctrl-C stops a reply; the conversation keeps what was shown."""
+
+
+def help_text() -> str:
+    """The /help text, with the drafting methods registered now."""
+    methods = "; ".join(f"{m.name} ({m.label})" for m in REGISTRY)
+    return HELP.format(methods=methods, k_limit=K_LIMIT)
 
 
 @dataclass
@@ -107,7 +113,7 @@ class ChatSession:
         if name in ("/exit", "/quit"):
             return "", True
         if name == "/help":
-            return HELP, False
+            return help_text(), False
         if name == "/reset":
             self.reset()
             return "conversation cleared", False

@@ -25,8 +25,8 @@ import click
 
 from . import __version__
 from .errors import LocalspecError
-from .methods import DRAFT, LOOKUP, REGISTRY
-from .options import K_LIMIT, GenerationOptions
+from .methods import DRAFT, K_LIMIT, LOOKUP, REGISTRY
+from .options import GenerationOptions
 
 if TYPE_CHECKING:
     from .api import Pair
@@ -502,7 +502,7 @@ def _profile_table(profile: CostProfile, has_draft: bool, alphas: tuple[float, .
     if has_draft:
         lines.append(f"  draft step / target step: {rel['draft_step']:.2f}")
     lines.append("  predicted speedup over plain (best K) at per-token acceptance alpha:")
-    methods = [m.name for m in REGISTRY if m.bench_k and (has_draft or not m.needs_draft)]
+    methods = [m.name for m in REGISTRY if m.candidate and (has_draft or not m.needs_draft)]
     lines.append("    alpha  " + "  ".join(f"{m:>14}" for m in methods))
     for a in alphas:
         cells = []

@@ -232,7 +232,7 @@ def build_lookup(ctx: DraftingContext) -> PromptLookupDrafter:
 
 
 def build_model_drafter(ctx: DraftingContext) -> ModelDrafter:
-    """Method "draft": the pair's draft model, sampling as the target does."""
+    """Method "draft": the pair's draft model, sampling as the target does (``Pair`` checks there is one)."""
     if ctx.draft is None:
         raise ConfigError("Method 'draft' needs a draft model; load one (--draft) or use 'lookup'.")
     return ModelDrafter(ctx.draft, ctx.options.sampling)

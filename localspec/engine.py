@@ -276,6 +276,7 @@ class Generation:
         max_tokens: most tokens to generate.
         rng: source of randomness for sampling (default: a fresh unseeded one).
         stop: strings that end the generation (the text stops before the first one).
+        method: the registered method the drafter stands for, named in the stats (default: the drafter's name).
 
     Raises:
         ContextOverflowError: the prompt leaves no room in the context.
@@ -293,6 +294,7 @@ class Generation:
         max_tokens: int = 256,
         rng: Optional[np.random.Generator] = None,
         stop: Sequence[str] = (),
+        method: Optional[str] = None,
     ):
         if max_tokens < 1:
             raise ConfigError(f"max_tokens must be at least 1, got {max_tokens}.")
@@ -307,7 +309,7 @@ class Generation:
         self.params = params or SamplingParams()
         self.max_tokens = max_tokens
         self.rng = rng or np.random.default_rng()
-        self.stats = GenerationStats(method=drafter.name if drafter else PLAIN.name, k=k,
+        self.stats = GenerationStats(method=(method or drafter.name) if drafter else PLAIN.name, k=k,
                                      proposed_at=[0] * k, accepted_at=[0] * k)
         #: "stop" (end-of-generation token), "length" (max_tokens or context full), "interrupted"
         #: (closed early or failed), or None while running.

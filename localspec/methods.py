@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 #: The most tokens drafted per round that auto considers (and calibrates for).
 AUTO_KMAX = 8
+#: Bounds of the draft length everywhere (API, CLI, chat, bench, models.toml, a method's default).
+K_LIMIT = 16
 
 
 def plain_cost(profile: CostProfile, k: int) -> float:
@@ -57,7 +59,7 @@ class DraftingContext:
         options: the generation's options (sampling, n-gram range...).
         k: the draft length for this generation (the most, for auto).
         prompt_tokens: the prompt's token ids.
-        prompt_text: the prompt as text, computed on first use (auto reads it for its priors).
+        prompt_text: the prompt as text, computed when asked for (auto reads it for its priors).
         draft: the draft model, if the pair has one.
         history: the history index to draft from (None: history is off for this call).
         history_alpha: auto's estimates of history's acceptance, kept by the pair across generations.
@@ -100,22 +102,29 @@ class Method:
             method cannot take part this time; absent for methods auto does not choose.
         colour: the colour of its accepted tokens in ``localspec chat --show-drafts``.
         needs_draft: it runs the draft model, so a pair without one cannot use it.
+        uses_history: it drafts from the history store (so a run of it may record into one).
         bench_k: the draft lengths ``localspec bench`` measures it at (empty: no row of its own);
-            ``bench_k_quick`` for ``--quick``.
+            ``bench_k_quick`` for ``--quick`` (default: ``bench_k``).
         adaptive: it chooses among other methods each round (auto), so its rounds are the others'.
     """
 
     name: str
     label: str
     default_k: int
-    round_cost: Callable[[CostProfile, int], float] = plain_cost
+    round_cost: Callable[[CostProfile, int], float]
     build: Optional[Callable[[DraftingContext], Any]] = None
     candidate: Optional[Callable[[DraftingContext], Any]] = None
     colour: Optional[str] = None
     needs_draft: bool = False
+    uses_history: bool = False
     bench_k: tuple[int, ...] = ()
     bench_k_quick: tuple[int, ...] = ()
     adaptive: bool = False
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.default_k, int) and 0 <= self.default_k <= K_LIMIT):
+            raise ConfigError(f"Method {self.name!r}: the default draft length must be a whole number from 0 to "
+                              f"{K_LIMIT}, got {self.default_k!r}.")
 
 
 @dataclass
@@ -157,14 +166,15 @@ class Registry:
         return iter(list(self.methods.values()))
 
 
-AUTO = Method("auto", "auto: lookup, history, the draft model or plain, and K, chosen each round", AUTO_KMAX,
-              build=lazy("localspec.auto", "build_auto"), adaptive=True)
-PLAIN = Method("plain", "plain decoding", 0)
+AUTO = Method("auto", "lookup, history, the draft model or plain, and K, chosen each round", AUTO_KMAX,
+              plain_cost,  # never charged itself: each of its rounds costs what the method it chose costs
+              build=lazy("localspec.auto", "build_auto"), uses_history=True, adaptive=True)
+PLAIN = Method("plain", "plain decoding", 0, plain_cost)
 LOOKUP = Method("lookup", "prompt lookup", 8, search_cost, build=lazy("localspec.drafters", "build_lookup"),
                 candidate=lazy("localspec.auto", "lookup_candidate"), colour="cyan", bench_k=(2, 4, 8),
                 bench_k_quick=(2, 4))
 HISTORY = Method("history", "earlier generations", 8, search_cost, build=lazy("localspec.history", "build_history"),
-                 candidate=lazy("localspec.auto", "history_candidate"), colour="blue")
+                 candidate=lazy("localspec.auto", "history_candidate"), colour="blue", uses_history=True)
 DRAFT = Method("draft", "the draft model", 4, model_cost, build=lazy("localspec.drafters", "build_model_drafter"),
                candidate=lazy("localspec.auto", "model_candidate"), colour="green", needs_draft=True,
                bench_k=(1, 2, 4, 8), bench_k_quick=(1, 2))

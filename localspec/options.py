@@ -19,10 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .errors import ConfigError, SamplingError
-from .methods import AUTO, AUTO_KMAX, REGISTRY
+from .methods import AUTO, AUTO_KMAX, K_LIMIT, REGISTRY
 
-#: Bounds of the draft length everywhere (API, CLI, chat, bench, models.toml).
-K_LIMIT = 16
 #: The n-gram lengths prompt lookup matches, (shortest, longest): a long match pins a copy to its place in the
 #: source, so the first of several occurrences of a short phrase does not send the draft elsewhere.
 LOOKUP_NGRAM = (1, 5)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .errors import RegistryError
-from .options import K_LIMIT
+from .methods import K_LIMIT
 from .paths import home, write_atomic
 
 if sys.version_info >= (3, 11):

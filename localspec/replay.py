@@ -21,7 +21,7 @@ from .costs import CostProfile, round_cost
 from .drafters import PromptLookupDrafter
 from .history import PROMPT_KEEP, HistoryDrafter, HistoryIndex
 from .methods import PLAIN
-from .options import SamplingParams
+from .options import GenerationOptions
 
 
 @dataclass
@@ -57,7 +57,7 @@ def replay_auto(profile: CostProfile, requests: list[Recorded], shared_history: 
         if not shared_history:
             index, estimates = HistoryIndex(), history_estimates()
         prompt, reply = req.prompt, req.reply
-        auto = auto_drafter(profile, None, SamplingParams(), req.text, np.asarray(prompt), history=index,
+        auto = auto_drafter(profile, None, GenerationOptions(), req.text, np.asarray(prompt), history=index,
                             history_alpha=estimates)
         context, done, cost = list(prompt), 0, 0.0
         while done < len(reply):
@@ -78,7 +78,7 @@ def bound(profile: CostProfile, requests: list[Recorded]) -> list[float]:
     """The best any policy could do with these lookup and history drafts (with the earlier requests' history)."""
     index, out = HistoryIndex(), []
     rng = np.random.default_rng(0)
-    v, kmax = profile.verify, profile.kmax
+    step, kmax = profile.verify[0], profile.kmax
     for req in requests:
         prompt, reply = req.prompt, req.reply
         n, full = len(reply), prompt + reply
@@ -86,12 +86,12 @@ def bound(profile: CostProfile, requests: list[Recorded]) -> list[float]:
         best = [0.0] * (n + 1)  # best[i]: least cost to produce reply[i:]
         for i in range(n - 1, -1, -1):
             context = np.asarray(full[: len(prompt) + i], dtype=np.int32)
-            cost = v[0] + best[i + 1]
+            cost = step + best[i + 1]
             for draft in (lookup.propose(context, kmax, rng), history.propose(context, kmax, rng)):
                 kept = kept_prefix(draft.tokens, reply[i:])
                 for k in range(1, len(draft.tokens) + 1):  # any shorter draft of the same guess
-                    cost = min(cost, v[k] + best[i + min(min(kept, k) + 1, n - i)])
+                    cost = min(cost, round_cost(profile, draft.by, k) + best[i + min(min(kept, k) + 1, n - i)])
             best[i] = cost
-        out.append(n * v[0] / best[0])
+        out.append(n * step / best[0])
         index.add(np.asarray(prompt[-PROMPT_KEEP:] + reply, dtype=np.int32))
     return out

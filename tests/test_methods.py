@@ -72,7 +72,7 @@ def test_a_registered_drafter_runs_through_generate_auto_stats_bench_and_chat(to
 
 def test_an_unknown_or_duplicate_method_is_one_sentence(toy):
     with pytest.raises(ConfigError, match="already registered"):
-        register(Method("toy", "again", 1))
+        register(Method("toy", "again", 1, search_cost))
     with pytest.raises(ConfigError, match=r"Unknown method 'nope'; choose one of auto, plain, lookup, history, "
                                           r"draft, toy\."):
         GenerationOptions(method="nope")
@@ -84,3 +84,17 @@ def test_methods_that_cannot_run_say_why(tiny_dir):
             single.generate("hi", method="draft")
         with pytest.raises(ConfigError, match="needs the history store"):
             single.generate("hi", method="history")
+
+
+def test_a_registered_method_is_checked_and_its_needs_are_enforced(tiny_dir):
+    with pytest.raises(ConfigError, match="default draft length must be a whole number from 0 to 16"):
+        Method("big", "too long", 40, search_cost)
+    register(Method("needy", "a draft-model variant", 2, search_cost, build=lambda ctx: RepeatDrafter(),
+                    needs_draft=True, bench_k=(3,)))
+    try:
+        with localspec.load(tiny_dir / "target.gguf", n_ctx=256, history=False) as single:
+            with pytest.raises(ConfigError, match="Method 'needy' needs a draft model"):
+                single.generate("hi", method="needy")
+        assert [m.label for m in default_methods(True, quick=True, peers=False, auto=False)][-1] == "needy k=3"
+    finally:
+        REGISTRY.unregister("needy")

@@ -11,7 +11,7 @@ from ..api import Pair
 from ..engine import GenerationStats
 from ..errors import ConfigError
 from ..history import HistoryStore
-from ..methods import HISTORY, PLAIN, REGISTRY
+from ..methods import PLAIN, REGISTRY
 from ..options import GenerationOptions
 from .exactness import TIE_MARGIN, batch_noise
 from .machine import machine_info
@@ -100,7 +100,7 @@ def generate(pair: Pair, peers: Optional[PeerRunner], tokens: list[int], spec: M
     method = REGISTRY.get(spec.method)
     return fresh_generate(pair, tokens, GenerationOptions(
         max_tokens=max_tokens, method=spec.method, k=spec.k, temperature=temperature, top_p=top_p, seed=seed,
-        history=spec.history and (method.adaptive or method is HISTORY)))
+        history=spec.history and method.uses_history))
 
 
 def fresh_generate(pair: Pair, tokens: list[int], opts: GenerationOptions) -> tuple[list[int], GenerationStats]:

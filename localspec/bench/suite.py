@@ -116,7 +116,7 @@ def default_methods(has_draft: bool, quick: bool, ks: Optional[Mapping[str, Sequ
         methods += [MethodSpec(PEER_PLAIN), MethodSpec(PEER_LOOKUP, 2), MethodSpec(PEER_LOOKUP, 10)]
     for m in REGISTRY:  # every method with bench rows of its own, at its draft lengths
         if m.bench_k and (has_draft or not m.needs_draft):
-            chosen = (ks or {}).get(m.name) or (m.bench_k_quick if quick else m.bench_k)
+            chosen = (ks or {}).get(m.name) or (m.bench_k_quick or m.bench_k if quick else m.bench_k)
             methods += [MethodSpec(m.name, k) for k in chosen]
     if auto and history_check:
         methods.append(MethodSpec(AUTO.name, AUTO.default_k, history=False))
