@@ -30,7 +30,7 @@ from .auto import AcceptanceEstimate, history_estimates
 from .backend import Model, read_vocab
 from .calibration import calibrate, choose_threads
 from .compat import check_vocab
-from .costs import CostProfile
+from .costs import CostCorrection, CostProfile
 from .drafters import Drafter
 from .engine import Generation, GenerationStats, TokenEvent, check_prompt
 from .errors import ConfigError, ContextOverflowError
@@ -162,6 +162,8 @@ class Pair:
         self.draft_k = None if draft_k is None else check_k(draft_k, "The suggested draft length k")
         self.notify = notify or _stderr
         self._profile: Optional[CostProfile] = None
+        #: What real rounds have shown about the cost profile (auto decides by both), kept across generations.
+        self.cost_correction = CostCorrection()
         self._sweep: dict[int, float] = {}  # seconds per step by thread count, once measured
         self._history = history
         #: What auto has learned about history's guesses (acceptance by match band), kept across generations.
@@ -212,6 +214,8 @@ class Pair:
         if self._profile is None or refresh:
             self.choose_threads(refresh)
             self._profile = calibrate(self.target, self.draft, AUTO_KMAX, refresh=refresh, notify=self.notify)
+            if refresh:  # a new measurement: what rounds showed about the old one no longer applies
+                self.cost_correction = CostCorrection()
         return self._profile
 
     def choose_threads(self, refresh: bool = False) -> dict[int, float]:
@@ -234,9 +238,11 @@ class Pair:
     def set_profile(self, profile: Optional[CostProfile]) -> None:
         """Use this cost profile for auto mode instead of measuring (e.g. to simulate a GPU).
 
-        None forgets it: the next auto generation uses the calibration again.
+        None forgets it: the next auto generation uses the calibration again. Either way, what
+        real rounds showed about the old profile is forgotten.
         """
         self._profile = profile
+        self.cost_correction = CostCorrection()
 
     def close(self) -> None:
         """Free both models."""
@@ -396,7 +402,8 @@ class Pair:
         text = functools.cache(lambda: prompt_text if prompt_text is not None else self.target.detokenize(tokens))
         ctx = DraftingContext(opts, k, tokens, text, draft=self.draft,
                               history=store.index if store is not None else None,
-                              history_alpha=self.history_alpha, profile=self.calibrate)
+                              history_alpha=self.history_alpha, profile=self.calibrate,
+                              correction=self.cost_correction)
         return method.build(ctx), k
 
 

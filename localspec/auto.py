@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from .backend import Model
-from .costs import CostProfile, best_k
+from .costs import CostCorrection, CostProfile, RoundTiming, best_k
 from .drafters import EMPTY_DRAFT, AutoChange, AutoReport, Draft, Drafter, ModelDrafter, build_lookup
 from .errors import ConfigError
 from .history import HistoryDrafter, HistoryIndex
@@ -106,6 +106,10 @@ class Choice:
 
 PLAIN_CHOICE = Choice(1.0, PLAIN.name, 0, 0.0)
 
+#: Rounds of two tokens that must have been timed before the profile's cost for them is taken on trust:
+#: until then auto explores drafting now and then even where the profile says it cannot pay.
+COST_EVIDENCE = 3
+
 #: History matches are weighed by length band: 2-3, 4-7, 8-15 and 16 or more tokens.
 HISTORY_BANDS = (2, 4, 8, 16)
 #: Prior acceptance per band: a long match in earlier output is usually followed the same way. The priors
@@ -181,13 +185,18 @@ class AutoDrafter:
         kmax: the longest draft considered.
         explore_every: at most one exploratory round per this many rounds,
             to re-check a method the estimates have ruled out.
+        correction: real rounds' costs, folded into ``profile`` as they come (see ``costs.CostCorrection``);
+            shared with the caller, who may keep it for the next generation. None: the profile as it is.
     """
 
     name = AUTO.name
 
     def __init__(self, profile: CostProfile, candidates: Sequence[Candidate], kmax: int = AUTO_KMAX,
-                 explore_every: int = 32):
-        self.profile = profile
+                 explore_every: int = 32, correction: Optional[CostCorrection] = None):
+        self.base_profile = profile
+        self.correction = correction
+        #: The costs decided by: the profile, corrected by what real rounds cost.
+        self.profile = correction.apply(profile) if correction is not None else profile
         self.kmax = min(kmax, profile.kmax)
         self.candidates = list(candidates)
         self.models: tuple[Model, ...] = tuple(m for c in self.candidates for m in c.models)
@@ -243,13 +252,21 @@ class AutoDrafter:
         return self._by_name[best.method].drafter.propose(context, best.k, rng)
 
     def _explore(self, choices: list[Choice]) -> Optional[Choice]:
-        """A cheap K=1 round of a method not tried for a while that could pay if alpha were higher."""
+        """A cheap K=1 round of a method not tried for a while that could pay if alpha were higher,
+        or if verifying two tokens has not really been timed yet (the profile may overstate it)."""
+        untimed = self.correction is not None and self.correction.evidence(2) < COST_EVIDENCE
         for c in choices[1:]:
             stale = self._round - self._last_tried[c.method] >= self.explore_every
-            optimistic = best_k(self.profile, c.method, min(0.98, c.alpha + 0.25), 1)[1] > 1.0
+            optimistic = untimed or best_k(self.profile, c.method, min(0.98, c.alpha + 0.25), 1)[1] > 1.0
             if stale and optimistic:
                 return Choice(c.speed, c.method, 1, c.alpha, c.estimate, c.draft)
         return None
+
+    def observe_timing(self, timing: RoundTiming) -> None:
+        """A round's real cost: fold it into the profile decided by."""
+        if self.correction is not None:
+            self.correction.observe(timing)
+            self.profile = self.correction.apply(self.base_profile)
 
     def observe(self, drafted: int, kept: int) -> None:
         """Feedback after verification: update the estimate of the method just used."""
@@ -261,6 +278,7 @@ class AutoDrafter:
         for c in self.candidates:
             c.drafter.settle(context)
         self._report.alpha = {name: a for c in self.candidates for name, a in c.alphas().items()}
+        self._report.profile = self.profile.relative()
 
     def report(self) -> AutoReport:
         """Rounds per method, the choices made and the estimates behind them."""
@@ -305,9 +323,16 @@ def model_candidate(ctx: DraftingContext) -> Optional[Candidate]:
     fed the prompt: on a compute-bound CPU the usual case)."""
     if ctx.draft is None or ctx.profile is None:
         return None
-    if best_k(ctx.profile(), DRAFT.name, 0.98, ctx.k)[0] == 0:  # best_k stops at the profile's longest K
+    if best_k(_decided_profile(ctx), DRAFT.name, 0.98, ctx.k)[0] == 0:  # best_k stops at the profile's longest K
         return None
     return Candidate(DRAFT, ModelDrafter(ctx.draft, ctx.options.sampling), {0: AcceptanceEstimate(0.6)}, free=False)
+
+
+def _decided_profile(ctx: DraftingContext) -> CostProfile:
+    """The pair's profile, corrected by the rounds it has timed."""
+    assert ctx.profile is not None
+    profile = ctx.profile()
+    return ctx.correction.apply(profile) if ctx.correction is not None else profile
 
 
 def build_auto(ctx: DraftingContext) -> AutoDrafter:
@@ -315,7 +340,7 @@ def build_auto(ctx: DraftingContext) -> AutoDrafter:
     if ctx.profile is None:
         raise ConfigError("Method 'auto' needs the machine's cost profile; build it through a Pair, or give one.")
     candidates = [c for m in REGISTRY if m.candidate is not None for c in [m.candidate(ctx)] if c is not None]
-    return AutoDrafter(ctx.profile(), candidates, kmax=ctx.k)
+    return AutoDrafter(ctx.profile(), candidates, kmax=ctx.k, correction=ctx.correction)
 
 
 def auto_drafter(profile: CostProfile, draft_model: Optional[Model], options: GenerationOptions,

@@ -14,7 +14,7 @@ model and no copies:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .methods import REGISTRY
@@ -50,6 +50,7 @@ class CostProfile:
         if n <= len(v):
             return v[n - 1]
         return v[-1] + (n - len(v)) * (v[-1] - v[-2] if len(v) > 1 else v[-1])
+
     def relative(self) -> dict[str, object]:
         """Costs relative to one target step (what decides everything)."""
         v1 = self.verify[0]
@@ -60,6 +61,86 @@ class CostProfile:
                   name: str = "synthetic") -> CostProfile:
         """A profile from ratios to one target step, e.g. a GPU-like flat verify curve."""
         return cls([r * step for r in verify_ratios], draft_ratio * step, 2e-5, name)
+
+
+@dataclass
+class RoundTiming:
+    """What one round really cost: the target's time to verify n tokens, and the draft model's steps."""
+
+    n: int
+    verify_seconds: float
+    draft_steps: int = 0
+    draft_seconds: float = 0.0
+
+
+@dataclass
+class CostCorrection:
+    """What real rounds have shown about a cost profile, kept as evidence and applied to it.
+
+    A calibration can be wrong (taken while the machine was busy, or before it
+    changed): every round's real cost corrects it. For each batch size n the
+    ratio of the observed times to the profile's is averaged with the ratio the
+    smaller n suggest, which counts as ``prior_weight`` rounds. An n never observed
+    is scaled by the ratio (observed over profile) interpolated between the
+    observed n around it, taking 1 at n = 1 until single steps are observed
+    and the last observed ratio beyond the largest: so one dear round of 9
+    tokens makes every long draft dear, not every step. Old evidence fades by
+    ``decay`` per observation of the same n, so the correction follows a
+    machine whose load changes. The draft step is corrected the same way.
+
+    Args:
+        prior_weight: how many rounds the profile's own figure counts for.
+        decay: how much an observation's weight fades at each later one of the same n.
+    """
+
+    prior_weight: float = 2.0
+    decay: float = 0.98
+    _sums: dict[int, float] = field(default_factory=dict)
+    _counts: dict[int, float] = field(default_factory=dict)
+    _draft: list[float] = field(default_factory=lambda: [0.0, 0.0])  # seconds, steps
+
+    def observe(self, timing: RoundTiming) -> None:
+        """Add one round's real costs."""
+        n = timing.n
+        self._sums[n] = self._sums.get(n, 0.0) * self.decay + timing.verify_seconds
+        self._counts[n] = self._counts.get(n, 0.0) * self.decay + 1.0
+        if timing.draft_steps:
+            self._draft[0] = self._draft[0] * self.decay + timing.draft_seconds
+            self._draft[1] = self._draft[1] * self.decay + timing.draft_steps
+
+    def evidence(self, n: int) -> float:
+        """How many (faded) rounds of n tokens have been observed."""
+        return self._counts.get(n, 0.0)
+
+    def apply(self, profile: CostProfile) -> CostProfile:
+        """``profile`` with the evidence folded in (the profile itself when there is none)."""
+        if not self._counts and not self._draft[1]:
+            return profile
+        w = self.prior_weight
+        ratios: dict[int, float] = {}  # observed over the profile's, by n
+        for n in sorted(m for m in self._counts if m <= len(profile.verify)):
+            # Shrunk toward what the smaller n already say (1, the profile, before any), not toward the
+            # profile itself: one cheap round of n tokens then moves n as far as its neighbours did.
+            prior = _interpolated(ratios, n)
+            ratios[n] = (self._sums[n] / profile.verify_seconds(n) + w * prior) / (self._counts[n] + w)
+        verify = [v * _interpolated(ratios, n) for n, v in enumerate(profile.verify, start=1)]
+        for i in range(1, len(verify)):  # verifying more tokens never costs less
+            verify[i] = max(verify[i], verify[i - 1])
+        seconds, steps = self._draft
+        draft_step = (seconds + w * profile.draft_step) / (steps + w) if steps else profile.draft_step
+        return CostProfile(verify, draft_step, profile.lookup, f"{profile.source}, corrected")
+
+
+def _interpolated(ratios: dict[int, float], n: int) -> float:
+    """The ratio at n: observed, else linear between the observed n around it (1 at n = 1), else the last one."""
+    if n in ratios:
+        return ratios[n]
+    below = max((m for m in ratios if m < n), default=None)
+    above = min((m for m in ratios if m > n), default=None)
+    lo_n, lo = (below, ratios[below]) if below is not None else (1, 1.0)
+    if above is None:
+        return lo
+    return lo + (n - lo_n) / (above - lo_n) * (ratios[above] - lo)
 
 
 def expected_tokens(alpha: float, k: int) -> float:

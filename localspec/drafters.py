@@ -91,7 +91,11 @@ class Drafter(Protocol):
         ...
 
     def observe(self, drafted: int, kept: int) -> None:
-        """Feedback after each verified round (used by adaptive drafters)."""
+        """Feedback after each verified round (used by adaptive drafters).
+
+        A drafter may also define ``observe_timing(timing: costs.RoundTiming)``: the engine then
+        tells it what each round really cost (auto corrects its cost profile with it).
+        """
         ...
 
     def report(self) -> Optional[AutoReport]:

@@ -28,6 +28,7 @@ import numpy as np
 
 from .acceptance import ProbRows, accept_greedy, accept_sampled, probabilities, sample
 from .backend import Detokenizer, Model
+from .costs import RoundTiming
 from .drafters import EMPTY_DRAFT, AutoReport, Draft, Drafter
 from .errors import ConfigError, ContextOverflowError, GenerationCancelled, InterleavedGenerationError
 from .methods import PLAIN, REGISTRY
@@ -205,15 +206,20 @@ def speculative_round(
         k: the most tokens to draft.
     """
     n = len(context)
+    helpers = drafter.models if drafter is not None else ()
+    drafting_started = sum(m.busy_seconds for m in helpers)
     # 1. draft
     draft = drafter.propose(context, k, rng) if drafter is not None and k > 0 else EMPTY_DRAFT
+    drafting = sum(m.busy_seconds for m in helpers) - drafting_started
     # A padded draft vocabulary can propose an id the target lacks: it is verified as a
     # certain rejection (p = 0) and nothing after it can be kept, so the draft ends there.
     known = next((i for i, t in enumerate(draft.tokens) if t >= target.n_vocab), len(draft.tokens))
     if known < len(draft.tokens):
         draft = Draft(draft.tokens[: known + 1], None if draft.probs is None else draft.probs[: known + 1], draft.by)
     # 2. verify: row i is the target's prediction after context + draft[:i].
+    verify_started = target.busy_seconds
     rows = target.eval([int(context[-1])] + draft.tokens[:known], logits="all")
+    verifying = target.busy_seconds - verify_started
     # 3. accept: a rejection at the unknown id resamples from the residual, never from p.
     if params.greedy:
         kept, nxt = accept_greedy(draft.tokens, rows)
@@ -223,6 +229,10 @@ def speculative_round(
     target.truncate(n + kept)
     if drafter is not None:
         drafter.observe(len(draft.tokens), kept)  # adaptive drafters learn from the outcome
+        observe_timing = getattr(drafter, "observe_timing", None)  # and, if they want them, from the costs
+        if observe_timing is not None:
+            steps = len(draft.tokens) if getattr(REGISTRY.find(draft.by), "needs_draft", False) else 0
+            observe_timing(RoundTiming(known + 1, verifying, steps, drafting))
     return Round(draft, kept, nxt)
 
 

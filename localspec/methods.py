@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from .backend import Model
-    from .costs import CostProfile
+    from .costs import CostCorrection, CostProfile
     from .history import HistoryIndex
     from .options import GenerationOptions
 
@@ -64,6 +64,7 @@ class DraftingContext:
         history: the history index to draft from (None: history is off for this call).
         history_alpha: auto's estimates of history's acceptance, kept by the pair across generations.
         profile: the machine's cost profile, measured on first use (what auto decides by).
+        correction: what real rounds have shown about that profile, kept by the pair across generations.
     """
 
     options: GenerationOptions
@@ -74,6 +75,7 @@ class DraftingContext:
     history: Optional[HistoryIndex] = None
     history_alpha: Optional[dict[Any, Any]] = None
     profile: Optional[Callable[[], CostProfile]] = None
+    correction: Optional[CostCorrection] = None
 
 
 def lazy(module: str, attr: str) -> Callable[..., Any]:

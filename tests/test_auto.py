@@ -242,3 +242,65 @@ def test_history_estimates_carry_over_to_the_next_generation_but_yield_to_new_ev
     est[3].update(3, 0)
     est[3].update(3, 0)
     assert est[3].alpha < 0.7  # ...and two wasted rounds on an unrelated request bring it down (0.88 unshrunk)
+
+
+LINEAR = CostProfile.synthetic([float(n + 1) for n in range(9)], 0.5, name="linear")  # verify(n) = n steps
+FLAT = CostProfile.synthetic([1.0 + 0.02 * n for n in range(9)], 0.1, name="flat")  # verify(n) ~ one step
+
+
+def _timed_replay(auto, machine: CostProfile, context, frac: float, rounds: int):
+    """Rounds where each draft keeps ``frac`` of its tokens and costs what ``machine`` says; (method, k) each."""
+    from localspec.costs import RoundTiming
+
+    rng = np.random.default_rng(0)
+    chosen = []
+    for _ in range(rounds):
+        draft = auto.propose(context, 8, rng)
+        n = len(draft.tokens)
+        auto.observe(n, int(round(frac * n)))
+        auto.observe_timing(RoundTiming(n + 1, machine.verify_seconds(n + 1)))
+        chosen.append((draft.by or "plain", n))
+    return chosen
+
+
+def _corrected_auto(profile):
+    from localspec.costs import CostCorrection
+
+    ctx = DraftingContext(GenerationOptions(), 8, np.zeros(0, dtype=np.int32), lambda: "", profile=lambda: profile,
+                          correction=CostCorrection())
+    return AutoDrafter(profile, [lookup_candidate(ctx, prior=0.6)], kmax=8, correction=ctx.correction)
+
+
+CONTEXT = np.array(([5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 6)[:-3], dtype=np.int32)  # lookup always matches
+
+
+def test_a_profile_that_says_drafting_is_cheap_is_corrected_on_a_machine_where_it_is_not():
+    # Uncorrected, auto believes the flat profile and drafts all along, losing on the linear machine.
+    rounds = _timed_replay(AutoDrafter(FLAT, _corrected_auto(FLAT).candidates, kmax=8), LINEAR, CONTEXT, 0.5, 120)
+    assert sum(m == "lookup" for m, _ in rounds[-60:]) > 50
+    auto = _corrected_auto(FLAT)
+    rounds = _timed_replay(auto, LINEAR, CONTEXT, 0.5, 120)
+    first_plain = next(i for i, (m, _) in enumerate(rounds) if m == "plain")
+    assert first_plain <= 10  # a handful of dear rounds are enough
+    assert sum(m != "plain" for m, _ in rounds[30:]) <= 4  # then plain, but for a rare K=1 look
+    assert auto.profile.verify[4] / auto.profile.verify[0] > 3  # the profile decided by is near the machine's
+
+
+def test_a_profile_that_says_drafting_is_dear_is_corrected_on_a_machine_where_it_pays():
+    auto = _corrected_auto(LINEAR)
+    rounds = _timed_replay(auto, FLAT, CONTEXT, 1.0, 160)
+    assert rounds[0] == ("plain", 0)  # the profile says nothing can pay
+    assert all(m == "lookup" and k >= 4 for m, k in rounds[-40:])  # until real rounds show otherwise
+    first_lookup = next(i for i, (m, _) in enumerate(rounds) if m == "lookup")
+    assert first_lookup <= 40  # an exploratory round, at most one per explore_every = 32
+
+
+def test_the_correction_is_kept_by_the_pair_across_generations_and_forgotten_with_its_profile(make_pair):
+    pair = make_pair(FLAT)
+    pair.generate(PROMPTS[1], max_tokens=40, method="auto")
+    seen = pair.cost_correction.evidence(1) + sum(pair.cost_correction.evidence(n) for n in range(2, 10))
+    assert seen > 0  # the generation's rounds were timed
+    pair.generate(PROMPTS[1], max_tokens=40, method="auto")
+    assert pair.cost_correction.evidence(1) + sum(pair.cost_correction.evidence(n) for n in range(2, 10)) > seen
+    pair.set_profile(LINEAR)
+    assert pair.cost_correction.evidence(1) == 0
