@@ -28,7 +28,7 @@ import numpy as np
 
 from .auto import AcceptanceEstimate, history_estimates
 from .backend import Model, read_vocab
-from .calibration import calibrate, choose_threads
+from .calibration import ThreadChoice, calibrate, choose_threads
 from .compat import check_vocab
 from .costs import CostCorrection, CostProfile
 from .drafters import Drafter
@@ -164,7 +164,8 @@ class Pair:
         self._profile: Optional[CostProfile] = None
         #: What real rounds have shown about the cost profile (auto decides by both), kept across generations.
         self.cost_correction = CostCorrection()
-        self._sweep: dict[int, float] = {}  # seconds per step by thread count, once measured
+        #: The measured thread counts and their sweeps (None until measured, or when the caller set the counts).
+        self.thread_choice: Optional[ThreadChoice] = None
         self._history = history
         #: What auto has learned about history's guesses (acceptance by match band), kept across generations.
         self.history_alpha = history_estimates()
@@ -219,21 +220,24 @@ class Pair:
         return self._profile
 
     def choose_threads(self, refresh: bool = False) -> dict[int, float]:
-        """Switch both models to the fastest measured thread count, unless the caller set one.
+        """Switch both models to the fastest measured thread counts (steps and batches), unless the caller set them.
+
+        Measured once per machine (cached; see ``calibration.choose_threads``); ``thread_choice`` then
+        holds both sweeps. A batch count the caller gave is kept.
 
         Returns:
             seconds per target step at each thread count tried (empty when the caller chose).
         """
         if not self.target.threads_unset:
             return {}
-        if self._sweep and not refresh:
-            return self._sweep
-        best, sweep = choose_threads(self.target, refresh, notify=self.notify)
-        for model in (self.target, self.draft):
-            if model is not None:
-                model.set_threads(best)
-        self._sweep = sweep
-        return sweep
+        if self.thread_choice is None or refresh:
+            self.thread_choice = choose_threads(self.target, refresh, notify=self.notify)
+            choice = self.thread_choice
+            for model in (self.target, self.draft):
+                if model is not None:
+                    model.set_threads(choice.threads,
+                                      choice.batch_threads if model.batch_threads_unset else model.n_threads_batch)
+        return self.thread_choice.step_seconds
 
     def set_profile(self, profile: Optional[CostProfile]) -> None:
         """Use this cost profile for auto mode instead of measuring (e.g. to simulate a GPU).
@@ -418,6 +422,7 @@ def load(
     *,
     n_ctx: int = 4096,
     n_threads: Optional[int] = None,
+    n_threads_batch: Optional[int] = None,
     n_gpu_layers: Optional[int] = None,
     verbose: bool = False,
     flash_attn: Optional[bool] = None,
@@ -432,7 +437,9 @@ def load(
         target: the target .gguf.
         draft: the draft .gguf (same vocabulary); None for lookup/plain only.
         n_ctx: context length for both models (0: the target's training context).
-        n_threads: CPU threads for both (default: all available cores).
+        n_threads: CPU threads for single-token steps, both models (default: the fastest, measured once).
+        n_threads_batch: CPU threads for batches: verification and prompts (default: the fastest, measured
+            with the steps; or ``n_threads`` when that is given).
         n_gpu_layers: layers to offload for both; -1 all (default on GPU builds), 0 none.
         verbose: show llama.cpp's log for these models.
         flash_attn: force flash attention on or off (default: off on the CPU, llama.cpp's choice on a GPU).
@@ -448,14 +455,14 @@ def load(
         ModelFileError: a file is missing, not a GGUF, or fails to load.
         VocabMismatchError: the draft's vocabulary differs from the target's.
     """
-    t = Model(target, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-              huge_pages=huge_pages, verbose=verbose)
+    t = Model(target, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, n_gpu_layers=n_gpu_layers,
+              flash_attn=flash_attn, huge_pages=huge_pages, verbose=verbose)
     d = None
     try:
         if draft is not None:
             check_vocab(t.vocab_info(), read_vocab(draft))  # before the draft's weights are loaded
-            d = Model(draft, n_ctx=t.n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-                      huge_pages=huge_pages, verbose=verbose)
+            d = Model(draft, n_ctx=t.n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch,
+                      n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, huge_pages=huge_pages, verbose=verbose)
         if history is None:
             history = history_enabled()
         return Pair(t, d, defaults=defaults, draft_k=draft_k, history=history)

@@ -186,8 +186,10 @@ class Model:
     Args:
         path: the .gguf file.
         n_ctx: context length in tokens (0: the model's training context).
-        n_threads: CPU threads for decoding and prompt processing
+        n_threads: CPU threads for single-token steps
             (default: all available cores, see ``default_threads``).
+        n_threads_batch: CPU threads for batches (verification, prompts); default: ``n_threads``.
+            Steps are memory-bound and batches compute-bound, so their best counts can differ.
         n_gpu_layers: layers to offload; -1 for all. Default: all on a GPU
             build, none on a CPU-only build.
         n_batch: most tokens sent to llama.cpp in one decode call.
@@ -211,6 +213,7 @@ class Model:
         *,
         n_ctx: int = 4096,
         n_threads: Optional[int] = None,
+        n_threads_batch: Optional[int] = None,
         n_gpu_layers: Optional[int] = None,
         n_batch: int = 512,
         cache_type: str = "f16",
@@ -227,6 +230,9 @@ class Model:
         #: True when the caller left the thread count to localspec (see ``calibration.choose_threads``).
         self.threads_unset = not n_threads
         self.n_threads = n_threads if n_threads else default_threads()
+        #: True when the caller left the batch thread count to localspec.
+        self.batch_threads_unset = not n_threads_batch
+        self.n_threads_batch = n_threads_batch if n_threads_batch else self.n_threads
         if n_gpu_layers is None:
             n_gpu_layers = -1 if gpu_offload_supported() else 0
         self.n_gpu_layers = n_gpu_layers
@@ -291,7 +297,8 @@ class Model:
         cparams.n_ctx = n_ctx
         cparams.n_batch = cparams.n_ubatch = min(n_batch, n_ctx)
         cparams.n_seq_max = 1
-        cparams.n_threads = cparams.n_threads_batch = self.n_threads
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads_batch
         cparams.type_k = cparams.type_v = CACHE_TYPES[cache_type]
         if flash_attn is None:
             # On CPU, flash attention rounds through f16 and moves logits by up to ~0.4
@@ -340,12 +347,13 @@ class Model:
         except Exception:
             pass
 
-    def set_threads(self, n: int) -> None:
-        """Use ``n`` threads for decoding and prompt processing from now on."""
-        if n < 1:
-            raise ConfigError(f"The thread count must be at least 1, got {n}.")
-        ll.llama_set_n_threads(self._ctx, n, n)
-        self.n_threads = n
+    def set_threads(self, n: int, n_batch: Optional[int] = None) -> None:
+        """Use ``n`` threads for single-token steps and ``n_batch`` (default: ``n``) for batches from now on."""
+        n_batch = n if n_batch is None else n_batch
+        if n < 1 or n_batch < 1:
+            raise ConfigError(f"Thread counts must be at least 1, got {n} and {n_batch} for batches.")
+        ll.llama_set_n_threads(self._ctx, n, n_batch)
+        self.n_threads, self.n_threads_batch = n, n_batch
 
     # -- vocabulary ---------------------------------------------------------
 

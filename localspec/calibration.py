@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -47,30 +48,48 @@ def threads_key(target: Model) -> str:
     return _key(["threads", *_setup(target, None), f"cores={default_threads()}"])
 
 
+@dataclass
+class ThreadChoice:
+    """The fastest thread counts measured for the target: for single-token steps and for verification batches.
+
+    Attributes:
+        threads: for single-token steps (memory-bound).
+        batch_threads: for batches of ``AUTO_KMAX + 1`` tokens (compute-bound).
+        step_seconds: seconds per step at each thread count tried.
+        batch_seconds: seconds per batch at each thread count tried.
+    """
+
+    threads: int
+    batch_threads: int
+    step_seconds: dict[int, float]
+    batch_seconds: dict[int, float]
+
+
 def choose_threads(target: Model, refresh: bool = False,
                    cache_file: Optional[Path] = None, notify: Optional[Callable[[str], None]] = None,
-                   ) -> tuple[int, dict[int, float]]:
-    """The fastest thread count for single-token steps on this machine, measured once and cached.
+                   ) -> ThreadChoice:
+    """The fastest thread counts for steps and for batches on this machine, measured once and cached.
 
     Args:
         notify: told in one line when a measurement starts.
-
-    Returns:
-        (threads, seconds per step at each thread count tried).
     """
     path = _store_path(cache_file)
     key = threads_key(target)
     rec = _read_store(path).get(key)
-    if rec and not refresh:
-        return int(rec["threads"]), {int(n): float(t) for n, t in rec["step_seconds"].items()}
+    if rec and "batch_seconds" in rec and not refresh:  # older records lack the batch sweep: measured again
+        return ThreadChoice(int(rec["threads"]), int(rec["batch_threads"]),
+                            {int(n): float(t) for n, t in rec["step_seconds"].items()},
+                            {int(n): float(t) for n, t in rec["batch_seconds"].items()})
     if notify is not None:
-        notify("localspec: measuring the fastest thread count for this machine (once; --threads overrides)")
-    sweep = measure_threads(target, default_threads())
-    best = min(sweep, key=lambda n: sweep[n])
+        notify("localspec: measuring the fastest thread counts for this machine (once; --threads and "
+               "--threads-batch override)")
+    steps, batches = measure_threads(target, default_threads())
+    choice = ThreadChoice(min(steps, key=lambda n: steps[n]), min(batches, key=lambda n: batches[n]), steps, batches)
     store = _read_store(path)
-    store[key] = {"threads": best, "step_seconds": sweep, "target": str(target.path), "measured_at": time.time()}
+    store[key] = {"threads": choice.threads, "batch_threads": choice.batch_threads, "step_seconds": steps,
+                  "batch_seconds": batches, "target": str(target.path), "measured_at": time.time()}
     _save_store(path, store, notify)
-    return best, sweep
+    return choice
 
 
 def _setup(target: Model, draft: Optional[Model]) -> list[str]:
@@ -87,7 +106,8 @@ def _key(parts: list[str]) -> str:
 
 def calibration_key(target: Model, draft: Optional[Model], kmax: int) -> str:
     """Identity of everything a calibration depends on."""
-    return _key([*_setup(target, draft), f"threads={target.n_threads}", f"kmax={kmax}",
+    return _key([*_setup(target, draft), f"threads={target.n_threads}", f"threads_batch={target.n_threads_batch}",
+                 f"kmax={kmax}",
                  f"calibration={CALIBRATION_VERSION}"])
 
 
@@ -144,31 +164,35 @@ def measure(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, reps: 
     return CostProfile(verify, step, lookup_cost, "measured")
 
 
-def measure_threads(target: Model, max_threads: int, steps: int = 7) -> dict[int, float]:
-    """Seconds per single-token step of the target at 1..max_threads threads (median of ``steps``).
+def measure_threads(target: Model, max_threads: int, steps: int = 7) -> tuple[dict[int, float], dict[int, float]]:
+    """Seconds per single-token step, and per verification batch of ``AUTO_KMAX + 1`` tokens, of the
+    target at 1..max_threads threads (medians of ``steps``).
 
-    Leaves the target at the thread count it had, with an empty cache.
+    Leaves the target at the thread counts it had, with an empty cache.
     """
     base = target.tokenize(_CALIBRATION_TEXT, add_special=False)
-    ctx = (base * 4)[:128]
-    was = target.n_threads
-    out: dict[int, float] = {}
+    ctx = (base * 4)[: min(128, target.n_ctx - AUTO_KMAX - 2)]
+    batch = (base * 2)[: AUTO_KMAX + 1]
+    was = target.n_threads, target.n_threads_batch
+    step_seconds: dict[int, float] = {}
+    batch_seconds: dict[int, float] = {}
     target.reset()
     target.eval(ctx, logits="none")
+
+    def run(tokens: list[int]) -> None:
+        target.eval(tokens, logits="all")
+        target.truncate(len(ctx))
+
     try:
         for n in range(1, max_threads + 1):
-            target.set_threads(n)
-
-            def step() -> None:
-                target.eval(base[:1], logits="last")
-                target.truncate(len(ctx))
-
-            step()  # warm-up at this thread count
-            out[n] = _median_time(step, steps)
+            target.set_threads(n, n)
+            for tokens, out in ((base[:1], step_seconds), (batch, batch_seconds)):
+                run(tokens)  # warm-up at this thread count and shape
+                out[n] = _median_time(lambda tokens=tokens: run(tokens), steps)
     finally:
-        target.set_threads(was)
+        target.set_threads(*was)
         target.reset()
-    return out
+    return step_seconds, batch_seconds
 
 
 def _read_store(path: Path) -> dict[str, dict]:

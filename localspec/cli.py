@@ -65,6 +65,7 @@ class ModelArgs:
     draft: Optional[str]
     n_ctx: Optional[int]
     n_threads: Optional[int]
+    n_threads_batch: Optional[int]
     n_gpu_layers: Optional[int]
     flash_attn: str
     huge_pages: bool
@@ -83,17 +84,19 @@ class ModelArgs:
             spec = get_pair(self.pair_name)
             files = resolve(spec)
             return load(files.target, files.draft, n_ctx=spec.ctx if self.n_ctx is None else self.n_ctx,
-                        n_threads=self.n_threads, n_gpu_layers=self.n_gpu_layers, verbose=self.verbose,
+                        n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
+                        n_gpu_layers=self.n_gpu_layers, verbose=self.verbose,
                         flash_attn=FLASH_ATTN[self.flash_attn], huge_pages=self.huge_pages, draft_k=spec.k)
         if not self.target:
             raise click.UsageError("Name a pair (see `localspec models`) or give --target (and --draft).")
         return load(self.target, self.draft, n_ctx=4096 if self.n_ctx is None else self.n_ctx,
-                    n_threads=self.n_threads, n_gpu_layers=self.n_gpu_layers, verbose=self.verbose,
+                    n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
+                        n_gpu_layers=self.n_gpu_layers, verbose=self.verbose,
                     flash_attn=FLASH_ATTN[self.flash_attn], huge_pages=self.huge_pages)
 
 
-_MODEL_KEYS = ("pair_name", "target", "draft", "n_ctx", "n_threads", "n_gpu_layers", "flash_attn", "huge_pages",
-               "verbose")
+_MODEL_KEYS = ("pair_name", "target", "draft", "n_ctx", "n_threads", "n_threads_batch", "n_gpu_layers", "flash_attn",
+               "huge_pages", "verbose")
 FLASH_ATTN = {"auto": None, "on": True, "off": False}
 
 
@@ -114,7 +117,11 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--ctx", "n_ctx", type=click.IntRange(min=0), default=None,
                      help="Context length in tokens (0: the model's own; default: the pair's, else 4096)."),
         click.option("--threads", "n_threads", type=click.IntRange(min=1), default=None,
-                     help="CPU threads (default: the fastest, measured once by `localspec calibrate`)."),
+                     help="CPU threads for single-token steps (default: the fastest, measured once by "
+                          "`localspec calibrate`)."),
+        click.option("--threads-batch", "n_threads_batch", type=click.IntRange(min=1), default=None,
+                     help="CPU threads for batches: verification and prompts (default: the fastest, measured "
+                          "with the steps; with --threads, the same count)."),
         click.option("--gpu-layers", "n_gpu_layers", type=int, default=None,
                      help="Layers to offload to the GPU; -1 all (default on GPU builds), 0 none."),
         click.option("--flash-attn", type=click.Choice(list(FLASH_ATTN)), default="auto", show_default=True,
@@ -523,17 +530,23 @@ def calibrate(models: ModelArgs, recalibrate: bool, as_json: bool) -> None:
     with models.open() as pair:
         profile = pair.calibrate(refresh=recalibrate)
         sweep = pair.choose_threads()  # cached by now: what the choice was made from
+        batches = pair.thread_choice.batch_seconds if pair.thread_choice else {}
+        t = pair.target
         if as_json:
             click.echo(json.dumps({"source": profile.source, "verify_seconds": profile.verify,
                                    "draft_step_seconds": profile.draft_step, "lookup_seconds": profile.lookup,
-                                   "relative": profile.relative(), "threads": pair.target.n_threads,
-                                   "thread_sweep_step_seconds": sweep}))
+                                   "relative": profile.relative(), "threads": t.n_threads,
+                                   "threads_batch": t.n_threads_batch, "thread_sweep_step_seconds": sweep,
+                                   "thread_sweep_batch_seconds": batches}))
             return
         if sweep:
-            click.echo("threads: " + "  ".join(f"{n}: {1000 * t:.1f} ms/step" for n, t in sweep.items())
-                       + f"  -> using {pair.target.n_threads} (--threads overrides)")
+            click.echo("threads for steps: " + "  ".join(f"{n}: {1000 * s:.1f} ms" for n, s in sweep.items())
+                       + f"  -> using {t.n_threads} (--threads overrides)")
+            click.echo(f"threads for batches of {len(profile.verify)}: "
+                       + "  ".join(f"{n}: {1000 * s:.1f} ms" for n, s in batches.items())
+                       + f"  -> using {t.n_threads_batch} (--threads-batch overrides)")
         else:
-            click.echo(f"threads: {pair.target.n_threads} (set with --threads)")
+            click.echo(f"threads: {t.n_threads} for steps, {t.n_threads_batch} for batches (set with --threads)")
         click.echo(_profile_table(profile, pair.draft is not None))
 
 

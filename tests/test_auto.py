@@ -304,3 +304,32 @@ def test_the_correction_is_kept_by_the_pair_across_generations_and_forgotten_wit
     assert pair.cost_correction.evidence(1) + sum(pair.cost_correction.evidence(n) for n in range(2, 10)) > seen
     pair.set_profile(LINEAR)
     assert pair.cost_correction.evidence(1) == 0
+
+
+def test_batches_get_their_own_measured_thread_count_and_the_peers_the_same_budget(tiny_dir, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from localspec.backend import default_threads
+    from localspec.bench.peers import PeerRunner
+    from localspec.cli import cli
+
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    with localspec.load(tiny_dir / "target.gguf", n_ctx=512) as pair:
+        pair.choose_threads()
+        choice = pair.thread_choice
+        assert sorted(choice.batch_seconds) == list(range(1, default_threads() + 1))
+        assert choice.batch_threads == min(choice.batch_seconds, key=lambda n: choice.batch_seconds[n])
+        assert (pair.target.n_threads, pair.target.n_threads_batch) == (choice.threads, choice.batch_threads)
+    with localspec.load(tiny_dir / "target.gguf", n_ctx=512, n_threads=2, n_threads_batch=1) as pair:
+        assert pair.choose_threads() == {} and (pair.target.n_threads, pair.target.n_threads_batch) == (2, 1)
+        peers = PeerRunner(pair.target)
+        try:
+            assert (peers.settings["n_threads"], peers.settings["n_threads_batch"]) == (2, 1)  # the same budget
+        finally:
+            peers.close()
+    r = CliRunner().invoke(cli, ["calibrate", "-t", str(tiny_dir / "target.gguf"), "--threads", "2",
+                                 "--threads-batch", "1", "--json"])
+    data = json.loads(r.stdout)
+    assert (data["threads"], data["threads_batch"]) == (2, 1)
+    r = CliRunner().invoke(cli, ["calibrate", "-t", str(tiny_dir / "target.gguf")])
+    assert "threads for steps:" in r.output and "threads for batches of 9:" in r.output

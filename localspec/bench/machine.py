@@ -41,6 +41,7 @@ def machine_info(pair: Pair, checksums: bool = True) -> dict[str, Any]:
         "cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
         "llama_cpp_python": llama_cpp.__version__, "gpu_offload_build": gpu_offload_supported(),
         "gpu_layers": pair.target.n_gpu_layers, "threads": pair.target.n_threads,
+        "threads_batch": pair.target.n_threads_batch,
         "flash_attn": pair.target.flash_attn, "n_ctx": pair.target.n_ctx, "models": models,
         "transparent_huge_pages": thp_mode(), "huge_page_bytes": pair.target.huge_page_bytes,
     }

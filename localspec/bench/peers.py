@@ -36,7 +36,7 @@ class PeerRunner:
 
         self._lookup_cls = LlamaPromptLookupDecoding
         settings: dict[str, Any] = dict(n_ctx=target.n_ctx, n_threads=target.n_threads,
-                                        n_threads_batch=target.n_threads, n_gpu_layers=target.n_gpu_layers,
+                                        n_threads_batch=target.n_threads_batch, n_gpu_layers=target.n_gpu_layers,
                                         flash_attn=bool(target.flash_attn), verbose=False)
         self.settings = {k: v for k, v in settings.items() if k != "verbose"}
         self.plain = Llama(str(target.path), **settings)

@@ -19,6 +19,8 @@ def render_table(report: BenchReport) -> str:
     out = [f"cost profile ({p.get('source')}): target step {1000 * p.get('step_seconds', 0):.1f} ms; "
            f"draft step / target step: {p.get('draft_step', 0):.2f}",
            f"verify n tokens / 1: {verify}",
+           *_what_the_curve_allows(p.get("verify", [])),
+           *_budget(report),
            f"batch-shape logit noise of this build: {p.get('batch_noise', 0):.3f} "
            f"(divergences below a {p.get('tie_margin', TIE_MARGIN):.3f} top-two margin count as ties)", ""]
     peers = any(r.speedup_peer is not None for r in report.rows)
@@ -65,6 +67,23 @@ def render_table(report: BenchReport) -> str:
     if report.mismatches:
         out.append(f"\n{report.mismatches} MISMATCH(ES) against plain decoding: this is a bug, please report it.")
     return "\n".join(out)
+
+
+def _what_the_curve_allows(verify: list[float]) -> list[str]:
+    """One line on what this verification curve lets drafting gain at best (every guess right)."""
+    if len(verify) < 4:
+        return []
+    best = max((n + 1) / v for n, v in enumerate(verify))
+    return [f"verifying 4 tokens costs {verify[3]:.2f} steps here: a draft of 3 that is all accepted gains at most "
+            f"{4 / verify[3]:.2f}x, and no draft length more than {best:.2f}x"]
+
+
+def _budget(report: BenchReport) -> list[str]:
+    m = report.machine
+    if "threads" not in m:
+        return []
+    return [f"threads: {m['threads']} for steps, {m.get('threads_batch', m['threads'])} for batches, "
+            "for localspec and llama-cpp-python alike"]
 
 
 def write_json(report: BenchReport, path: Path) -> None:
