@@ -9,6 +9,7 @@ models and leaves their caches empty: callers do it at named points
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -24,6 +25,11 @@ from .drafters import PromptLookupDrafter
 from .methods import AUTO_KMAX
 from .paths import cache_dir, write_atomic
 
+#: A cached time is trusted while a fresh one is within this fraction of it, or within STALE_FLOOR seconds.
+STALE_TOLERANCE = 0.25
+STALE_FLOOR = 0.001
+#: Repetitions whose 75th percentile exceeds the fastest by this factor mean the machine was busy.
+BUSY_SPREAD = 1.3
 #: Bumped whenever ``measure`` or what it measures changes (3: huge pages for the model buffers),
 #: so profiles measured the old way are measured again.
 CALIBRATION_VERSION = 3
@@ -73,18 +79,30 @@ def choose_threads(target: Model, refresh: bool = False,
     Args:
         notify: told in one line when a measurement starts.
     """
+    say = notify or (lambda _: None)
     path = _store_path(cache_file)
     key = threads_key(target)
     rec = _read_store(path).get(key)
     if rec and "batch_seconds" in rec and not refresh:  # older records lack the batch sweep: measured again
-        return ThreadChoice(int(rec["threads"]), int(rec["batch_threads"]),
-                            {int(n): float(t) for n, t in rec["step_seconds"].items()},
-                            {int(n): float(t) for n, t in rec["batch_seconds"].items()})
-    if notify is not None:
-        notify("localspec: measuring the fastest thread counts for this machine (once; --threads and "
-               "--threads-batch override)")
-    steps, batches = measure_threads(target, default_threads())
+        cached = ThreadChoice(int(rec["threads"]), int(rec["batch_threads"]),
+                              {int(n): float(t) for n, t in rec["step_seconds"].items()},
+                              {int(n): float(t) for n, t in rec["batch_seconds"].items()})
+        then, now = cached.step_seconds[cached.threads], step_seconds(target, cached.threads)  # a few steps
+        if not _stale(then, now):
+            return cached
+        say(f"localspec: the cached thread measurement no longer holds (a step takes {1000 * now:.1f} ms at "
+            f"{cached.threads} threads, {1000 * then:.1f} ms when measured); measuring again")
+    else:
+        say("localspec: measuring the fastest thread counts for this machine (once; --threads and "
+            "--threads-batch override)")
+    steps, batches, noisy = measure_threads(target, default_threads())
+    if noisy:  # once more, in case it passes
+        steps, batches, noisy = measure_threads(target, default_threads())
     choice = ThreadChoice(min(steps, key=lambda n: steps[n]), min(batches, key=lambda n: batches[n]), steps, batches)
+    if noisy:
+        say("localspec: the machine looks busy (repeated steps disagree), so this thread measurement is used "
+            "for this session only and not cached")
+        return choice
     store = _read_store(path)
     store[key] = {"threads": choice.threads, "batch_threads": choice.batch_threads, "step_seconds": steps,
                   "batch_seconds": batches, "target": str(target.path), "measured_at": time.time()}
@@ -111,13 +129,53 @@ def calibration_key(target: Model, draft: Optional[Model], kmax: int) -> str:
                  f"calibration={CALIBRATION_VERSION}"])
 
 
-def _median_time(fn, reps: int) -> float:
+def _times(fn: Callable[[], object], reps: int) -> list[float]:
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return times
+
+
+def _median_time(fn: Callable[[], object], reps: int) -> float:
+    return float(np.median(_times(fn, reps)))
+
+
+def busy(times: list[float]) -> bool:
+    """Repetitions of one measurement that disagree: most of them well above the fastest (a busy machine).
+
+    Steps under a millisecond are not judged: their jitter is the timer's, not the machine's load.
+    """
+    fastest, typical = min(times), float(np.percentile(times, 75))
+    return typical > STALE_FLOOR and typical > BUSY_SPREAD * fastest
+
+
+def _stale(cached: float, fresh: float) -> bool:
+    """A fresh time that the cached one no longer describes (off by more than the noise of a few steps)."""
+    return abs(fresh - cached) > max(STALE_TOLERANCE * cached, STALE_FLOOR)
+
+
+def step_seconds(target: Model, threads: Optional[int] = None, reps: int = 3) -> float:
+    """A fresh single-step time of the target (at ``threads``, then back), median of ``reps``; empties its cache."""
+    base = target.tokenize(_CALIBRATION_TEXT, add_special=False)
+    ctx = (base * 2)[: min(64, target.n_ctx - 2)]
+    was = target.n_threads, target.n_threads_batch
+    if threads is not None:
+        target.set_threads(threads, was[1])
+    target.reset()
+    target.eval(ctx, logits="none")
+
+    def step() -> None:
+        target.eval(base[:1], logits="last")
+        target.truncate(len(ctx))
+
+    try:
+        step()  # warm-up
+        return _median_time(step, reps)
+    finally:
+        target.set_threads(*was)
+        target.reset()
 
 
 def measure(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, reps: int = 5,
@@ -127,7 +185,9 @@ def measure(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, reps: 
     Runs after a context of ``context_tokens`` tokens (a typical prompt), with
     warm caches, like a real round. ``reps`` passes over every n, alternating
     upwards and downwards so drift hits all n alike; each n takes the median.
-    Leaves both caches holding that calibration context.
+    Leaves both caches holding that calibration context. The profile's
+    ``source`` is "measured, busy" when the single-step repetitions disagreed
+    (see ``busy``).
     """
     base = target.tokenize(_CALIBRATION_TEXT, add_special=False)
     context_tokens = max(1, min(context_tokens, target.n_ctx - (kmax + 1)))  # a small context holds it all
@@ -146,7 +206,7 @@ def measure(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, reps: 
     times: dict[int, list[float]] = {n: [] for n in sizes}
     for rep in range(reps):
         for n in sizes if rep % 2 == 0 else sizes[::-1]:
-            times[n].append(_median_time(lambda n=n: run(target, n), 1))
+            times[n].append(_median_time(functools.partial(run, target, n), 1))
     verify = [float(np.median(times[n])) for n in sizes]
     # Costs must not fall with n. Noise is mostly upward spikes (scheduling, a cold graph), so
     # each n takes the cheapest time seen for any n at least as large, not the dearest below it.
@@ -161,12 +221,14 @@ def measure(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, reps: 
     arr = np.asarray(ctx, dtype=np.int32)
     rng = np.random.default_rng(0)
     lookup_cost = _median_time(lambda: lookup.propose(arr, kmax, rng), 20)
-    return CostProfile(verify, step, lookup_cost, "measured")
+    return CostProfile(verify, step, lookup_cost, "measured, busy" if busy(times[1]) else "measured")
 
 
-def measure_threads(target: Model, max_threads: int, steps: int = 7) -> tuple[dict[int, float], dict[int, float]]:
+def measure_threads(target: Model, max_threads: int,
+                    steps: int = 7) -> tuple[dict[int, float], dict[int, float], bool]:
     """Seconds per single-token step, and per verification batch of ``AUTO_KMAX + 1`` tokens, of the
-    target at 1..max_threads threads (medians of ``steps``).
+    target at 1..max_threads threads (medians of ``steps``), and whether the repetitions disagreed
+    (see ``busy``).
 
     Leaves the target at the thread counts it had, with an empty cache.
     """
@@ -174,8 +236,8 @@ def measure_threads(target: Model, max_threads: int, steps: int = 7) -> tuple[di
     ctx = (base * 4)[: min(128, target.n_ctx - AUTO_KMAX - 2)]
     batch = (base * 2)[: AUTO_KMAX + 1]
     was = target.n_threads, target.n_threads_batch
-    step_seconds: dict[int, float] = {}
-    batch_seconds: dict[int, float] = {}
+    step_times: dict[int, float] = {}
+    batch_times: dict[int, float] = {}
     target.reset()
     target.eval(ctx, logits="none")
 
@@ -183,16 +245,19 @@ def measure_threads(target: Model, max_threads: int, steps: int = 7) -> tuple[di
         target.eval(tokens, logits="all")
         target.truncate(len(ctx))
 
+    noisy = False
     try:
         for n in range(1, max_threads + 1):
             target.set_threads(n, n)
-            for tokens, out in ((base[:1], step_seconds), (batch, batch_seconds)):
+            for tokens, out in ((base[:1], step_times), (batch, batch_times)):
                 run(tokens)  # warm-up at this thread count and shape
-                out[n] = _median_time(lambda tokens=tokens: run(tokens), steps)
+                times = _times(functools.partial(run, tokens), steps)
+                out[n] = float(np.median(times))
+                noisy = noisy or busy(times)
     finally:
         target.set_threads(*was)
         target.reset()
-    return step_seconds, batch_seconds
+    return step_times, batch_times, noisy
 
 
 def _read_store(path: Path) -> dict[str, dict]:
@@ -230,19 +295,30 @@ def calibrate(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, refr
         cache_file: JSON file of profiles (default: ``calibration.json`` in the cache dir).
         notify: told in one line when a measurement starts.
     """
+    say = notify or (lambda _: None)
     path = _store_path(cache_file)
     key = calibration_key(target, draft, kmax)
     store = _read_store(path)
     if not refresh and key in store:
         rec = store[key]
-        return CostProfile(rec["verify"], rec["draft_step"], rec["lookup"], "cache")
-    if notify is not None:
-        notify("localspec: measuring this machine's costs for auto mode (a few seconds, once per models and "
-               "settings; `localspec calibrate` shows them)")
+        then, now = rec["verify"][0], step_seconds(target)  # a few steps confirm it still holds
+        if not _stale(then, now):
+            return CostProfile(rec["verify"], rec["draft_step"], rec["lookup"], "cache")
+        say(f"localspec: the cached cost profile no longer holds (a step takes {1000 * now:.1f} ms, "
+            f"{1000 * then:.1f} ms when measured); measuring again")
+    else:
+        say("localspec: measuring this machine's costs for auto mode (a few seconds, once per models and "
+            "settings; `localspec calibrate` shows them)")
     profile = measure(target, draft, kmax)
+    if profile.source.endswith("busy"):  # once more, in case it passes
+        profile = measure(target, draft, kmax)
     target.reset()
     if draft is not None:
         draft.reset()
+    if profile.source.endswith("busy"):
+        say("localspec: the machine looks busy (repeated steps disagree), so these costs are used for this "
+            "session only and not cached; real rounds will correct them")
+        return profile
     store = _read_store(path)  # another process may have added profiles meanwhile
     store[key] = {"verify": profile.verify, "draft_step": profile.draft_step, "lookup": profile.lookup,
                   "target": str(target.path), "draft": str(draft.path) if draft else None,

@@ -333,3 +333,35 @@ def test_batches_get_their_own_measured_thread_count_and_the_peers_the_same_budg
     assert (data["threads"], data["threads_batch"]) == (2, 1)
     r = CliRunner().invoke(cli, ["calibrate", "-t", str(tiny_dir / "target.gguf")])
     assert "threads for steps:" in r.output and "threads for batches of 9:" in r.output
+
+
+def test_a_cache_that_no_longer_holds_is_measured_again_and_a_busy_measurement_is_not_cached(tiny_dir, tmp_path,
+                                                                                             monkeypatch):
+    from localspec import calibration
+
+    cache = tmp_path / "cal.json"
+    notices: list[str] = []
+    with Model(tiny_dir / "target.gguf", n_ctx=512) as t:
+        choice = calibration.choose_threads(t, cache_file=cache, notify=notices.append)
+        profile = calibrate(t, None, cache_file=cache, notify=notices.append)
+        assert calibrate(t, None, cache_file=cache).source == "cache"  # a few steps confirm it
+        store = json.loads(cache.read_text())
+        for rec in store.values():  # as if measured on a machine ten times slower (or while it was busy)
+            if "step_seconds" in rec:
+                rec["step_seconds"] = {n: 10 * s + 0.01 for n, s in rec["step_seconds"].items()}
+            else:
+                rec["verify"] = [10 * v + 0.01 for v in rec["verify"]]
+        cache.write_text(json.dumps(store))
+        notices.clear()
+        again = calibration.choose_threads(t, cache_file=cache, notify=notices.append)
+        assert any("no longer holds" in n for n in notices) and again.step_seconds != choice.step_seconds
+        fresh = calibrate(t, None, cache_file=cache, notify=notices.append)
+        assert fresh.source == "measured" and any("cost profile no longer holds" in n for n in notices)
+        assert fresh.verify[0] < profile.verify[0] + 0.01
+        # A measurement whose repetitions disagree is used, said, and not cached.
+        monkeypatch.setattr(calibration, "busy", lambda times: True)
+        busy_cache = tmp_path / "busy.json"
+        notices.clear()
+        calibration.choose_threads(t, cache_file=busy_cache, notify=notices.append)
+        assert calibrate(t, None, cache_file=busy_cache, notify=notices.append).source == "measured, busy"
+        assert sum("looks busy" in n for n in notices) == 2 and not busy_cache.exists()
