@@ -159,7 +159,7 @@ def _stale(cached: float, fresh: float) -> bool:
 def step_seconds(target: Model, threads: Optional[int] = None, reps: int = 3) -> float:
     """A fresh single-step time of the target (at ``threads``, then back), median of ``reps``; empties its cache."""
     base = target.tokenize(_CALIBRATION_TEXT, add_special=False)
-    ctx = (base * 2)[: min(64, target.n_ctx - 2)]
+    ctx = (base * 2)[: min(16, target.n_ctx - 2)]  # short: a step barely depends on it, and prefill is dear
     was = target.n_threads, target.n_threads_batch
     if threads is not None:
         target.set_threads(threads, was[1])
