@@ -28,7 +28,7 @@ import numpy as np
 
 from .auto import AcceptanceEstimate, history_estimates
 from .backend import Model, read_vocab
-from .calibration import ThreadChoice, calibrate, choose_threads
+from .calibration import ThreadChoice, calibrate, choose_threads, forget
 from .compat import check_vocab
 from .costs import CostCorrection, CostProfile
 from .drafters import Drafter
@@ -249,7 +249,17 @@ class Pair:
         self.cost_correction = CostCorrection()
 
     def close(self) -> None:
-        """Free both models."""
+        """Free both models.
+
+        If real rounds consistently contradicted the cached cost profile, it is dropped from the cache
+        (saying so), so that the next load measures the machine again.
+        """
+        if self._profile is not None and self._profile.source == "cache":
+            wrong = self.cost_correction.disagreement(self._profile)
+            if wrong is not None and forget(self.target, self.draft, AUTO_KMAX):
+                n, shape = wrong
+                self.notify(f"localspec: real rounds disagreed with the cached cost profile (verifying {n} tokens "
+                            f"took {shape:.2f}x the share of a step it said); it will be measured again next time.")
         self.target.close()
         if self.draft is not None:
             self.draft.close()

@@ -284,6 +284,16 @@ def _store_path(cache_file: Optional[Path]) -> Path:
     return cache_file or cache_dir() / "calibration.json"
 
 
+def forget(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, cache_file: Optional[Path] = None) -> bool:
+    """Drop the cached profile for these models and settings, so the next load measures again."""
+    path = _store_path(cache_file)
+    store = _read_store(path)
+    if store.pop(calibration_key(target, draft, kmax), None) is None:
+        return False
+    _save_store(path, store, None)
+    return True
+
+
 def calibrate(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, refresh: bool = False,
               cache_file: Optional[Path] = None, notify: Optional[Callable[[str], None]] = None) -> CostProfile:
     """The cached cost profile for these models and settings, measuring it if needed.

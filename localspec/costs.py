@@ -112,6 +112,25 @@ class CostCorrection:
         """How many (faded) rounds of n tokens have been observed."""
         return self._counts.get(n, 0.0)
 
+    def disagreement(self, profile: CostProfile, evidence: float = 8.0, tolerance: float = 0.25,
+                     floor: float = 0.001) -> Optional[tuple[int, float]]:
+        """Where real rounds consistently contradict the profile's shape: (n, observed verify(n)/verify(1)
+        over the profile's), the worst one off by more than ``tolerance``; None if there is none.
+
+        Only the shape counts (a machine uniformly slower now changes no choice), only n seen in at
+        least ``evidence`` rounds next to single steps, and only steps over ``floor`` seconds.
+        """
+        if self.evidence(1) < evidence or profile.verify[0] <= floor:
+            return None
+        step = self._sums[1] / self._counts[1]
+        worst: Optional[tuple[int, float]] = None
+        for n in range(2, len(profile.verify) + 1):
+            if self.evidence(n) >= evidence:
+                shape = (self._sums[n] / self._counts[n] / step) / (profile.verify[n - 1] / profile.verify[0])
+                if abs(shape - 1) > tolerance and (worst is None or abs(shape - 1) > abs(worst[1] - 1)):
+                    worst = (n, shape)
+        return worst
+
     def apply(self, profile: CostProfile) -> CostProfile:
         """``profile`` with the evidence folded in (the profile itself when there is none)."""
         if not self._counts and not self._draft[1]:

@@ -365,3 +365,30 @@ def test_a_cache_that_no_longer_holds_is_measured_again_and_a_busy_measurement_i
         calibration.choose_threads(t, cache_file=busy_cache, notify=notices.append)
         assert calibrate(t, None, cache_file=busy_cache, notify=notices.append).source == "measured, busy"
         assert sum("looks busy" in n for n in notices) == 2 and not busy_cache.exists()
+
+
+def test_rounds_that_contradict_a_cached_profile_drop_it_for_the_next_load(tiny_dir, tmp_path, monkeypatch):
+    from localspec.calibration import calibration_key
+    from localspec.costs import CostCorrection, RoundTiming
+
+    correction = CostCorrection()
+    for _ in range(10):
+        correction.observe(RoundTiming(1, 0.03))  # the machine is 1.5x slower than FLAT says, uniformly...
+        correction.observe(RoundTiming(3, 1.5 * FLAT.verify_seconds(3)))
+    assert correction.disagreement(FLAT) is None  # ...which changes no choice
+    for _ in range(20):
+        correction.observe(RoundTiming(5, 5 * 0.03))  # but verifying 5 tokens costs 5 steps, not 1.08
+    n, shape = correction.disagreement(FLAT)
+    assert n == 5 and shape > 4
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    with localspec.load(tiny_dir / "target.gguf", n_ctx=512, n_threads=1) as pair:
+        pair.calibrate()  # measured and cached
+    cache = tmp_path / "cache" / "calibration.json"
+    notices: list[str] = []
+    with localspec.load(tiny_dir / "target.gguf", n_ctx=512, n_threads=1) as pair:
+        pair.notify = notices.append
+        assert pair.calibrate().source == "cache"
+        key = calibration_key(pair.target, None, 8)
+        assert key in json.loads(cache.read_text())
+        monkeypatch.setattr(CostCorrection, "disagreement", lambda self, profile: (5, 4.6))
+    assert key not in json.loads(cache.read_text()) and any("measured again next time" in n for n in notices)
