@@ -392,3 +392,11 @@ def test_rounds_that_contradict_a_cached_profile_drop_it_for_the_next_load(tiny_
         assert key in json.loads(cache.read_text())
         monkeypatch.setattr(CostCorrection, "disagreement", lambda self, profile: (5, 4.6))
     assert key not in json.loads(cache.read_text()) and any("measured again next time" in n for n in notices)
+
+
+def test_a_seeded_sample_repeats_whatever_the_rounds_cost(make_pair):
+    pair = make_pair(FLAT)
+    first = pair.generate(PROMPTS[0], max_tokens=40, method="auto", temperature=1.0, seed=7).tokens
+    for _ in range(20):  # real rounds' costs pile up in the pair's correction meanwhile
+        pair.cost_correction.observe(__import__("localspec.costs", fromlist=["RoundTiming"]).RoundTiming(9, 1.0))
+    assert pair.generate(PROMPTS[0], max_tokens=40, method="auto", temperature=1.0, seed=7).tokens == first
