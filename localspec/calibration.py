@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,8 +101,8 @@ def choose_threads(target: Model, refresh: bool = False,
         steps, batches, noisy = measure_threads(target, default_threads())
     choice = ThreadChoice(min(steps, key=lambda n: steps[n]), min(batches, key=lambda n: batches[n]), steps, batches)
     if noisy:
-        say("localspec: the machine looks busy (repeated steps disagree), so this thread measurement is used "
-            "for this session only and not cached")
+        say("localspec: the machine looks busy (other programs running, or repeated steps that disagree), "
+            "so this thread measurement is used for this session only and not cached")
         return choice
     store = _read_store(path)
     store[key] = {"threads": choice.threads, "batch_threads": choice.batch_threads, "step_seconds": steps,
@@ -151,6 +152,32 @@ def busy(times: list[float]) -> bool:
     return typical > STALE_FLOOR and typical > BUSY_SPREAD * fastest
 
 
+def others_running(path: Path = Path("/proc/loadavg"), samples: int = 9, interval: float = 0.01) -> Optional[float]:
+    """How many other tasks are runnable on this machine right now (median of a few looks at Linux's
+    ``/proc/loadavg``), or None where that cannot be read."""
+    counts = []
+    for i in range(samples):
+        try:
+            running = int(path.read_text().split()[3].split("/")[0])
+        except (OSError, IndexError, ValueError):
+            return None
+        counts.append(running - 1)  # this process, reading
+        if i + 1 < samples:
+            time.sleep(interval)
+    return float(np.median(counts))
+
+
+def contended(threads: int) -> bool:
+    """Whether other programs want more of the CPU than a measurement at ``threads`` threads leaves them.
+
+    Repetitions that agree can still all be slow: a process that keeps one core
+    busy for the whole measurement slows every repetition alike, and makes
+    fewer threads look best.
+    """
+    others = others_running()
+    return others is not None and others + threads > (os.cpu_count() or 1)
+
+
 def _stale(cached: float, fresh: float) -> bool:
     """A fresh time that the cached one no longer describes (off by more than the noise of a few steps)."""
     return abs(fresh - cached) > max(STALE_TOLERANCE * cached, STALE_FLOOR)
@@ -186,8 +213,8 @@ def measure(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, reps: 
     warm caches, like a real round. ``reps`` passes over every n, alternating
     upwards and downwards so drift hits all n alike; each n takes the median.
     Leaves both caches holding that calibration context. The profile's
-    ``source`` is "measured, busy" when the single-step repetitions disagreed
-    (see ``busy``).
+    ``source`` is "measured, busy" when other programs wanted the CPU (see
+    ``contended``) or the single-step repetitions disagreed (see ``busy``).
     """
     base = target.tokenize(_CALIBRATION_TEXT, add_special=False)
     context_tokens = max(1, min(context_tokens, target.n_ctx - (kmax + 1)))  # a small context holds it all
@@ -198,6 +225,7 @@ def measure(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, reps: 
         model.eval(probe[:n], logits="all")
         model.truncate(len(ctx))
 
+    crowded = contended(max(target.n_threads, target.n_threads_batch))
     target.truncate(0)
     target.eval(ctx, logits="none")
     for n in (kmax + 1, 1):
@@ -221,14 +249,14 @@ def measure(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, reps: 
     arr = np.asarray(ctx, dtype=np.int32)
     rng = np.random.default_rng(0)
     lookup_cost = _median_time(lambda: lookup.propose(arr, kmax, rng), 20)
-    return CostProfile(verify, step, lookup_cost, "measured, busy" if busy(times[1]) else "measured")
+    return CostProfile(verify, step, lookup_cost, "measured, busy" if crowded or busy(times[1]) else "measured")
 
 
 def measure_threads(target: Model, max_threads: int,
                     steps: int = 7) -> tuple[dict[int, float], dict[int, float], bool]:
     """Seconds per single-token step, and per verification batch of ``AUTO_KMAX + 1`` tokens, of the
-    target at 1..max_threads threads (medians of ``steps``), and whether the repetitions disagreed
-    (see ``busy``).
+    target at 1..max_threads threads (medians of ``steps``), and whether the machine was busy
+    (see ``contended`` and ``busy``).
 
     Leaves the target at the thread counts it had, with an empty cache.
     """
@@ -245,7 +273,7 @@ def measure_threads(target: Model, max_threads: int,
         target.eval(tokens, logits="all")
         target.truncate(len(ctx))
 
-    noisy = False
+    noisy = contended(max_threads)
     try:
         for n in range(1, max_threads + 1):
             target.set_threads(n, n)
@@ -326,8 +354,8 @@ def calibrate(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, refr
     if draft is not None:
         draft.reset()
     if profile.source.endswith("busy"):
-        say("localspec: the machine looks busy (repeated steps disagree), so these costs are used for this "
-            "session only and not cached; real rounds will correct them")
+        say("localspec: the machine looks busy (other programs running, or repeated steps that disagree), "
+            "so these costs are used for this session only and not cached; real rounds will correct them")
         return profile
     store = _read_store(path)  # another process may have added profiles meanwhile
     store[key] = {"verify": profile.verify, "draft_step": profile.draft_step, "lookup": profile.lookup,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -19,10 +21,12 @@ from localspec.auto import (
     prompt_prior,
 )
 from localspec.backend import Model
-from localspec.calibration import calibrate, calibration_key
+from localspec.calibration import calibrate, calibration_key, others_running
 from localspec.costs import CostProfile, best_k, expected_tokens
 from localspec.methods import DraftingContext
 from localspec.options import GenerationOptions
+
+REAL_OTHERS_RUNNING = others_running  # conftest's autouse fixture stands in for it in every test
 
 # Memory-bound (laptop GPU): verifying up to 9 tokens costs one step; a draft step 0.1 of one.
 GPU = CostProfile.synthetic([1.0] * 9, 0.1, name="gpu-like")
@@ -365,6 +369,38 @@ def test_a_cache_that_no_longer_holds_is_measured_again_and_a_busy_measurement_i
         calibration.choose_threads(t, cache_file=busy_cache, notify=notices.append)
         assert calibrate(t, None, cache_file=busy_cache, notify=notices.append).source == "measured, busy"
         assert sum("looks busy" in n for n in notices) == 2 and not busy_cache.exists()
+
+
+def test_a_measurement_while_other_programs_keep_the_cores_busy_is_used_but_not_cached(tiny_dir, tmp_path,
+                                                                                      monkeypatch):
+    """Steady contention slows every repetition alike, so only a look at what else runs can tell."""
+    import subprocess
+    import sys
+
+    from localspec import calibration
+
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("0.10 0.20 0.30 1/90 1234\n")  # only the reader runs
+    assert calibration.others_running.__module__ == "conftest"  # the autouse stand-in
+    monkeypatch.setattr(calibration, "others_running", functools.partial(REAL_OTHERS_RUNNING, loadavg))
+    assert not calibration.contended(1)
+    loadavg.write_text("0.10 0.20 0.30 3/90 1234\n")  # two others
+    assert calibration.contended(os.cpu_count() - 1) and not calibration.contended(os.cpu_count() - 2)
+    assert REAL_OTHERS_RUNNING(tmp_path / "missing") is None  # not Linux: no judgement
+    monkeypatch.setattr(calibration, "others_running", REAL_OTHERS_RUNNING)
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        time.sleep(0.5)
+        cache = tmp_path / "cal.json"
+        notices: list[str] = []
+        with Model(tiny_dir / "target.gguf", n_ctx=512) as t:
+            calibration.choose_threads(t, cache_file=cache, notify=notices.append)
+            assert calibrate(t, None, cache_file=cache, notify=notices.append).source == "measured, busy"
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    assert sum("looks busy" in n for n in notices) == 2 and not cache.exists()
 
 
 def test_rounds_that_contradict_a_cached_profile_drop_it_for_the_next_load(tiny_dir, tmp_path, monkeypatch):
