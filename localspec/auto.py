@@ -321,11 +321,16 @@ def history_candidate(ctx: DraftingContext) -> Optional[Candidate]:
 def model_candidate(ctx: DraftingContext) -> Optional[Candidate]:
     """The draft model, unless it could not pay even if it were always right (then it is never run, nor
     fed the prompt: on a compute-bound CPU the usual case)."""
-    if ctx.draft is None or ctx.profile is None:
+    if ctx.draft is None:
         return None
-    if best_k(_decided_profile(ctx), DRAFT.name, 0.98, ctx.k)[0] == 0:  # best_k stops at the profile's longest K
-        return None
-    return Candidate(DRAFT, ModelDrafter(ctx.draft, ctx.options.sampling), {0: AcceptanceEstimate(0.6)}, free=False)
+    return drafting_model_candidate(ctx, ModelDrafter(ctx.draft, ctx.options.sampling))
+
+
+def drafting_model_candidate(ctx: DraftingContext, drafter: Drafter) -> Optional[Candidate]:
+    """A candidate for the draft-model method with this drafter (the replay's recorded draft, or the model)."""
+    if ctx.profile is None or best_k(_decided_profile(ctx), DRAFT.name, 0.98, ctx.k)[0] == 0:
+        return None  # best_k stops at the profile's longest K
+    return Candidate(DRAFT, drafter, {0: AcceptanceEstimate(0.6)}, free=False)
 
 
 def _decided_profile(ctx: DraftingContext) -> CostProfile:
@@ -335,12 +340,16 @@ def _decided_profile(ctx: DraftingContext) -> CostProfile:
     return ctx.correction.apply(profile) if ctx.correction is not None else profile
 
 
-def build_auto(ctx: DraftingContext) -> AutoDrafter:
-    """Method "auto": every registered method with a candidate that can take part in this generation."""
+def build_auto(ctx: DraftingContext, extra: Sequence[Candidate] = ()) -> AutoDrafter:
+    """Method "auto": every registered method with a candidate that can take part in this generation.
+
+    Args:
+        extra: candidates to offer as well (the replay's recorded draft model).
+    """
     if ctx.profile is None:
         raise ConfigError("Method 'auto' needs the machine's cost profile; build it through a Pair, or give one.")
     candidates = [c for m in REGISTRY if m.candidate is not None for c in [m.candidate(ctx)] if c is not None]
-    return AutoDrafter(ctx.profile(), candidates, kmax=ctx.k, correction=ctx.correction)
+    return AutoDrafter(ctx.profile(), [*candidates, *extra], kmax=ctx.k, correction=ctx.correction)
 
 
 def auto_drafter(profile: CostProfile, draft_model: Optional[Model], options: GenerationOptions,

@@ -8,19 +8,27 @@ a given profile. So one recording predicts the speedup on any machine whose
 costs are known, such as a GPU's, without running the models there. Greedy
 acceptance does not depend on the hardware, so the prediction is exact up to
 the machine's noise and the kernels' batch-shape rounding.
+
+The draft model's guesses are recorded too, once, by teacher forcing: its
+greedy next token after every prefix of the reply (``Recorded.draft_next``).
+Greedy verification keeps a draft up to its first disagreement with the
+reply, and before that point the draft saw exactly the reply's tokens, so
+this one pass tells how much of any draft of any length the target keeps.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
-from .auto import auto_drafter, history_estimates
+from .auto import AcceptanceEstimate, AutoDrafter, build_auto, drafting_model_candidate, history_estimates
+from .backend import Model
 from .costs import CostProfile, round_cost
-from .drafters import PromptLookupDrafter
+from .drafters import AutoReport, Draft, Drafter, PromptLookupDrafter
 from .history import PROMPT_KEEP, HistoryDrafter, HistoryIndex
-from .methods import PLAIN
+from .methods import AUTO_KMAX, DRAFT, HISTORY, LOOKUP, PLAIN, DraftingContext
 from .options import GenerationOptions
 
 
@@ -33,12 +41,55 @@ class Recorded:
         text: the prompt text (auto reads it for its priors).
         prompt: the prompt's token ids.
         reply: the greedy reply's token ids.
+        draft_next: the draft model's greedy token after the prompt and each prefix of the reply
+            (``reply[:i]`` for i in 0..len(reply)-1); None when no draft model was recorded.
+        category: the kind of text (the bench suite's category), if any.
     """
 
     name: str
     text: str
     prompt: list[int]
     reply: list[int]
+    draft_next: Optional[list[int]] = None
+    category: str = ""
+
+
+class RecordedDraft:
+    """The draft model as recorded for one request: what it would guess at each point of the reply."""
+
+    name = DRAFT.name
+
+    def __init__(self, req: Recorded):
+        assert req.draft_next is not None and len(req.draft_next) == len(req.reply)
+        self.req = req
+        self.models: tuple[Model, ...] = ()
+
+    def prefill(self, context: np.ndarray) -> None:
+        """Nothing to run."""
+
+    def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
+        """The draft's guess after ``context`` (a prefix of prompt + reply): its agreeing run, then its first
+        disagreement, then filler to length ``k`` (verification never keeps a token past a disagreement)."""
+        at = len(context) - len(self.req.prompt)
+        reply, guess = self.req.reply, self.req.draft_next
+        assert guess is not None and 0 <= at
+        tokens: list[int] = []
+        while len(tokens) < k and at + len(tokens) < len(reply):
+            j = at + len(tokens)
+            tokens.append(guess[j])
+            if guess[j] != reply[j]:
+                break
+        return Draft(tokens + [tokens[-1] if tokens else 0] * (k - len(tokens)), None, DRAFT.name)
+
+    def settle(self, context: np.ndarray) -> None:
+        """Nothing cached."""
+
+    def observe(self, drafted: int, kept: int) -> None:
+        """Nothing to learn."""
+
+    def report(self) -> Optional[AutoReport]:
+        """Nothing to report."""
+        return None
 
 
 def kept_prefix(draft: list[int], truth: list[int]) -> int:
@@ -49,28 +100,92 @@ def kept_prefix(draft: list[int], truth: list[int]) -> int:
     return k
 
 
-def replay_auto(profile: CostProfile, requests: list[Recorded], shared_history: bool) -> list[float]:
-    """Predicted speedup of auto per request, with the earlier requests' history or an empty one."""
-    index, estimates, out = HistoryIndex(), history_estimates(), []
+def _auto(profile: CostProfile, req: Recorded, index: HistoryIndex, estimates: dict[int, AcceptanceEstimate],
+          kmax: int) -> AutoDrafter:
+    """Auto as a pair builds it, offered the recorded draft model as well when there is one."""
+    ctx = DraftingContext(GenerationOptions(), kmax, np.asarray(req.prompt), lambda: req.text, None, index,
+                          estimates, lambda: profile)
+    traced = drafting_model_candidate(ctx, RecordedDraft(req)) if req.draft_next is not None else None
+    return build_auto(ctx, [traced] if traced else [])
+
+
+def _fixed(method: str, req: Recorded, index: HistoryIndex) -> Drafter:
+    """The drafter of one fixed method for one request."""
+    if method == LOOKUP.name:
+        return PromptLookupDrafter()
+    if method == HISTORY.name:
+        return HistoryDrafter(index)
+    if method == DRAFT.name:
+        return RecordedDraft(req)
+    raise ValueError(f"the replay has no drafter for method {method!r}")
+
+
+@dataclass(frozen=True)
+class Round:
+    """One replayed round: who drafted (empty: plain decoding), how many tokens, how many the target kept."""
+
+    by: str
+    drafted: int
+    kept: int
+
+
+def replay_rounds(req: Recorded, drafter: Drafter, k: int) -> list[Round]:
+    """The rounds of one request drafted by ``drafter`` with (at most) ``k`` tokens, against its recorded reply.
+
+    As in the engine, the reply's first token comes with the prompt's prefill, and rounds begin after it.
+    """
+    prompt, reply = req.prompt, req.reply
     rng = np.random.default_rng(0)
+    context, done, rounds = list(prompt) + reply[:1], min(1, len(reply)), []
+    while done < len(reply):
+        draft = drafter.propose(np.asarray(context, dtype=np.int32), k, rng)
+        kept = kept_prefix(draft.tokens, reply[done:])
+        drafter.observe(len(draft.tokens), kept)
+        rounds.append(Round(draft.by if draft.tokens else "", len(draft.tokens), kept))
+        step = min(kept + 1, len(reply) - done)  # the kept prefix and the target's own token
+        context += reply[done : done + step]
+        done += step
+        drafter.settle(np.asarray(context, dtype=np.int32))
+    return rounds
+
+
+def _replay_one(profile: CostProfile, req: Recorded, drafter: Drafter, k: int) -> float:
+    """Predicted speedup over plain decoding of one request drafted by ``drafter`` with (at most) ``k``."""
+    rounds = replay_rounds(req, drafter, k)
+    cost = sum(round_cost(profile, r.by or PLAIN.name, r.drafted) for r in rounds)
+    if not rounds:  # a reply of one token: all of it came with the prefill
+        return 1.0
+    return (len(req.reply) - 1) * profile.verify[0] / cost  # decode, after the prefill's token
+
+
+def replay_auto(profile: CostProfile, requests: list[Recorded], shared_history: bool,
+                kmax: int = AUTO_KMAX) -> list[float]:
+    """Predicted speedup of auto per request, with the earlier requests' history or an empty one.
+
+    Args:
+        kmax: the longest draft auto may choose (a pair's auto uses ``AUTO_KMAX``).
+    """
+    index, estimates, out = HistoryIndex(), history_estimates(), []
     for req in requests:
         if not shared_history:
             index, estimates = HistoryIndex(), history_estimates()
-        prompt, reply = req.prompt, req.reply
-        auto = auto_drafter(profile, None, GenerationOptions(), req.text, np.asarray(prompt), history=index,
-                            history_alpha=estimates)
-        context, done, cost = list(prompt), 0, 0.0
-        while done < len(reply):
-            draft = auto.propose(np.asarray(context, dtype=np.int32), profile.kmax, rng)
-            kept = kept_prefix(draft.tokens, reply[done:])
-            auto.observe(len(draft.tokens), kept)
-            cost += round_cost(profile, draft.by or PLAIN.name, len(draft.tokens))
-            step = min(kept + 1, len(reply) - done)  # the kept prefix and the target's own token
-            context += reply[done : done + step]
-            done += step
-            auto.settle(np.asarray(context, dtype=np.int32))
-        out.append(len(reply) * profile.verify[0] / cost)
-        index.add(np.asarray(prompt[-PROMPT_KEEP:] + reply, dtype=np.int32))
+        out.append(_replay_one(profile, req, _auto(profile, req, index, estimates, kmax), kmax))
+        index.add(np.asarray(req.prompt[-PROMPT_KEEP:] + req.reply, dtype=np.int32))
+    return out
+
+
+def replay_method(profile: CostProfile, requests: list[Recorded], method: str, k: int) -> list[float]:
+    """Predicted speedup per request of one fixed method and draft length (history: of the earlier requests).
+
+    Raises:
+        ValueError: a method the replay cannot draft for, or the draft model when it was not recorded.
+    """
+    if method == DRAFT.name and any(r.draft_next is None for r in requests):
+        raise ValueError("these recordings have no draft-model guesses; record them with a draft model")
+    index, out = HistoryIndex(), []
+    for req in requests:
+        out.append(_replay_one(profile, req, _fixed(method, req, index), k))
+        index.add(np.asarray(req.prompt[-PROMPT_KEEP:] + req.reply, dtype=np.int32))
     return out
 
 
@@ -92,6 +207,6 @@ def bound(profile: CostProfile, requests: list[Recorded]) -> list[float]:
                 for k in range(1, len(draft.tokens) + 1):  # any shorter draft of the same guess
                     cost = min(cost, round_cost(profile, draft.by, k) + best[i + min(min(kept, k) + 1, n - i)])
             best[i] = cost
-        out.append(n * step / best[0])
+        out.append((n - 1) * step / best[1] if n > 1 else 1.0)  # decode after the prefill's token, as the engine
         index.add(np.asarray(prompt[-PROMPT_KEEP:] + reply, dtype=np.int32))
     return out

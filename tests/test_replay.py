@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from localspec.costs import CostProfile
+from localspec.drafters import PromptLookupDrafter
 from localspec.replay import Recorded, bound, kept_prefix, replay_auto
 
 FLAT = CostProfile.synthetic([1.0 + 0.04 * n for n in range(9)], 0.1, name="flat")  # a GPU-like curve
@@ -39,3 +40,48 @@ def test_the_bound_is_never_below_auto_and_a_flat_curve_lets_copying_pay(recorde
     # Where verifying n tokens costs n steps, no schedule gains, and auto stays near plain.
     assert max(bound(LINEAR, recorded)) <= 1.0 + 1e-9
     assert min(replay_auto(LINEAR, recorded, True)) > 0.9
+
+
+@pytest.mark.parametrize("method, k", [("draft", 3), ("draft", 1), ("lookup", 4)])
+def test_the_recorded_rounds_are_the_rounds_the_engine_runs(tiny_pair, tmp_path, method, k):
+    """One teacher-forced pass of the draft tells how much of every draft the target keeps: the replay's
+    rounds of a fixed method are the engine's, round for round in total."""
+    from localspec.bench import BenchPrompt
+    from localspec.bench.traces import load, record, save
+    from localspec.replay import RecordedDraft, replay_rounds
+
+    prompts = [BenchPrompt("code", text="def add(a, b):\n    return a + b\n\ndef", name="a"),
+               BenchPrompt("copy", text="the cat sat on the mat. the dog sat on the mat. the", name="b")]
+    recorded = record(tiny_pair, prompts, max_tokens=40)
+    save(tmp_path / "t.json", recorded, {"n": 40})
+    assert load(tmp_path / "t.json", {"n": 40}) == recorded and load(tmp_path / "t.json", {"n": 41}) is None
+    for req in recorded:
+        assert req.draft_next is not None and len(req.draft_next) == len(req.reply)
+        tiny_pair.reset()
+        real = tiny_pair.generate(req.prompt, max_tokens=40, method=method, k=k, history=False)
+        assert real.tokens == req.reply
+        drafter = RecordedDraft(req) if method == "draft" else PromptLookupDrafter()
+        rounds = replay_rounds(req, drafter, k)
+        s = real.stats
+        assert (len(rounds), sum(r.drafted for r in rounds), sum(r.kept for r in rounds)) == (
+            s.rounds, s.drafted, s.accepted), (method, k, req.name)
+
+
+def test_auto_in_the_replay_uses_the_recorded_draft_where_it_pays(tiny_dir):
+    import localspec
+    from localspec.bench import BenchPrompt
+    from localspec.bench.traces import record
+    from localspec.replay import replay_method
+
+    # The target as its own draft: every guess is kept, so only the costs decide.
+    with localspec.load(tiny_dir / "target.gguf", tiny_dir / "target.gguf", n_ctx=512, history=False) as pair:
+        recorded = record(pair, [BenchPrompt("prose", text="Once upon a time", name="p")], max_tokens=40)
+    assert recorded[0].draft_next == recorded[0].reply
+    cheap_draft = CostProfile.synthetic([1.0 + 0.04 * n for n in range(9)], 0.05, name="flat, cheap draft")
+    fixed = replay_method(cheap_draft, recorded, "draft", 4)[0]
+    auto = replay_auto(cheap_draft, recorded, shared_history=False)[0]
+    assert fixed > 2.5 and auto > 2.5
+    assert replay_method(LINEAR, recorded, "draft", 4)[0] < 1.0  # drafting cannot pay here
+    assert 0.9 < replay_auto(LINEAR, recorded, shared_history=False)[0] <= 1.0 + 1e-9  # and auto does not draft
+    with pytest.raises(ValueError, match="no draft-model guesses"):
+        replay_method(FLAT, [Recorded("x", "", [1, 2], [3, 4])], "draft", 2)

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Predicted speedups on any machine's costs, from acceptance recorded once on this one.
+
+Two steps:
+
+``record``: decode every prompt of the bench suite (and, with ``--related``,
+the related-requests workload, in order) plainly and greedily with the real
+pair, and record the draft model's guess after every prefix of each reply by
+one teacher-forced pass (``localspec.bench.traces``). Greedy acceptance does
+not depend on the hardware, so this runs on a CPU.
+
+``predict``: replay the recordings round by round through the real drafters
+and the real auto policy (``localspec.replay``) on a cost profile: this
+machine's, one measured elsewhere (the ``calibration`` of
+``benchmarks/gpu_check.py``'s JSON, or ``localspec calibrate --json``), or
+ratios given with ``--verify``. It prints, per prompt, the predicted speedup
+over plain decoding of each fixed method and K and of auto, and the medians.
+These are predictions from measured costs and recorded acceptance, not
+measurements: label them so.
+
+Usage:
+    python benchmarks/replay.py record TARGET.gguf --draft DRAFT.gguf [--related] [-n 128] --out traces.json
+    python benchmarks/replay.py predict traces.json --profile gpu_check.json
+    python benchmarks/replay.py predict traces.json --verify 1,1.54,1.94,2.03,2.59 --draft-step 0.3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from localspec.costs import CostProfile
+from localspec.methods import AUTO_KMAX
+from localspec.replay import Recorded, replay_auto, replay_method
+
+FIXED = [("lookup", 2), ("lookup", 4), ("lookup", 8), ("history", 4), ("draft", 1), ("draft", 2), ("draft", 4),
+         ("draft", 8)]
+
+
+def record(args: argparse.Namespace) -> None:
+    import localspec
+    from localspec.bench import load_related, load_suite
+    from localspec.bench.traces import record as record_traces
+    from localspec.bench.traces import save
+
+    prompts = load_related() if args.related else load_suite()
+    with localspec.load(args.target, args.draft, n_threads=args.threads, history=False) as pair:
+        recorded = record_traces(pair, prompts, args.max_tokens, say=print)
+    meta = {"target": args.target.name, "draft": args.draft.name if args.draft else None,
+            "workload": "related" if args.related else "suite", "max_tokens": args.max_tokens}
+    save(args.out, recorded, meta)
+    print(f"wrote {args.out}")
+
+
+def profile_from(args: argparse.Namespace) -> CostProfile:
+    """The cost profile to predict on: a JSON file's, or ratios to one step."""
+    if args.verify:
+        ratios = [float(x) for x in args.verify.split(",")]
+        return CostProfile.synthetic(ratios, args.draft_step, name=f"given: verify {args.verify}")
+    data: dict[str, Any] = json.loads(args.profile.read_text())
+    data = data.get("calibration", data)  # gpu_check.json nests it; `localspec calibrate --json` does not
+    return CostProfile(list(data["verify_seconds"]), float(data.get("draft_step_seconds") or 0.0),
+                       float(data.get("lookup_seconds") or 2e-5), f"measured: {args.profile}")
+
+
+def predict(args: argparse.Namespace) -> None:
+    from localspec.bench.traces import load
+
+    requests = load(args.traces)
+    if requests is None:
+        sys.exit(f"{args.traces}: not a recording of this version; run `record` again.")
+    profile = profile_from(args)
+    rel = [v / profile.verify[0] for v in profile.verify]
+    print(f"profile ({profile.source}): verify(n)/verify(1) = {' '.join(f'{x:.2f}' for x in rel)}"
+          f"; draft step / target step = {profile.draft_step / profile.verify[0]:.2f}")
+    has_draft = all(r.draft_next is not None for r in requests)
+    cols: dict[str, list[float]] = {}
+    for method, k in FIXED:
+        if k <= profile.kmax and (method != "draft" or has_draft):
+            cols[f"{method} {k}"] = replay_method(profile, requests, method, k)
+    cols["auto"] = replay_auto(profile, requests, shared_history=False, kmax=min(AUTO_KMAX, profile.kmax))
+    cols["auto+hist"] = replay_auto(profile, requests, shared_history=True, kmax=min(AUTO_KMAX, profile.kmax))
+    table(requests, cols)
+
+
+def table(requests: list[Recorded], cols: dict[str, list[float]]) -> None:
+    print("predicted speedup over plain decoding (recorded acceptance x the profile's costs); "
+          "auto+hist: with the earlier requests' history")
+    print(f"{'prompt':<22} " + " ".join(f"{c:>9}" for c in cols))
+    for i, req in enumerate(requests):
+        print(f"{(req.category + ' ' + req.name)[:22]:<22} " + " ".join(f"{cols[c][i]:>8.2f}x" for c in cols))
+    print(f"{'median':<22} " + " ".join(f"{statistics.median(cols[c]):>8.2f}x" for c in cols))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record", help="decode the workload once and record what each drafter would get")
+    rec.add_argument("target", type=Path)
+    rec.add_argument("--draft", type=Path, default=None)
+    rec.add_argument("--related", action="store_true", help="the related-requests workload, not the suite")
+    rec.add_argument("--threads", type=int, default=None)
+    rec.add_argument("-n", "--max-tokens", type=int, default=128)
+    rec.add_argument("--out", type=Path, required=True)
+    pre = sub.add_parser("predict", help="predicted speedups of every method and auto on a cost profile")
+    pre.add_argument("traces", type=Path)
+    src = pre.add_mutually_exclusive_group(required=True)
+    src.add_argument("--profile", type=Path, help="JSON with verify_seconds (and draft_step_seconds)")
+    src.add_argument("--verify", help="verify(n)/verify(1) for n = 1, 2, ..., comma-separated")
+    pre.add_argument("--draft-step", type=float, default=0.3, help="with --verify: a draft step / a target step")
+    args = ap.parse_args()
+    if args.command == "record":
+        record(args)
+    else:
+        predict(args)
+
+
+if __name__ == "__main__":
+    main()
