@@ -12,7 +12,7 @@ acceptance tests need. ``noise=0`` gives an identical copy.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import gguf
 import numpy as np
@@ -67,6 +67,7 @@ def write_tiny_model(
     chat_template: Optional[str] = CHAT_TEMPLATE,
     eos: Optional[int] = None,
     pad_clones: bool = False,
+    metadata: Optional[dict[str, Any]] = None,
 ) -> Path:
     """Write a tiny llama GGUF and return its path.
 
@@ -85,6 +86,8 @@ def write_tiny_model(
             token i, so the model puts as much probability on each padding
             token as on its original (half its mass when ``pad_to`` doubles the
             vocabulary), and the real tokens keep the unpadded model's weights.
+        metadata: extra key/values (``general.size_label``, ``general.type``...):
+            a str, bool, int (stored as uint64) or float (float32) each.
     """
     tokens, types = vocabulary(pad_to, rename)
     n_vocab = len(tokens)
@@ -124,6 +127,15 @@ def write_tiny_model(
     w.add_add_bos_token(False)
     if chat_template:
         w.add_chat_template(chat_template)
+    for key, value in (metadata or {}).items():
+        if isinstance(value, str):
+            w.add_string(key, value)
+        elif isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint64(key, value)
+        else:
+            w.add_float32(key, float(value))
 
     s = 1.0 / np.sqrt(n_embd)
     w.add_tensor("token_embd.weight", rows(1.0))
