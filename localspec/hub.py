@@ -193,11 +193,11 @@ def download(ref: ModelRef, say: Say = _quiet, progress: bool = True) -> Path:
                 local_files_only=offline,
             ))  # type: ignore[arg-type]
     except HfHubHTTPError as exc:
-        return _raise_http(exc, ref, what)
+        return raise_http(exc, ref, what)
     except (LocalEntryNotFoundError, OfflineModeIsEnabled) as exc:
         cause = _http_cause(exc)
         if cause is not None:  # the Hub answered, with an error: say which
-            return _raise_http(cause, ref, what)
+            return raise_http(cause, ref, what)
         if offline:
             raise HubError(f"{what} is not in the local cache and HF_HUB_OFFLINE is set; "
                            "unset it to download.") from exc
@@ -221,7 +221,7 @@ def _http_cause(exc: BaseException) -> Optional[Exception]:
     return None
 
 
-def _raise_http(exc: Exception, ref: ModelRef, what: str) -> NoReturn:
+def raise_http(exc: Exception, ref: ModelRef, what: str) -> NoReturn:
     """One sentence for each way the Hub can refuse a file."""
     from huggingface_hub.errors import (
         GatedRepoError,

@@ -167,6 +167,16 @@ def add_local_pair(name: str, target: Path, draft: Path, description: str = "", 
     Returns:
         the models.toml written.
     """
+    return add_pair(name, ModelRef(path=str(target.resolve())), ModelRef(path=str(draft.resolve())),
+                    description or f"{target.name} with {draft.name} as draft", k, ctx)
+
+
+def add_pair(name: str, target: ModelRef, draft: ModelRef, description: str, k: int = 4, ctx: int = 4096) -> Path:
+    """Register a pair of local files or Hub files under ``name`` in the user's models.toml.
+
+    Returns:
+        the models.toml written.
+    """
     import tomli_w
 
     path = user_file()
@@ -174,8 +184,12 @@ def add_local_pair(name: str, target: Path, draft: Path, description: str = "", 
     if path.is_file():
         data = tomllib.loads(path.read_text(encoding="utf-8"))
         parse(path.read_text(encoding="utf-8"), str(path))  # refuse to extend a broken file
-    entry = {"description": description or f"{target.name} with {draft.name} as draft", "k": k, "ctx": ctx,
-             "target": {"path": str(target.resolve())}, "draft": {"path": str(draft.resolve())}}
+    entry = {"description": description, "k": k, "ctx": ctx, "target": _ref_table(target), "draft": _ref_table(draft)}
     data.setdefault("pairs", {})[name] = entry
     write_atomic(path, tomli_w.dumps(data))
     return path
+
+
+def _ref_table(ref: ModelRef) -> dict[str, str]:
+    fields = ("path",) if ref.is_local else ("repo", "file", "revision", "sha256")
+    return {f: getattr(ref, f) for f in fields if getattr(ref, f)}

@@ -1,0 +1,255 @@
+"""Hub files checked before they are downloaded: GGUF headers read with HTTP range requests.
+
+A GGUF starts with its metadata, the vocabulary included (a few MB at most),
+and its weights follow; reading the header through ranged GETs
+(``localspec.gguf_header.parse`` asks for growing chunks, only as far as the
+key/value section goes) tells a file's architecture, size and vocabulary
+before any weight is downloaded. ``find_drafts`` uses that to find drafts for
+a target: the catalog's drafts and the same family's smaller GGUFs on the Hub,
+each checked by its header, and reports how many bytes that took.
+
+Requests go to ``HF_ENDPOINT`` with ``HF_TOKEN`` when set, read at call time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional
+
+from .errors import HubError
+from .gguf_header import GGUFHeader, parse, parse_size_label, same_vocabulary
+from .hub import raise_http
+from .registry import ModelRef
+
+Say = Callable[[str], None]
+#: A draft is worth trying when it has at most this share of the target's parameters.
+DRAFT_MAX_SHARE = 1 / 3
+#: Hub repositories looked at per search, and candidate files whose headers are read.
+SEARCH_LIMIT = 20
+CANDIDATE_LIMIT = 8
+_TIMEOUT = 30.0
+_FIRST_CHUNK = 64 * 1024  # most headers are larger (a vocabulary of 150k tokens is ~3 MB): reads double from here
+_SIZE_IN_NAME = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z])")
+
+
+def parse_hf(text: str) -> ModelRef:
+    """``hf:ORG/REPO/FILE.gguf`` (optionally ``@REVISION``) as a Hub reference.
+
+    Raises:
+        HubError: not of that form.
+    """
+    body = text[3:] if text.startswith("hf:") else text
+    body, _, revision = body.partition("@")
+    parts = body.split("/")
+    if len(parts) < 3 or not all(parts) or not parts[-1].endswith(".gguf"):
+        raise HubError(f"{text!r} is not a Hub file reference; write hf:ORG/REPO/FILE.gguf "
+                       "(for example hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf).")
+    return ModelRef(repo="/".join(parts[:2]), file="/".join(parts[2:]), revision=revision or None)
+
+
+@dataclass
+class RemoteGGUF:
+    """A Hub GGUF known by its header.
+
+    Attributes:
+        ref: where it is.
+        header: its header and metadata.
+        size: the whole file's size in bytes.
+    """
+
+    ref: ModelRef
+    header: GGUFHeader
+    size: int
+
+    @property
+    def bytes_read(self) -> int:
+        return self.header.bytes_read
+
+    def describe(self) -> str:
+        return f"hf:{self.ref.describe()}"
+
+
+def _endpoint() -> Optional[str]:
+    return os.environ.get("HF_ENDPOINT") or None
+
+
+def _token() -> Optional[str]:
+    return os.environ.get("HF_TOKEN") or None
+
+
+def remote_header(ref: ModelRef) -> RemoteGGUF:
+    """Read a Hub GGUF's header with range requests; nothing past its key/value section is fetched.
+
+    Raises:
+        HubError: the Hub cannot be reached, refuses the file, or ignores range requests.
+        ModelFileError: the file is not a GGUF, or its header is damaged.
+    """
+    from huggingface_hub import get_session, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+
+    url = hf_hub_url(ref.repo or "", ref.file or "", revision=ref.revision, endpoint=_endpoint())
+    session, headers = get_session(), build_hf_headers(token=_token())
+    follow: dict[str, Any] = {"follow_redirects": True} if hasattr(session, "follow_redirects") else {}  # httpx
+    what = f"hf:{ref.describe()}"
+    size: list[int] = []
+
+    def read(offset: int, n: int) -> bytes:
+        end = offset + n - 1 if not size else min(offset + n, size[0]) - 1
+        if size and offset >= size[0]:
+            return b""
+        try:
+            response = session.get(url, headers={**headers, "Range": f"bytes={offset}-{end}"}, timeout=_TIMEOUT,
+                                   **follow)
+            hf_raise_for_status(response)
+        except HubError:
+            raise
+        except Exception as exc:
+            _fail(exc, ref, what)
+        if response.status_code != 206:
+            raise HubError(f"The Hub sent all of {what} instead of the bytes asked for (HTTP "
+                           f"{response.status_code}); its header cannot be checked before downloading.")
+        total = response.headers.get("Content-Range", "").rpartition("/")[2]
+        if not size and total.isdigit():
+            size.append(int(total))
+        return bytes(response.content)
+
+    first = read(0, 1)  # learns the size, so no later read goes past the end
+    if not size:
+        raise HubError(f"The Hub did not say how large {what} is (no Content-Range); try again later.")
+    header = parse(read, size[0], name=what, first_chunk=_FIRST_CHUNK)
+    header.bytes_read += len(first)
+    return RemoteGGUF(ref, header, size[0])
+
+
+def _fail(exc: Exception, ref: ModelRef, what: str) -> None:
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if isinstance(exc, HfHubHTTPError):
+        raise_http(exc, ref, what)
+    raise HubError(f"Could not reach the Hub for {what} ({type(exc).__name__}); check your connection or "
+                   "HF_ENDPOINT, and try again.") from exc
+
+
+@dataclass
+class DraftMatch:
+    """A Hub GGUF that can draft for the target, and why."""
+
+    remote: RemoteGGUF
+    reason: str
+
+
+def parameters_of(remote: RemoteGGUF) -> Optional[int]:
+    """Parameter count from the header, else from a size in the file or repository name (``0.5B``)."""
+    count = remote.header.parameters
+    if count:
+        return count
+    for name in (remote.ref.file or "", remote.ref.repo or ""):
+        m = _SIZE_IN_NAME.search(name)
+        if m:
+            return parse_size_label(f"{m.group(1)}B")
+    return None
+
+
+def find_drafts(target: RemoteGGUF, catalog: Iterable[ModelRef] = (), say: Say = lambda _: None,
+                search: bool = True) -> tuple[list[DraftMatch], int]:
+    """Drafts for a Hub target: candidates from the catalog and the Hub, each checked by its header.
+
+    A candidate qualifies when its vocabulary is the target's (or differs only
+    by padding) and it has at most ``DRAFT_MAX_SHARE`` of the target's
+    parameters. Catalog drafts are tried when their repository names the
+    target's family. Best first: the same architecture, then an identical
+    vocabulary over a padded one, then the smallest (all are several times
+    smaller than the target; the cheaper draft step wins), as
+    ``stores.pair_models`` ranks drafts on disk.
+
+    Returns:
+        The matches, and the bytes read from the Hub to check them all.
+    """
+    family = _family(target)
+    word = family.split("-")[0].lower().rstrip("0123456789.")  # "qwen" of "Qwen2.5-Coder"
+    kin = [c for c in catalog if word and word in (c.repo or "").lower()]
+    candidates = list(dict.fromkeys([*kin, *(_search(target, family, say) if search else [])]))
+    candidates = [c for c in candidates if (c.repo, c.file) != (target.ref.repo, target.ref.file)]
+    target_params = parameters_of(target)
+    matches, spent = [], 0
+    for ref in candidates[:CANDIDATE_LIMIT]:
+        try:
+            remote = remote_header(ref)
+        except Exception as exc:  # one unreadable candidate does not end the search
+            say(f"skipped hf:{ref.describe()}: {exc}")
+            continue
+        spent += remote.bytes_read
+        verdict = same_vocabulary(target.header, remote.header)
+        params = parameters_of(remote)
+        if not verdict.ok:
+            say(f"not a draft: {remote.describe()}: {verdict.message}")
+        elif target_params and params and params > DRAFT_MAX_SHARE * target_params:
+            say(f"not a draft: {remote.describe()} has {params / 1e9:.1f}B parameters, too many for a "
+                f"{target_params / 1e9:.1f}B target")
+        else:
+            size = f"{params / 1e9:.1f}B" if params else "size unknown"
+            matches.append(DraftMatch(remote, f"{'vocabulary padded' if verdict.padded else 'same vocabulary'}, "
+                                              f"{remote.header.architecture}, {size}; read "
+                                              f"{human_bytes(remote.bytes_read)} of {human_bytes(remote.size)}"))
+    same_arch = target.header.architecture
+    matches.sort(key=lambda m: (m.remote.header.architecture != same_arch, m.reason.startswith("vocabulary padded"),
+                                parameters_of(m.remote) or 0))
+    return matches, spent
+
+
+def _family(target: RemoteGGUF) -> str:
+    """The target's model family: ``general.basename`` (``Qwen2.5-Coder``), else its repository's name up to the
+    first size or version number."""
+    basename = target.header.metadata.get("general.basename")
+    if isinstance(basename, str) and basename.strip():
+        return basename.strip()
+    name = (target.ref.repo or "/").split("/")[1]
+    return re.split(r"[-_]\d", name)[0]
+
+
+def _search(target: RemoteGGUF, family: str, say: Say) -> list[ModelRef]:
+    """The family's GGUF files on the Hub from the target's publisher: the quantization the target has, one
+    file per repository."""
+    from huggingface_hub import HfApi
+
+    org = (target.ref.repo or "").split("/")[0]
+    api = HfApi(endpoint=_endpoint(), token=_token())
+    try:
+        repos = [m.id for m in api.list_models(search=family, author=org or None, limit=SEARCH_LIMIT)]
+        found = []
+        for repo in repos:
+            if repo == target.ref.repo or "gguf" not in repo.lower():
+                continue
+            files = [f for f in api.list_repo_files(repo) if f.endswith(".gguf")]
+            pick = _same_quant(files, target.ref.file or "")
+            if pick:
+                found.append(ModelRef(repo=repo, file=pick))
+        return found
+    except Exception as exc:  # the search is a convenience: the catalog's candidates still count
+        say(f"could not search the Hub for {family} drafts ({type(exc).__name__}: {exc})")
+        return []
+
+
+def _same_quant(files: list[str], target_file: str) -> Optional[str]:
+    """The file with the target file's quantization tag (e.g. ``q4_k_m``), else None; split files never."""
+    m = re.search(r"(i?q\d[\w]*?|f16|bf16|f32)(?=\.gguf$)", target_file, re.IGNORECASE)
+    tag = m.group(1).lower() if m else ""
+    usable = [f for f in files if not re.search(r"-\d{5}-of-\d{5}\.gguf$", f) and "mmproj" not in f.lower()]
+    return next((f for f in usable if tag and f.lower().endswith(f"{tag}.gguf")), None)
+
+
+def human_bytes(n: int) -> str:
+    """``1.2 GB``, ``3.4 MB``, ``56 kB``."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 1e3:.0f} kB"
+
+
+def describe_header(remote: RemoteGGUF) -> dict[str, Any]:
+    """What ``check`` prints for a Hub file."""
+    h = remote.header
+    return {"file": remote.describe(), "architecture": h.architecture, "parameters": parameters_of(remote),
+            "bytes": remote.size, "bytes_read": remote.bytes_read}
