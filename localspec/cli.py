@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import json
 import re
+import shlex
 import sys
 import typing
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ import click
 
 from . import __version__
 from .errors import LocalspecError
-from .methods import DRAFT, K_LIMIT, LOOKUP, REGISTRY
+from .methods import AUTO, DRAFT, HISTORY, K_LIMIT, LOOKUP, REGISTRY
 from .options import GenerationOptions
 
 if TYPE_CHECKING:
@@ -71,13 +72,17 @@ class ModelArgs:
     huge_pages: bool
     verbose: bool
 
-    def open(self) -> Pair:
-        """Load the registered pair by name, or the --target/--draft files."""
+    def open(self, method: Optional[str] = None) -> Pair:
+        """Load the registered pair by name, or the target (and draft) given as files or as the scan's names.
+
+        A target given without a draft gets the best draft found on this machine
+        (``localspec models --scan``), said on stderr, unless ``method`` needs none.
+        """
         from .api import load
 
         if self.pair_name and self.target:
             raise click.UsageError("Give a pair name or --target/--draft, not both.")
-        if self.pair_name:
+        if self.pair_name and not _names_a_model(self.pair_name):
             from .hub import resolve
             from .registry import get_pair
 
@@ -87,12 +92,53 @@ class ModelArgs:
                         n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
                         n_gpu_layers=self.n_gpu_layers, verbose=self.verbose,
                         flash_attn=FLASH_ATTN[self.flash_attn], huge_pages=self.huge_pages, draft_k=spec.k)
-        if not self.target:
+        given = self.pair_name or self.target
+        if not given:
             raise click.UsageError("Name a pair (see `localspec models`) or give --target (and --draft).")
-        return load(self.target, self.draft, n_ctx=4096 if self.n_ctx is None else self.n_ctx,
+        target = _model_path(given)
+        if self.draft == "none":
+            draft = None
+        elif self.draft is not None:
+            draft = _model_path(self.draft)
+        else:
+            draft = _draft_on_disk(target) if method in (None, AUTO.name, DRAFT.name) else None
+        return load(target, draft, n_ctx=4096 if self.n_ctx is None else self.n_ctx,
                     n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
-                        n_gpu_layers=self.n_gpu_layers, verbose=self.verbose,
+                    n_gpu_layers=self.n_gpu_layers, verbose=self.verbose,
                     flash_attn=FLASH_ATTN[self.flash_attn], huge_pages=self.huge_pages)
+
+
+def _names_a_model(name: str) -> bool:
+    """A name that is a model file or one of the scan's names, not a pair's name."""
+    from .stores import is_store_name
+
+    return is_store_name(name) or name.endswith(".gguf") or Path(name).expanduser().is_file()
+
+
+def _model_path(ref: str) -> str:
+    """A file path for a path or one of the scan's names (``ollama:NAME:TAG``, ``hf:ORG/REPO/FILE``...)."""
+    from .stores import is_store_name, resolve_name
+
+    return str(resolve_name(ref)) if is_store_name(ref) else ref
+
+
+def _draft_on_disk(target: str) -> Optional[str]:
+    """The best draft for ``target`` among the models on this machine and beside it, said on stderr; or None."""
+    from .backend import check_gguf
+    from .stores import find_draft, scan
+
+    check_gguf(target)  # a missing or foreign target is reported as such, not as a failed search
+    found = scan(folders=[Path(target).expanduser().resolve().parent]).models
+    match = find_draft(target, found)
+    if match is None:
+        click.echo(f"localspec: no model on this machine can draft for {Path(target).name} (same vocabulary, "
+                   "several times smaller; `localspec models --scan` lists what there is), so auto drafts "
+                   "with lookup and history only; --draft FILE gives one, `localspec pull NAME --target "
+                   "hf:ORG/REPO/FILE.gguf` finds one on the Hub", err=True)
+        return None
+    click.echo(f"localspec: drafting with {match.draft.name}: {match.reason} (--draft FILE or --draft none "
+               "overrides)", err=True)
+    return str(match.draft.path)
 
 
 _MODEL_KEYS = ("pair_name", "target", "draft", "n_ctx", "n_threads", "n_threads_batch", "n_gpu_layers", "flash_attn",
@@ -110,10 +156,12 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     for opt in reversed([
         click.argument("pair_name", metavar="[PAIR]", required=False),
-        click.option("--target", "-t", type=click.Path(dir_okay=False), default=None,
-                     help="Target model (.gguf): its output is what you get. Or name a pair instead."),
-        click.option("--draft", "-d", type=click.Path(dir_okay=False), default=None,
-                     help="Draft model (.gguf) of the same family."),
+        click.option("--target", "-t", default=None,
+                     help="Target model (.gguf, or a name from `localspec models --scan` such as "
+                          "ollama:NAME:TAG): its output is what you get. Or name a pair (or a model) instead."),
+        click.option("--draft", "-d", default=None,
+                     help="Draft model (.gguf, or a name from `localspec models --scan`) of the same family; "
+                          "default with --target: the best one on this machine; none: no draft model."),
         click.option("--ctx", "n_ctx", type=click.IntRange(min=0), default=None,
                      help="Context length in tokens (0: the model's own; default: the pair's, else 4096)."),
         click.option("--threads", "n_threads", type=click.IntRange(min=1), default=None,
@@ -197,7 +245,7 @@ def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str
         raise click.UsageError("Give exactly one of --prompt (raw text) or --message (a chat turn).")
     if system is not None and message is None:
         raise click.UsageError("--system goes with --message, not with a raw --prompt.")
-    with models.open() as pair:
+    with models.open(options.method) as pair:
         if recalibrate:
             pair.calibrate(refresh=True)
         if message is not None:
@@ -237,7 +285,7 @@ def chat(models: ModelArgs, options: GenerationOptions, system: Optional[str], s
         models.pair_name = _choose_pair(yes)
     elif models.pair_name:
         _ensure_pulled(models.pair_name, yes)
-    with models.open() as pair:
+    with models.open(options.method) as pair:
         run_chat(ChatSession(pair, system, options), show_drafts)
 
 
@@ -353,9 +401,20 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+@click.option("--scan", is_flag=True,
+              help="List the GGUFs already on this machine (Ollama, LM Studio, the Hugging Face and llama.cpp "
+                   "caches, --folder) and the target/draft pairs among them; nothing is copied or moved.")
+@click.option("--folder", "folders", multiple=True, type=click.Path(file_okay=False),
+              help="With --scan: also search this folder (repeatable).")
+@click.option("--add", "add_pairs", is_flag=True, help="With --scan: register each target's best pair.")
 @_friendly_errors
-def models(as_json: bool) -> None:
-    """List the model pairs: size, whether downloaded, and where."""
+def models(as_json: bool, scan: bool, folders: tuple[str, ...], add_pairs: bool) -> None:
+    """List the model pairs: size, whether downloaded, and where; with --scan, what is on this machine."""
+    if scan:
+        _scan(folders, add_pairs, as_json)
+        return
+    if folders or add_pairs:
+        raise click.UsageError("--folder and --add go with --scan.")
     from .hub import locate
     from .registry import load_registry, user_file
 
@@ -376,6 +435,43 @@ def models(as_json: bool) -> None:
         click.echo(f"  {row['description']}")
         click.echo(f"  target: {row['target']}\n  draft:  {row['draft']}")
     click.echo(f"\nyour pairs: {user_file()}  (localspec add NAME --target ... --draft ...)")
+
+
+def _scan(folders: tuple[str, ...], add_pairs: bool, as_json: bool) -> None:
+    """``models --scan``: the models found, the pairs among them (with the ``add`` line for each), what was skipped."""
+    from .registry import add_local_pair
+    from .stores import pair_models, scan
+
+    found = scan(folders=folders)
+    pairs = pair_models(found.models)
+    best = {id(p.target): p for p in reversed(pairs)}  # each target's first (best) pair
+    names = {id(p.target): re.sub(r"[^\w.-]+", "-", re.sub(r"\.gguf$", "", p.target.name.split("/")[-1]))
+             .strip("-").lower() for p in best.values()}
+    if as_json:
+        click.echo(json.dumps({
+            "models": [{"name": m.name, "path": str(m.path), "store": m.store, "bytes": m.size,
+                        "architecture": m.architecture, "parameters": m.parameters, "quantization": m.quantization,
+                        "vocab_fingerprint": m.fingerprint, "aliases": m.aliases} for m in found.models],
+            "pairs": [{"target": p.target.name, "draft": p.draft.name, "reason": p.reason} for p in pairs],
+            "skipped": [{"where": k.where, "why": k.why} for k in found.skipped]}, indent=1))
+    else:
+        click.echo(f"{len(found.models)} models on this machine:")
+        for m in found.models:
+            click.echo(f"  {m.name:<44} {m.label():>6} {m.quantization or '?':<7} {m.architecture or '?':<10} "
+                       f"{m.size / 1e9:5.2f} GB  vocabulary {m.fingerprint or '-'}")
+        click.echo(f"\ntarget/draft pairs, best draft first ({len(pairs)}):" if pairs else "\nno target/draft pairs")
+        for p in pairs:
+            click.echo(f"  {p.target.name} <- {p.draft.name}: {p.reason}")
+            if best.get(id(p.target)) is p:
+                click.echo(f"    localspec add {names[id(p.target)]} -t {shlex.quote(str(p.target.path))} "
+                           f"-d {shlex.quote(str(p.draft.path))}")
+        for skipped in found.skipped:
+            click.echo(str(skipped), err=True)
+    if add_pairs:
+        for key, p in best.items():
+            path = add_local_pair(names[key], p.target.path, p.draft.path, f"{p.target.name}, drafted by "
+                                  f"{p.draft.name}")
+            click.echo(f"added {names[key]} to {path}", err=as_json)
 
 
 @cli.command()
@@ -399,27 +495,84 @@ def add(name: str, target: str, draft: str, description: str, k: int, ctx: int) 
 
 
 @cli.command()
-@click.argument("name")
+@click.argument("name", required=False)
+@click.option("--target", "-t", default=None, metavar="hf:ORG/REPO/FILE.gguf",
+              help="A Hub GGUF to pull as a new pair NAME (its header is checked before any download).")
+@click.option("--draft", "-d", default=None, metavar="hf:ORG/REPO/FILE.gguf",
+              help="Its draft (default: the best one found in the catalog and on the Hub, checked by header).")
+@click.option("--no-search", is_flag=True, help="Look for a draft in the catalog only, not on the Hub.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @_friendly_errors
-def pull(name: str, quiet: bool) -> None:
-    """Download pair NAME from the Hugging Face Hub (resumes; checks sha256)."""
+def pull(name: Optional[str], target: Optional[str], draft: Optional[str], no_search: bool, quiet: bool) -> None:
+    """Download pair NAME, or a Hub target with a draft that fits it, from the Hugging Face Hub.
+
+    Files are checked by sha256 (recorded on first download when the catalog
+    lists none) and resumed after an interruption.
+    """
+    from .hub import download
     from .hub import pull as hub_pull
     from .registry import get_pair
 
-    files = hub_pull(get_pair(name), say=lambda m: click.echo(m, err=True), progress=not quiet)
-    click.echo(f"{name}: target {files.target}")
-    click.echo(f"{' ' * len(name)}  draft  {files.draft}")
+    say = functools.partial(click.echo, err=True)
+    if target is None:
+        if name is None or draft is not None:
+            raise click.UsageError("Name a pair (see `localspec models`), or give --target hf:ORG/REPO/FILE.gguf.")
+        files = hub_pull(get_pair(name), say=say, progress=not quiet)
+        click.echo(f"{name}: target {files.target}")
+        click.echo(f"{' ' * len(name)}  draft  {files.draft}")
+        return
+    t, d = _pick_hub_pair(target, draft, not no_search, say)
+    pair_name = name or _pair_name(t.ref.file or "target")
+    for role, ref in (("target", t.ref), ("draft", d.ref)):
+        say(f"{role}: hf:{ref.describe()}")
+        download(ref, say, progress=not quiet)
+    from .registry import add_pair
+
+    path = add_pair(pair_name, t.ref, d.ref, f"{t.ref.file}, drafted by {d.ref.file}")
+    click.echo(f"added {pair_name} to {path}; try `localspec chat {pair_name}`")
+
+
+def _pick_hub_pair(target: str, draft: Optional[str], search: bool, say: Callable[[str], None]) -> tuple[Any, Any]:
+    """The Hub target and its draft (given, or found), both checked by their headers before any download."""
+    from .errors import HubError, VocabMismatchError
+    from .gguf_header import same_vocabulary
+    from .registry import load_registry
+    from .remote import find_drafts, human_bytes, parse_hf, remote_header
+
+    t = remote_header(parse_hf(target))
+    say(f"target {t.describe()}: {t.header.architecture}, {t.header.size_label or '?'} "
+        f"(read {human_bytes(t.bytes_read)} of {human_bytes(t.size)})")
+    if draft is not None:
+        d = remote_header(parse_hf(draft))
+        verdict = same_vocabulary(t.header, d.header)
+        if not verdict.ok:
+            raise VocabMismatchError(verdict.message)
+        say(f"draft {d.describe()}: {verdict.message} (read {human_bytes(d.bytes_read)} of {human_bytes(d.size)})")
+        return t, d
+    catalog = [p.draft for p in load_registry().values() if not p.draft.is_local]
+    matches, spent = find_drafts(t, catalog, say=say, search=search)
+    for m in matches:
+        say(f"  candidate {m.remote.describe()}: {m.reason}")
+    if not matches:
+        raise HubError(f"No draft for {t.describe()} was found in the catalog{' or on the Hub' if search else ''}; "
+                       "give one of the same family with --draft hf:ORG/REPO/FILE.gguf.")
+    say(f"draft: {matches[0].remote.describe()} (checked by header, {human_bytes(spent)} read in all)")
+    return t, matches[0].remote
+
+
+def _pair_name(file: str) -> str:
+    """A pair name from a GGUF file name: lower case, without the quantization tag."""
+    stem = re.sub(r"[-_.](i?q\d\w*|f16|bf16|f32)$", "", Path(file).stem, flags=re.IGNORECASE)
+    return stem.lower()
 
 
 @cli.command()
 @click.argument("pair_name", metavar="[PAIR]", required=False)
-@click.option("--target", "-t", type=click.Path(dir_okay=False), default=None)
-@click.option("--draft", "-d", type=click.Path(dir_okay=False), default=None)
+@click.option("--target", "-t", default=None, help="A .gguf file, or a Hub file hf:ORG/REPO/FILE.gguf.")
+@click.option("--draft", "-d", default=None, help="The same for the draft.")
 @_friendly_errors
 def check(pair_name: Optional[str], target: Optional[str], draft: Optional[str]) -> None:
-    """Check that a draft shares the target's vocabulary (reads the vocabularies only)."""
-    from .backend import read_vocab
+    """Check that a draft shares the target's vocabulary (reads the vocabularies only; of a Hub file, its header)."""
     from .compat import VOCAB_TYPES, compare
 
     if pair_name:
@@ -430,14 +583,96 @@ def check(pair_name: Optional[str], target: Optional[str], draft: Optional[str])
         target, draft = str(files.target), str(files.draft)
     if not target or not draft:
         raise click.UsageError("Name a pair or give both --target and --draft.")
-    t, d = read_vocab(target), read_vocab(draft)
-    for role, v in (("target", t), ("draft", d)):
+    (t, t_note), (d, d_note) = _vocab_of(target), _vocab_of(draft)
+    for role, v, note in (("target", t, t_note), ("draft", d, d_note)):
         click.echo(f"{role}: {v.path.name}: {VOCAB_TYPES.get(v.type, '?')}, {v.n_tokens} tokens, "
-                   f"BOS {v.bos}, EOS {v.eos}")
+                   f"BOS {v.bos}, EOS {v.eos}{note}")
     result = compare(t, d)
     if not result.ok:
         raise click.ClickException(result.message)
     click.echo(("warning: " if result.padded else "ok: ") + result.message)
+
+
+def _vocab_of(ref: str) -> tuple[Any, str]:
+    """A model's vocabulary: a Hub file's from its header (saying how much was read), a local file's from llama.cpp."""
+    if ref.startswith("hf:"):
+        from .remote import human_bytes, parse_hf, remote_header
+
+        remote = remote_header(parse_hf(ref))
+        return remote.header.vocab(), f" (header read: {human_bytes(remote.bytes_read)} of {human_bytes(remote.size)})"
+    from .backend import read_vocab
+
+    return read_vocab(ref), ""
+
+
+@cli.command()
+@click.argument("pair_name", metavar="[PAIR]", required=False)
+@click.option("--target", "-t", type=click.Path(dir_okay=False), default=None, help="Target model (.gguf).")
+@click.option("--draft", "-d", type=click.Path(dir_okay=False), default=None, help="Draft model (.gguf).")
+@click.option("--to", "engine", type=click.Choice(["vllm", "llama-server"]), required=True,
+              help="The serving engine to run the pair on.")
+@click.option("--method", type=click.Choice(["auto", DRAFT.name, LOOKUP.name, HISTORY.name]), default="auto",
+              show_default=True,
+              help="Drafting method; auto: the best drafting row of --from-bench, else the draft model if there "
+                   "is one, else lookup.")
+@click.option("--from-bench", "bench_file", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="A `localspec bench --json` file of this pair: export the method and K that did best in it.")
+@click.option("--k", type=click.IntRange(1, K_LIMIT), default=None, help="Tokens per draft (default: the pair's).")
+@click.option("--ctx", type=click.IntRange(min=256), default=None, help="Context length (default: the pair's).")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="Port (default: the engine's own).")
+@click.option("--target-repo", default=None, metavar="ORG/NAME",
+              help="The Hugging Face repository the target GGUF was made from (for vLLM), if its header lacks it.")
+@click.option("--draft-repo", default=None, metavar="ORG/NAME", help="The same for the draft.")
+@_friendly_errors
+def export(pair_name: Optional[str], target: Optional[str], draft: Optional[str], engine: str, method: str,
+           bench_file: Optional[str], k: Optional[int], ctx: Optional[int], port: Optional[int],
+           target_repo: Optional[str], draft_repo: Optional[str]) -> None:
+    """Print the command that serves this pair on vLLM or llama-server, for more than one user."""
+    from . import export as ex
+    from .gguf_header import read_local
+    from .options import LOOKUP_NGRAM
+
+    hub_repos: list[Optional[str]] = [None, None]
+    pair_k, pair_ctx = None, 4096
+    if pair_name:
+        if target:
+            raise click.UsageError("Give a pair name or --target/--draft, not both.")
+        from .hub import resolve
+        from .registry import get_pair
+
+        spec = get_pair(pair_name)
+        files = resolve(spec)
+        target, draft, pair_k, pair_ctx = str(files.target), str(files.draft), spec.k, spec.ctx
+        hub_repos = [spec.target.repo, spec.draft.repo]
+    if not target:
+        raise click.UsageError("Name a pair (see `localspec models`) or give --target (and --draft).")
+    served: list[Optional[ex.Served]] = []
+    for path, repo, hub_repo in ((target, target_repo, hub_repos[0]), (draft, draft_repo, hub_repos[1])):
+        if path is None:
+            served.append(None)
+            continue
+        found, why = (repo, "--target-repo or --draft-repo") if repo else ex.source_repo(
+            read_local(Path(path)).metadata, hub_repo)
+        served.append(ex.Served(Path(path), found, why))
+    chosen_k = k
+    if method == "auto":
+        if bench_file:
+            method, bench_k, speedup = ex.best_method(json.loads(Path(bench_file).read_text()))
+            chosen_k = k or bench_k
+            click.echo(f"# from {bench_file}: {method} with K={bench_k} did best ({speedup:.2f}x median over "
+                       "its prompts)")
+        else:
+            method = DRAFT.name if draft else LOOKUP.name
+    if method == DRAFT.name and served[1] is None:
+        raise click.UsageError("The draft method needs --draft (or a pair); choose --method lookup or history.")
+    chosen_k = chosen_k or pair_k or 4
+    assert served[0] is not None
+    args = (served[0], served[1], method, chosen_k, LOOKUP_NGRAM, ctx or pair_ctx)
+    if engine == "vllm":
+        plan = ex.vllm(*args, port=port) if port else ex.vllm(*args)
+    else:
+        plan = ex.llama_server(*args, port=port) if port else ex.llama_server(*args)
+    click.echo(plan.render())
 
 
 # -- history ---------------------------------------------------------------------------------------
