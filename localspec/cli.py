@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import os
 import re
 import shlex
 import sys
@@ -517,7 +518,9 @@ def pull(name: Optional[str], target: Optional[str], draft: Optional[str], no_se
     if target is None:
         if name is None or draft is not None:
             raise click.UsageError("Name a pair (see `localspec models`), or give --target hf:ORG/REPO/FILE.gguf.")
-        files = hub_pull(get_pair(name), say=say, progress=not quiet)
+        spec = get_pair(name)
+        _check_before_download(spec, say)
+        files = hub_pull(spec, say=say, progress=not quiet)
         click.echo(f"{name}: target {files.target}")
         click.echo(f"{' ' * len(name)}  draft  {files.draft}")
         return
@@ -530,6 +533,33 @@ def pull(name: Optional[str], target: Optional[str], draft: Optional[str], no_se
 
     path = add_pair(pair_name, t.ref, d.ref, f"{t.ref.file}, drafted by {d.ref.file}")
     click.echo(f"added {pair_name} to {path}; try `localspec chat {pair_name}`")
+
+
+def _check_before_download(spec: Any, say: Callable[[str], None]) -> None:
+    """Before a pair's missing Hub files are downloaded, compare the two vocabularies from their headers.
+
+    Offline, or with both files on disk, there is nothing to check here (loading checks them).
+    """
+    from .errors import VocabMismatchError
+    from .gguf_header import read_local, same_vocabulary
+    from .hub import locate
+    from .remote import human_bytes, remote_header
+
+    on_disk = [locate(spec.target), locate(spec.draft)]
+    if all(on_disk) or os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return
+    headers, read = [], 0
+    for ref, path in zip((spec.target, spec.draft), on_disk, strict=True):
+        if path is not None or ref.is_local:
+            headers.append(read_local(path or ref.path))
+        else:
+            remote = remote_header(ref)
+            headers.append(remote.header)
+            read += remote.bytes_read
+    verdict = same_vocabulary(headers[0], headers[1])
+    if not verdict.ok:
+        raise VocabMismatchError(f"{verdict.message} (pair {spec.name!r}; nothing was downloaded)")
+    say(f"checked the vocabularies from the headers first ({human_bytes(read)} read): {verdict.message}")
 
 
 def _pick_hub_pair(target: str, draft: Optional[str], search: bool, say: Callable[[str], None]) -> tuple[Any, Any]:

@@ -119,3 +119,19 @@ def test_pulled_pair_files_are_recorded_with_their_checksums(hub, tmp_path):
     assert "added tiny-1b-instruct to" in r.output  # named after the target file
     recorded = json.loads((tmp_path / "home" / "checksums.json").read_text())["recorded"]
     assert {f"{TARGET[0]}/{TARGET[1]}@main", f"{DRAFT[0]}/{DRAFT[1]}@main"} <= set(recorded)
+
+
+def test_pulling_a_registered_pair_checks_its_vocabularies_by_header_before_downloading(hub, files, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    (home / "models.toml").write_text(
+        f'[pairs.bad]\ndescription = "x"\ntarget = {{ repo = "{TARGET[0]}", file = "{TARGET[1]}" }}\n'
+        f'draft = {{ repo = "{FOREIGN[0]}", file = "{FOREIGN[1]}" }}\n'
+        f'[pairs.good]\ndescription = "y"\ntarget = {{ repo = "{TARGET[0]}", file = "{TARGET[1]}" }}\n'
+        f'draft = {{ repo = "{DRAFT[0]}", file = "{DRAFT[1]}" }}\n')
+    r = CliRunner().invoke(cli, ["pull", "bad", "-q"])
+    assert r.exit_code == 1 and "different vocabularies" in r.output and "nothing was downloaded" in r.output
+    assert all(sent < 0.05 * files[key].stat().st_size for key, sent in hub.sent.items())
+    r = CliRunner().invoke(cli, ["pull", "good", "-q"])
+    assert r.exit_code == 0 and "checked the vocabularies from the headers first" in r.output
+    assert hub.sent[DRAFT] >= files[DRAFT].stat().st_size
