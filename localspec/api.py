@@ -214,7 +214,12 @@ class Pair:
         """
         if self._profile is None or refresh:
             self.choose_threads(refresh)
-            self._profile = calibrate(self.target, self.draft, AUTO_KMAX, refresh=refresh, notify=self.notify)
+            choice = self.thread_choice
+            checked = choice.checked if choice and choice.threads == self.target.n_threads else None
+            self._profile = calibrate(self.target, self.draft, AUTO_KMAX, refresh=refresh, notify=self.notify,
+                                      step=checked)
+            if choice is not None:
+                choice.checked = None  # a check is fresh once
             if refresh:  # a new measurement: what rounds showed about the old one no longer applies
                 self.cost_correction = CostCorrection()
         return self._profile

@@ -64,12 +64,15 @@ class ThreadChoice:
         batch_threads: for batches of ``AUTO_KMAX + 1`` tokens (compute-bound).
         step_seconds: seconds per step at each thread count tried.
         batch_seconds: seconds per batch at each thread count tried.
+        checked: a fresh step time at ``threads`` that confirmed the cache (None when just measured),
+            which ``calibrate`` may reuse to confirm its own.
     """
 
     threads: int
     batch_threads: int
     step_seconds: dict[int, float]
     batch_seconds: dict[int, float]
+    checked: Optional[float] = None
 
 
 def choose_threads(target: Model, refresh: bool = False,
@@ -90,6 +93,7 @@ def choose_threads(target: Model, refresh: bool = False,
                               {int(n): float(t) for n, t in rec["batch_seconds"].items()})
         then, now = cached.step_seconds[cached.threads], step_seconds(target, cached.threads)  # a few steps
         if not _stale(then, now):
+            cached.checked = now
             return cached
         say(f"localspec: the cached thread measurement no longer holds (a step takes {1000 * now:.1f} ms at "
             f"{cached.threads} threads, {1000 * then:.1f} ms when measured); measuring again")
@@ -323,7 +327,8 @@ def forget(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, cache_f
 
 
 def calibrate(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, refresh: bool = False,
-              cache_file: Optional[Path] = None, notify: Optional[Callable[[str], None]] = None) -> CostProfile:
+              cache_file: Optional[Path] = None, notify: Optional[Callable[[str], None]] = None,
+              step: Optional[float] = None) -> CostProfile:
     """The cached cost profile for these models and settings, measuring it if needed.
 
     Measuring leaves both models' caches empty.
@@ -332,6 +337,8 @@ def calibrate(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, refr
         refresh: measure again even if a cached profile exists.
         cache_file: JSON file of profiles (default: ``calibration.json`` in the cache dir).
         notify: told in one line when a measurement starts.
+        step: a single-step time just measured at the target's threads (``ThreadChoice.checked``):
+            it confirms a cached profile instead of a few more steps.
     """
     say = notify or (lambda _: None)
     path = _store_path(cache_file)
@@ -339,7 +346,7 @@ def calibrate(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, refr
     store = _read_store(path)
     if not refresh and key in store:
         rec = store[key]
-        then, now = rec["verify"][0], step_seconds(target)  # a few steps confirm it still holds
+        then, now = rec["verify"][0], step if step is not None else step_seconds(target)  # still holds?
         if not _stale(then, now):
             return CostProfile(rec["verify"], rec["draft_step"], rec["lookup"], "cache")
         say(f"localspec: the cached cost profile no longer holds (a step takes {1000 * now:.1f} ms, "

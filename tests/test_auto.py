@@ -175,6 +175,15 @@ def test_the_thread_count_is_measured_once_and_the_fastest_is_used(tiny_dir, tmp
     with localspec.load(tiny_dir / "target.gguf", n_ctx=512, n_threads=1) as pair:
         assert pair.choose_threads() == {} and pair.target.n_threads == 1  # --threads wins, nothing measured
     assert calls == [default_threads()]
+    # Loading with both caches warm confirms them with one short run of steps, not one per cache.
+    checks = []
+    real_steps = calibration.step_seconds
+    monkeypatch.setattr(calibration, "step_seconds", lambda *a, **k: checks.append(1) or real_steps(*a, **k))
+    with localspec.load(tiny_dir / "target.gguf", tiny_dir / "draft.gguf", n_ctx=512) as pair:
+        pair.calibrate()
+        assert len(checks) == 2 and pair.calibrate().source == "measured"  # the first calibration: measured
+    with localspec.load(tiny_dir / "target.gguf", tiny_dir / "draft.gguf", n_ctx=512) as pair:
+        assert pair.calibrate().source == "cache" and len(checks) == 3
 
 
 PROMPTS = ["The cat sat on the mat and the dog sat on the", "in the end, in the end, in the end, in the",
