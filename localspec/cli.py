@@ -276,15 +276,16 @@ def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str
 def chat(models: ModelArgs, options: GenerationOptions, system: Optional[str], show_drafts: bool, yes: bool) -> None:
     """Talk to a model pair in the terminal, with streamed speculative output.
 
-    PAIR is a name from `localspec models`; without one (and without
-    --target) the first downloaded pair is used, or the default pair is
-    offered for download.
+    PAIR is a name from `localspec models`, or a model (a .gguf file, or a
+    name from `localspec models --scan`) with the best draft on this machine;
+    without one (and without --target) the first downloaded pair is used, or
+    the default pair is offered for download.
     """
     from .chat import ChatSession, run_chat
 
     if not models.pair_name and not models.target:
         models.pair_name = _choose_pair(yes)
-    elif models.pair_name:
+    elif models.pair_name and not _names_a_model(models.pair_name):
         _ensure_pulled(models.pair_name, yes)
     with models.open(options.method) as pair:
         run_chat(ChatSession(pair, system, options), show_drafts)
