@@ -36,7 +36,7 @@ def _quiet(_: str) -> None:
     pass
 
 
-def _truthy(name: str) -> bool:
+def truthy(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
@@ -184,7 +184,7 @@ def download(ref: ModelRef, say: Say = _quiet, progress: bool = True) -> Path:
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
     what = _key(ref)
-    offline = _truthy("HF_HUB_OFFLINE")
+    offline = truthy("HF_HUB_OFFLINE")
     try:
         with _progress_bars(progress):
             path = Path(hf_hub_download(

@@ -15,21 +15,25 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
-from .errors import HubError
+from .errors import HubError, ModelFileError
 from .gguf_header import GGUFHeader, parse, parse_size_label, same_vocabulary
-from .hub import raise_http
+from .hub import raise_http, truthy
 from .registry import ModelRef
+from .stores import MIN_RATIO
 
 Say = Callable[[str], None]
-#: A draft is worth trying when it has at most this share of the target's parameters.
-DRAFT_MAX_SHARE = 1 / 3
 #: Hub repositories looked at per search, and candidate files whose headers are read.
 SEARCH_LIMIT = 20
 CANDIDATE_LIMIT = 8
 _TIMEOUT = 30.0
+#: The most a header check reads from one file, and how long it may take (a 150k-token header is ~8 MB).
+MAX_HEADER_BYTES = 128 << 20
+DEADLINE = 120.0
+_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")
 _FIRST_CHUNK = 64 * 1024  # most headers are larger (a vocabulary of 150k tokens is ~3 MB): reads double from here
 _SIZE_IN_NAME = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z])")
 
@@ -43,7 +47,7 @@ def parse_hf(text: str) -> ModelRef:
     body = text[3:] if text.startswith("hf:") else text
     body, _, revision = body.partition("@")
     parts = body.split("/")
-    if len(parts) < 3 or not all(parts) or not parts[-1].endswith(".gguf"):
+    if len(parts) < 3 or any(p in ("", ".", "..") for p in parts) or "\\" in body or not parts[-1].endswith(".gguf"):
         raise HubError(f"{text!r} is not a Hub file reference; write hf:ORG/REPO/FILE.gguf "
                        "(for example hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf).")
     return ModelRef(repo="/".join(parts[:2]), file="/".join(parts[2:]), revision=revision or None)
@@ -82,45 +86,76 @@ def _token() -> Optional[str]:
 def remote_header(ref: ModelRef) -> RemoteGGUF:
     """Read a Hub GGUF's header with range requests; nothing past its key/value section is fetched.
 
+    Each reply is read only as far as the bytes asked for, all of them together
+    at most ``MAX_HEADER_BYTES``, within ``DEADLINE`` seconds: a server cannot
+    make the check download a model, or wait forever.
+
     Raises:
-        HubError: the Hub cannot be reached, refuses the file, or ignores range requests.
+        HubError: the Hub cannot be reached, refuses the file, ignores range requests, or sends too much.
         ModelFileError: the file is not a GGUF, or its header is damaged.
     """
-    from huggingface_hub import get_session, hf_hub_url
-    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+    if truthy("HF_HUB_OFFLINE"):
+        raise HubError(f"hf:{ref.describe()} is not in the local cache and HF_HUB_OFFLINE is set; unset it to "
+                       "read its header from the Hub.")
+    reader = _RangeReader(ref)
+    first = reader.read(0, 1)  # learns the size, so no later read goes past the end
+    header = parse(reader.read, reader.size, name=reader.what, first_chunk=_FIRST_CHUNK)
+    header.bytes_read += len(first)
+    return RemoteGGUF(ref, header, reader.size)
 
-    url = hf_hub_url(ref.repo or "", ref.file or "", revision=ref.revision, endpoint=_endpoint())
-    session, headers = get_session(), build_hf_headers(token=_token())
-    follow: dict[str, Any] = {"follow_redirects": True} if hasattr(session, "follow_redirects") else {}  # httpx
-    what = f"hf:{ref.describe()}"
-    size: list[int] = []
 
-    def read(offset: int, n: int) -> bytes:
-        end = offset + n - 1 if not size else min(offset + n, size[0]) - 1
-        if size and offset >= size[0]:
+class _RangeReader:
+    """``read(offset, n)`` over HTTP range requests to one Hub file, with a byte budget and a deadline."""
+
+    def __init__(self, ref: ModelRef):
+        from huggingface_hub import get_session, hf_hub_url
+        from huggingface_hub.utils import build_hf_headers
+
+        self.ref, self.what = ref, f"hf:{ref.describe()}"
+        self.url = hf_hub_url(ref.repo or "", ref.file or "", revision=ref.revision, endpoint=_endpoint())
+        self.session, self.headers = get_session(), build_hf_headers(token=_token())
+        self.size = 0  # known after the first read
+        self.spent = 0
+        self.deadline = time.monotonic() + DEADLINE
+
+    def read(self, offset: int, n: int) -> bytes:
+        if self.size and offset >= self.size:
             return b""
+        end = offset + n - 1 if not self.size else min(offset + n, self.size) - 1
+        if self.spent + (end + 1 - offset) > MAX_HEADER_BYTES:
+            raise HubError(f"The header of {self.what} goes on past {MAX_HEADER_BYTES >> 20} MiB, far more than any "
+                           "model's metadata; it was not read further.")
         try:
-            response = session.get(url, headers={**headers, "Range": f"bytes={offset}-{end}"}, timeout=_TIMEOUT,
-                                   **follow)
-            hf_raise_for_status(response)
-        except HubError:
+            return self._get(offset, end)
+        except (HubError, ModelFileError):
             raise
         except Exception as exc:
-            _fail(exc, ref, what)
-        if response.status_code != 206:
-            raise HubError(f"The Hub sent all of {what} instead of the bytes asked for (HTTP "
-                           f"{response.status_code}); its header cannot be checked before downloading.")
-        total = response.headers.get("Content-Range", "").rpartition("/")[2]
-        if not size and total.isdigit():
-            size.append(int(total))
-        return bytes(response.content)
+            _fail(exc, self.ref, self.what)
+            raise  # unreachable: _fail raises
 
-    first = read(0, 1)  # learns the size, so no later read goes past the end
-    if not size:
-        raise HubError(f"The Hub did not say how large {what} is (no Content-Range); try again later.")
-    header = parse(read, size[0], name=what, first_chunk=_FIRST_CHUNK)
-    header.bytes_read += len(first)
-    return RemoteGGUF(ref, header, size[0])
+    def _get(self, offset: int, end: int) -> bytes:
+        from huggingface_hub.utils import hf_raise_for_status
+
+        headers = {**self.headers, "Range": f"bytes={offset}-{end}"}
+        with self.session.stream("GET", self.url, headers=headers, timeout=_TIMEOUT, follow_redirects=True) as r:
+            if r.status_code >= 400:
+                r.read()  # the error's body names it
+                hf_raise_for_status(r)
+            got = _CONTENT_RANGE.match(r.headers.get("Content-Range", ""))
+            if r.status_code != 206 or got is None or int(got.group(1)) != offset:
+                raise HubError(f"The Hub did not answer {self.what} with the bytes asked for (HTTP {r.status_code}, "
+                               f"Content-Range {r.headers.get('Content-Range')!r}); its header cannot be checked "
+                               "before downloading.")
+            self.size = self.size or int(got.group(3))
+            want, data = end + 1 - offset, bytearray()
+            for chunk in r.iter_bytes():
+                data += chunk[: want - len(data)]  # never more than asked for, whatever the server sends
+                if len(data) >= want:
+                    break
+                if time.monotonic() > self.deadline:
+                    raise HubError(f"Reading the header of {self.what} took over {DEADLINE:.0f} s; try again later.")
+        self.spent += len(data)
+        return bytes(data)
 
 
 def _fail(exc: Exception, ref: ModelRef, what: str) -> None:
@@ -138,18 +173,26 @@ class DraftMatch:
 
     remote: RemoteGGUF
     reason: str
+    padded: bool = False
 
 
 def parameters_of(remote: RemoteGGUF) -> Optional[int]:
     """Parameter count from the header, else from a size in the file or repository name (``0.5B``)."""
-    count = remote.header.parameters
-    if count:
-        return count
-    for name in (remote.ref.file or "", remote.ref.repo or ""):
+    return remote.header.parameters or _size_in_name(remote.ref)
+
+
+def _size_in_name(ref: ModelRef) -> Optional[int]:
+    for name in (ref.file or "", ref.repo or ""):
         m = _SIZE_IN_NAME.search(name)
         if m:
             return parse_size_label(f"{m.group(1)}B")
     return None
+
+
+def _small_enough(target: RemoteGGUF, draft: RemoteGGUF) -> bool:
+    """At least ``MIN_RATIO`` times smaller: by parameters when both are known, else by file size (as on disk)."""
+    t, d = parameters_of(target), parameters_of(draft)
+    return d * MIN_RATIO <= t if t and d else draft.size * MIN_RATIO <= target.size
 
 
 def find_drafts(target: RemoteGGUF, catalog: Iterable[ModelRef] = (), say: Say = lambda _: None,
@@ -157,12 +200,12 @@ def find_drafts(target: RemoteGGUF, catalog: Iterable[ModelRef] = (), say: Say =
     """Drafts for a Hub target: candidates from the catalog and the Hub, each checked by its header.
 
     A candidate qualifies when its vocabulary is the target's (or differs only
-    by padding) and it has at most ``DRAFT_MAX_SHARE`` of the target's
-    parameters. Catalog drafts are tried when their repository names the
-    target's family. Best first: the same architecture, then an identical
-    vocabulary over a padded one, then the smallest (all are several times
-    smaller than the target; the cheaper draft step wins), as
-    ``stores.pair_models`` ranks drafts on disk.
+    by padding) and it is at least ``stores.MIN_RATIO`` times smaller, as on
+    disk. Catalog drafts are tried when their repository names the target's
+    family; a candidate whose name already says it is too large is not read,
+    and the smallest by name are read first. Best first, as
+    ``stores.pair_models`` ranks drafts on disk: the same architecture, an
+    identical vocabulary before a padded one, then the smallest.
 
     Returns:
         The matches, and the bytes read from the Hub to check them all.
@@ -171,31 +214,33 @@ def find_drafts(target: RemoteGGUF, catalog: Iterable[ModelRef] = (), say: Say =
     word = family.split("-")[0].lower().rstrip("0123456789.")  # "qwen" of "Qwen2.5-Coder"
     kin = [c for c in catalog if word and word in (c.repo or "").lower()]
     candidates = list(dict.fromkeys([*kin, *(_search(target, family, say) if search else [])]))
-    candidates = [c for c in candidates if (c.repo, c.file) != (target.ref.repo, target.ref.file)]
-    target_params = parameters_of(target)
+    limit = (parameters_of(target) or 0) / MIN_RATIO
+    candidates = [c for c in candidates if (c.repo, c.file) != (target.ref.repo, target.ref.file)
+                  and not (limit and (_size_in_name(c) or 0) > limit)]
+    candidates.sort(key=lambda c: (_size_in_name(c) is None, _size_in_name(c) or 0))
     matches, spent = [], 0
     for ref in candidates[:CANDIDATE_LIMIT]:
         try:
             remote = remote_header(ref)
-        except Exception as exc:  # one unreadable candidate does not end the search
+            spent += remote.bytes_read
+            verdict = same_vocabulary(target.header, remote.header)
+        except (HubError, ModelFileError) as exc:  # one unreadable candidate does not end the search
             say(f"skipped hf:{ref.describe()}: {exc}")
             continue
-        spent += remote.bytes_read
-        verdict = same_vocabulary(target.header, remote.header)
-        params = parameters_of(remote)
         if not verdict.ok:
             say(f"not a draft: {remote.describe()}: {verdict.message}")
-        elif target_params and params and params > DRAFT_MAX_SHARE * target_params:
-            say(f"not a draft: {remote.describe()} has {params / 1e9:.1f}B parameters, too many for a "
-                f"{target_params / 1e9:.1f}B target")
+        elif not _small_enough(target, remote):
+            say(f"not a draft: {remote.describe()} is not {MIN_RATIO:g} times smaller than the target")
         else:
-            size = f"{params / 1e9:.1f}B" if params else "size unknown"
+            params = parameters_of(remote)
+            size = f"{params / 1e9:.1f}B" if params else human_bytes(remote.size)
             matches.append(DraftMatch(remote, f"{'vocabulary padded' if verdict.padded else 'same vocabulary'}, "
                                               f"{remote.header.architecture}, {size}; read "
-                                              f"{human_bytes(remote.bytes_read)} of {human_bytes(remote.size)}"))
-    same_arch = target.header.architecture
-    matches.sort(key=lambda m: (m.remote.header.architecture != same_arch, m.reason.startswith("vocabulary padded"),
-                                parameters_of(m.remote) or 0))
+                                              f"{human_bytes(remote.bytes_read)} of {human_bytes(remote.size)}",
+                                      verdict.padded))
+    arch = target.header.architecture
+    matches.sort(key=lambda m: (m.remote.header.architecture != arch, m.padded, parameters_of(m.remote) is None,
+                                parameters_of(m.remote) or m.remote.size))
     return matches, spent
 
 

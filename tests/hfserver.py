@@ -29,6 +29,9 @@ class FakeHub:
         self.drop_after: Optional[int] = None
         #: Body bytes sent for file contents, per (repo, file).
         self.sent: dict[tuple[str, str], int] = {}
+        #: A misbehaving server: answer a range from its start to the end of the file ("tail"), or
+        #: from one byte further on ("shift"), whatever was asked.
+        self.bad_ranges: Optional[str] = None
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -112,6 +115,10 @@ class FakeHub:
                 if rng:
                     first, _, last = rng.split("=")[1].partition("-")
                     start, end = int(first), min(int(last), len(data) - 1) if last else len(data) - 1
+                    if hub.bad_ranges == "tail":
+                        end = len(data) - 1
+                    elif hub.bad_ranges == "shift":
+                        start += 1
                 key = tuple(self.path.split("?")[0].lstrip("/").split("/resolve/", 1))
                 repo_file = (key[0], key[1].partition("/")[2])
                 hub.sent[repo_file] = hub.sent.get(repo_file, 0) + end + 1 - start
@@ -134,7 +141,11 @@ class FakeHub:
                     return
                 self.wfile.write(data)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request: object, client_address: object) -> None:
+                pass  # a client that stops reading early (a header check) is expected, not news
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

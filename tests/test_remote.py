@@ -72,7 +72,8 @@ def test_check_on_hub_files_reads_a_few_percent_and_agrees_with_the_local_check(
 def test_a_hub_target_gets_the_compatible_draft_found_by_header_and_downloaded(hub, files):
     r = CliRunner().invoke(cli, ["pull", "tiny", "--target", hf(TARGET)])
     assert r.exit_code == 0, r.output
-    assert f"draft: hf:{DRAFT[0]}/{DRAFT[1]}" in r.output and "too many for a" in r.output
+    assert f"draft: hf:{DRAFT[0]}/{DRAFT[1]}" in r.output
+    assert TOO_BIG not in hub.sent  # its name says 0.9B, too large for a 1B target: not even its header is read
     assert "different vocabularies" in r.output  # the foreign one was read and refused
     spec = registry.get_pair("tiny")
     assert (spec.target.repo, spec.target.file, spec.draft.repo, spec.draft.file) == (*TARGET, *DRAFT)
@@ -88,7 +89,7 @@ def test_a_given_draft_with_another_vocabulary_is_refused_before_downloading(hub
     assert all(sent < 0.05 * files[key].stat().st_size for key, sent in hub.sent.items())
 
 
-def test_draft_search_ranks_the_same_architecture_then_the_larger_draft(hub):
+def test_draft_search_ranks_an_identical_vocabulary_first_and_skips_what_is_too_large(hub):
     target = remote_header(parse_hf(hf(TARGET)))
     matches, spent = find_drafts(target)
     assert [m.remote.ref.repo for m in matches] == [DRAFT[0], PADDED[0]]  # identical before padded; 0.9B is too big
@@ -102,8 +103,9 @@ def test_bad_remote_files_and_an_unreachable_hub_are_one_sentence(hub, monkeypat
         remote_header(parse_hf("hf:org/Notes-GGUF/notes.gguf"))
     with pytest.raises(HubError, match="no file"):
         remote_header(parse_hf("hf:org/Tiny-1B-Instruct-GGUF/missing.gguf"))
-    with pytest.raises(HubError, match="not a Hub file reference"):
-        parse_hf("hf:org/only-a-repo")
+    for bad in ("hf:org/only-a-repo", "hf:org/../x.gguf", "hf:org/r//x.gguf", "hf:org/r/notes.txt"):
+        with pytest.raises(HubError, match="not a Hub file reference"):
+            parse_hf(bad)
     hub.errors[TARGET[0]] = (403, "GatedRepo")
     with pytest.raises(HubError, match="gated or private"):
         remote_header(parse_hf(hf(TARGET)))
@@ -135,3 +137,24 @@ def test_pulling_a_registered_pair_checks_its_vocabularies_by_header_before_down
     r = CliRunner().invoke(cli, ["pull", "good", "-q"])
     assert r.exit_code == 0 and "checked the vocabularies from the headers first" in r.output
     assert hub.sent[DRAFT] >= files[DRAFT].stat().st_size
+
+
+def test_a_server_that_sends_more_than_asked_cannot_make_the_check_download_the_model(hub, files, monkeypatch):
+    import localspec.remote as remote
+
+    hub.bad_ranges = "tail"  # every reply runs on to the end of the 8 MB file
+    got = remote_header(parse_hf(hf(TARGET)))
+    assert got.bytes_read < 0.05 * files[TARGET].stat().st_size  # read only what was asked for
+    hub.bad_ranges = "shift"  # bytes from the wrong place
+    with pytest.raises(HubError, match="did not answer .* with the bytes asked for"):
+        remote_header(parse_hf(hf(TARGET)))
+    hub.bad_ranges = None
+    monkeypatch.setattr(remote, "MAX_HEADER_BYTES", 20_000)  # a header that never ends, in effect
+    with pytest.raises(HubError, match="goes on past"):
+        remote_header(parse_hf(hf(TARGET)))
+
+
+def test_offline_the_header_check_says_so(hub, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    r = CliRunner().invoke(cli, ["check", "-t", hf(TARGET), "-d", hf(DRAFT)])
+    assert r.exit_code == 1 and "HF_HUB_OFFLINE is set" in r.output
