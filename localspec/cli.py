@@ -87,9 +87,12 @@ class ModelArgs:
             from .hub import resolve
             from .registry import get_pair
 
+            if self.draft not in (None, "none"):
+                raise click.UsageError("A pair brings its own draft; give --draft with --target, or --draft none.")
             spec = get_pair(self.pair_name)
             files = resolve(spec)
-            return load(files.target, files.draft, n_ctx=spec.ctx if self.n_ctx is None else self.n_ctx,
+            return load(files.target, None if self.draft == "none" else files.draft,
+                        n_ctx=spec.ctx if self.n_ctx is None else self.n_ctx,
                         n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
                         n_gpu_layers=self.n_gpu_layers, verbose=self.verbose,
                         flash_attn=FLASH_ATTN[self.flash_attn], huge_pages=self.huge_pages, draft_k=spec.k)
@@ -128,8 +131,10 @@ def _draft_on_disk(target: str) -> Optional[str]:
     from .backend import check_gguf
     from .stores import find_draft, scan
 
-    check_gguf(target)  # a missing or foreign target is reported as such, not as a failed search
-    found = scan(folders=[Path(target).expanduser().resolve().parent]).models
+    size = check_gguf(target).stat().st_size  # a missing or foreign target is reported as such
+    # Only files smaller than the target can draft for it, so only their headers are read; beside the
+    # target, only its own folder (not a whole home directory's tree).
+    found = scan(folders=[Path(target).expanduser().resolve().parent], max_depth=0, smaller_than=size).models
     match = find_draft(target, found)
     if match is None:
         click.echo(f"localspec: no model on this machine can draft for {Path(target).name} (same vocabulary, "
@@ -441,14 +446,18 @@ def models(as_json: bool, scan: bool, folders: tuple[str, ...], add_pairs: bool)
 
 def _scan(folders: tuple[str, ...], add_pairs: bool, as_json: bool) -> None:
     """``models --scan``: the models found, the pairs among them (with the ``add`` line for each), what was skipped."""
-    from .registry import add_local_pair
-    from .stores import pair_models, scan
+    from .registry import add_local_pair, load_registry
+    from .stores import pair_models, pair_name, scan
 
     found = scan(folders=folders)
     pairs = pair_models(found.models)
     best = {id(p.target): p for p in reversed(pairs)}  # each target's first (best) pair
-    names = {id(p.target): re.sub(r"[^\w.-]+", "-", re.sub(r"\.gguf$", "", p.target.name.split("/")[-1]))
-             .strip("-").lower() for p in best.values()}
+    registry = load_registry()
+    known = {(spec.target.path, spec.draft.path): name for name, spec in registry.items() if spec.target.is_local}
+    names: dict[int, str] = {}
+    for key, p in best.items():  # a pair already registered keeps its name; a new one gets a free name
+        names[key] = known.get((str(p.target.path.resolve()), str(p.draft.path.resolve()))) or pair_name(
+            p, [*registry, *names.values()])
     if as_json:
         click.echo(json.dumps({
             "models": [{"name": m.name, "path": str(m.path), "store": m.store, "bytes": m.size,
@@ -471,6 +480,9 @@ def _scan(folders: tuple[str, ...], add_pairs: bool, as_json: bool) -> None:
             click.echo(str(skipped), err=True)
     if add_pairs:
         for key, p in best.items():
+            if names[key] in registry:
+                click.echo(f"{names[key]} is registered already", err=as_json)
+                continue
             path = add_local_pair(names[key], p.target.path, p.draft.path, f"{p.target.name}, drafted by "
                                   f"{p.draft.name}")
             click.echo(f"added {names[key]} to {path}", err=as_json)
@@ -525,8 +537,14 @@ def pull(name: Optional[str], target: Optional[str], draft: Optional[str], no_se
         click.echo(f"{name}: target {files.target}")
         click.echo(f"{' ' * len(name)}  draft  {files.draft}")
         return
+    from .registry import load_registry
+
+    if name in load_registry():
+        raise click.UsageError(f"There is a pair named {name!r} already (`localspec models`); choose another NAME.")
     t, d = _pick_hub_pair(target, draft, not no_search, say)
     pair_name = name or _pair_name(t.ref.file or "target")
+    if pair_name in load_registry():
+        raise click.UsageError(f"There is a pair named {pair_name!r} already; give the new pair a NAME.")
     for role, ref in (("target", t.ref), ("draft", d.ref)):
         say(f"{role}: hf:{ref.describe()}")
         download(ref, say, progress=not quiet)
@@ -626,14 +644,18 @@ def check(pair_name: Optional[str], target: Optional[str], draft: Optional[str])
 
 def _vocab_of(ref: str) -> tuple[Any, str]:
     """A model's vocabulary: a Hub file's from its header (saying how much was read), a local file's from llama.cpp."""
-    if ref.startswith("hf:"):
-        from .remote import human_bytes, parse_hf, remote_header
-
-        remote = remote_header(parse_hf(ref))
-        return remote.header.vocab(), f" (header read: {human_bytes(remote.bytes_read)} of {human_bytes(remote.size)})"
     from .backend import read_vocab
 
-    return read_vocab(ref), ""
+    if ref.startswith("hf:"):
+        from .hub import locate
+        from .remote import human_bytes, parse_hf, remote_header
+
+        cached = locate(parse_hf(ref))
+        if cached is not None:
+            return read_vocab(cached), " (in the local Hugging Face cache)"
+        remote = remote_header(parse_hf(ref))
+        return remote.header.vocab(), f" (header read: {human_bytes(remote.bytes_read)} of {human_bytes(remote.size)})"
+    return read_vocab(_model_path(ref)), ""
 
 
 @cli.command()
@@ -660,14 +682,13 @@ def export(pair_name: Optional[str], target: Optional[str], draft: Optional[str]
            target_repo: Optional[str], draft_repo: Optional[str]) -> None:
     """Print the command that serves this pair on vLLM or llama-server, for more than one user."""
     from . import export as ex
-    from .gguf_header import read_local
     from .options import LOOKUP_NGRAM
 
     hub_repos: list[Optional[str]] = [None, None]
     pair_k, pair_ctx = None, 4096
-    if pair_name:
-        if target:
-            raise click.UsageError("Give a pair name or --target/--draft, not both.")
+    if pair_name and target:
+        raise click.UsageError("Give a pair name or --target/--draft, not both.")
+    if pair_name and not _names_a_model(pair_name):
         from .hub import resolve
         from .registry import get_pair
 
@@ -675,35 +696,21 @@ def export(pair_name: Optional[str], target: Optional[str], draft: Optional[str]
         files = resolve(spec)
         target, draft, pair_k, pair_ctx = str(files.target), str(files.draft), spec.k, spec.ctx
         hub_repos = [spec.target.repo, spec.draft.repo]
+    target = target or pair_name
     if not target:
         raise click.UsageError("Name a pair (see `localspec models`) or give --target (and --draft).")
-    served: list[Optional[ex.Served]] = []
-    for path, repo, hub_repo in ((target, target_repo, hub_repos[0]), (draft, draft_repo, hub_repos[1])):
-        if path is None:
-            served.append(None)
-            continue
-        found, why = (repo, "--target-repo or --draft-repo") if repo else ex.source_repo(
-            read_local(Path(path)).metadata, hub_repo)
-        served.append(ex.Served(Path(path), found, why))
-    chosen_k = k
-    if method == "auto":
-        if bench_file:
-            method, bench_k, speedup = ex.best_method(json.loads(Path(bench_file).read_text()))
-            chosen_k = k or bench_k
-            click.echo(f"# from {bench_file}: {method} with K={bench_k} did best ({speedup:.2f}x median over "
-                       "its prompts)")
-        else:
-            method = DRAFT.name if draft else LOOKUP.name
-    if method == DRAFT.name and served[1] is None:
+    t = ex.served(Path(_model_path(target)), target_repo, hub_repos[0])
+    d = ex.served(Path(_model_path(draft)), draft_repo, hub_repos[1]) if draft else None
+    if method == "auto" and bench_file:
+        method, bench_k, speedup = ex.load_bench(Path(bench_file))
+        k = k or bench_k
+        click.echo(f"# from {bench_file}: {method} with K={bench_k} did best ({speedup:.2f}x median over its "
+                   "prompts on this machine)")
+    elif method == "auto":
+        method = DRAFT.name if d else LOOKUP.name
+    if method == DRAFT.name and d is None:
         raise click.UsageError("The draft method needs --draft (or a pair); choose --method lookup or history.")
-    chosen_k = chosen_k or pair_k or 4
-    assert served[0] is not None
-    args = (served[0], served[1], method, chosen_k, LOOKUP_NGRAM, ctx or pair_ctx)
-    if engine == "vllm":
-        plan = ex.vllm(*args, port=port) if port else ex.vllm(*args)
-    else:
-        plan = ex.llama_server(*args, port=port) if port else ex.llama_server(*args)
-    click.echo(plan.render())
+    click.echo(ex.plan(engine, t, d, method, k or pair_k or 4, LOOKUP_NGRAM, ctx or pair_ctx, port).render())
 
 
 # -- history ---------------------------------------------------------------------------------------

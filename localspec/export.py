@@ -35,6 +35,7 @@ ENGINES = ("vllm", "llama-server")
 #: localspec's drafting methods that an engine can run, and what each engine calls them.
 VLLM_METHODS = {DRAFT.name: "draft_model", LOOKUP.name: "ngram", HISTORY.name: "suffix"}
 LLAMA_SERVER_SPEC_TYPES = {LOOKUP.name: "ngram-simple", HISTORY.name: "ngram-mod"}
+NGRAM_MOD_N = 24  # llama.cpp's docs: small n are not recommended for ngram-mod
 
 _HF_URL = re.compile(r"^https?://(?:www\.)?huggingface\.co/([\w.-]+/[\w.-]+?)/?$")
 _REPO = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -90,28 +91,31 @@ def _repo_of(value: Any) -> Optional[str]:
 def source_repo(metadata: Mapping[str, Any], hub_repo: Optional[str] = None) -> tuple[Optional[str], str]:
     """The Hugging Face repository a GGUF was converted from, and how that is known.
 
-    Looks, in order, at the header's ``general.base_model.0.repo_url`` (and
-    ``organization``/``name``), ``general.source.repo_url`` and
-    ``general.source.huggingface.repository``; then at the Hub repository the
-    file was pulled from, less a ``-GGUF`` suffix (the convention of GGUF
-    repositories, so labelled a guess).
+    In order: the header's ``general.source.repo_url`` or
+    ``general.source.huggingface.repository`` (where the converted weights came
+    from); the Hub repository the catalog pulls the file from, less its
+    ``-GGUF`` suffix (the convention of GGUF repositories, so labelled a
+    guess); and last the header's ``general.base_model.0.*``, which by the GGUF
+    specification is the *parent* model: for a fine-tune such as an Instruct
+    model, the model it was tuned from, so the note says so.
 
     Args:
         metadata: the GGUF header's key/value pairs.
         hub_repo: the repository the catalog pulled the file from, if any.
     """
-    for key in ("general.base_model.0.repo_url", "general.source.repo_url",
-                "general.source.huggingface.repository"):
+    for key in ("general.source.repo_url", "general.source.huggingface.repository"):
         repo = _repo_of(metadata.get(key))
         if repo:
             return repo, f"the GGUF header's {key}"
-    org, name = metadata.get("general.base_model.0.organization"), metadata.get("general.base_model.0.name")
-    if isinstance(org, str) and isinstance(name, str):
-        repo = _repo_of(f"{org.replace(' ', '-')}/{name.replace(' ', '-')}")
-        if repo:
-            return repo, "the GGUF header's general.base_model.0 organization and name"
     if hub_repo and re.search(r"[-_]gguf$", hub_repo, re.IGNORECASE):
         return hub_repo[: -len("-GGUF")], f"a guess: {hub_repo} less its -GGUF suffix"
+    parent = _repo_of(metadata.get("general.base_model.0.repo_url"))
+    org, name = metadata.get("general.base_model.0.organization"), metadata.get("general.base_model.0.name")
+    if not parent and isinstance(org, str) and isinstance(name, str):
+        parent = _repo_of(f"{org.replace(' ', '-')}/{name.replace(' ', '-')}")
+    if parent:
+        return parent, ("the GGUF header's general.base_model.0, its parent model: if this GGUF is a fine-tune "
+                        "of it (an Instruct model), give the fine-tune's repository with --target-repo/--draft-repo")
     return None, ""
 
 
@@ -164,32 +168,86 @@ def llama_server(target: Served, draft: Optional[Served], method: str, k: int, n
         if draft is None:
             raise ConfigError("The draft method needs a draft model; give --draft or export lookup.")
         argv += ["-md", str(draft.path), "-ngld", str(gpu_layers), "--draft-max", str(k), "--draft-min", "0"]
-    elif method in LLAMA_SERVER_SPEC_TYPES:
+    elif method == LOOKUP.name:
         argv += ["--spec-type", LLAMA_SERVER_SPEC_TYPES[method], "--spec-ngram-size-n", str(ngram[1]),
                  "--spec-ngram-size-m", str(k), "--draft-max", str(k)]
-        if method == HISTORY.name:
-            notes.append("ngram-mod keeps one n-gram pool for every request, so earlier replies feed later "
-                         "drafts, as localspec's history does")
+    elif method == HISTORY.name:
+        argv += ["--spec-type", LLAMA_SERVER_SPEC_TYPES[method], "--spec-ngram-size-n", str(NGRAM_MOD_N),
+                 "--draft-max", str(k)]
+        notes.append("ngram-mod keeps one n-gram pool for every request, so earlier replies feed later drafts, "
+                     f"as localspec's history does; n = {NGRAM_MOD_N} as llama.cpp's docs suggest for it")
     else:
         raise ConfigError(f"llama-server has no counterpart of the {method!r} method; export draft, lookup or "
                           "history.")
+    notes.append("flags of llama-server as llama.cpp's docs/speculative.md gives them (2026); builds from "
+                 "before --spec-type know only -md")
     return Export("llama-server", method, k, argv, notes)
 
 
-def best_method(bench: Mapping[str, Any]) -> tuple[str, int, float]:
+def best_method(bench: Any, source: str = "the bench file") -> tuple[str, int, float]:
     """The drafting method and K with the best median speedup over all prompts of a ``localspec bench --json``.
 
     Plain decoding, auto and llama-cpp-python's rows are left out: the engine
     runs one fixed method.
 
     Raises:
-        ConfigError: the file has no drafting rows.
+        ConfigError: not such a file, or it has no drafting rows.
     """
+    rows = bench.get("rows") if isinstance(bench, dict) else None
+    if not isinstance(rows, list):
+        raise ConfigError(f"{source} is not a `localspec bench --json` file (it has no list of rows).")
     scores: dict[tuple[str, int], list[float]] = {}
-    for row in bench.get("rows", []):
-        if row.get("method") in (DRAFT.name, LOOKUP.name, HISTORY.name) and row.get("temperature", 0) == 0:
-            scores.setdefault((row["method"], int(row["k"])), []).append(float(row["speedup"]))
+    for row in rows:
+        try:
+            if row["method"] in (DRAFT.name, LOOKUP.name, HISTORY.name) and float(row.get("temperature", 0)) == 0:
+                scores.setdefault((str(row["method"]), int(row["k"])), []).append(float(row["speedup"]))
+        except (TypeError, KeyError, ValueError, AttributeError):
+            raise ConfigError(f"{source} has a row that is not a bench row ({str(row)[:80]}); write it again "
+                              "with `localspec bench --json`.") from None
     if not scores:
-        raise ConfigError("The bench file has no greedy draft, lookup or history rows to choose from.")
+        raise ConfigError(f"{source} has no greedy draft, lookup or history rows to choose from.")
     (method, k), speedups = max(scores.items(), key=lambda kv: sorted(kv[1])[len(kv[1]) // 2])
     return method, k, sorted(speedups)[len(speedups) // 2]
+
+
+def load_bench(path: Path) -> tuple[str, int, float]:
+    """``best_method`` of a bench JSON file.
+
+    Raises:
+        ConfigError: the file cannot be read, is not JSON, or is not a bench file.
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"Cannot read {path} as a `localspec bench --json` file ({exc}).") from None
+    return best_method(data, str(path))
+
+
+def served(path: Path, repo: Optional[str], hub_repo: Optional[str]) -> Served:
+    """One model as an engine will load it: its absolute path, and its source repository as well as it is known.
+
+    Args:
+        path: the GGUF.
+        repo: the repository the user gave (wins).
+        hub_repo: the repository the catalog pulls the file from, if any.
+    """
+    from .gguf_header import read_local
+
+    if repo:
+        return Served(path.resolve(), repo, "the command line")
+    found, why = source_repo(read_local(path).metadata, hub_repo)
+    return Served(path.resolve(), found, why)
+
+
+def plan(engine: str, target: Served, draft: Optional[Served], method: str, k: int, ngram: tuple[int, int],
+         ctx: int, port: Optional[int] = None) -> Export:
+    """The command for ``engine`` (one of ``ENGINES``).
+
+    Raises:
+        ConfigError: an unknown engine, or what ``vllm`` and ``llama_server`` raise.
+    """
+    if engine not in ENGINES:
+        raise ConfigError(f"Unknown engine {engine!r}; export to one of {', '.join(ENGINES)}.")
+    if engine == "vllm":
+        return vllm(target, draft, method, k, ngram, ctx, port=port or 8000)
+    return llama_server(target, draft, method, k, ngram, ctx, port=port or 8080)

@@ -331,12 +331,16 @@ def ollama_name(registry: str, namespace: str, model: str, tag: str) -> str:
 def _ollama_blob(root: Path, manifest: Path, name: str) -> Union[_Candidate, Skipped]:
     """The model blob a manifest names, or why it cannot be used."""
     try:
-        if manifest.stat().st_size > MAX_MANIFEST:
+        if not stat.S_ISREG(manifest.stat().st_mode):  # a FIFO or a device would block or never end
+            return Skipped(name, f"its manifest {manifest} is not a regular file.")
+        with open(manifest, "rb") as f:
+            raw = f.read(MAX_MANIFEST + 1)
+        if len(raw) > MAX_MANIFEST:
             return Skipped(name, f"its manifest {manifest} is too large to be an Ollama manifest.")
-        data = json.loads(manifest.read_bytes())
+        data = json.loads(raw)
     except OSError as exc:
         return Skipped(name, f"its manifest {manifest} cannot be read ({_why(exc)}).")
-    except ValueError:
+    except (ValueError, RecursionError):
         return Skipped(name, f"its manifest {manifest} is not JSON; `ollama pull` the model again.")
     layers = data.get("layers") if isinstance(data, dict) else None
     if not isinstance(layers, list):
@@ -404,11 +408,16 @@ def _llamacpp(roots: Sequence[Path], walk: _Walker) -> Iterator[Union[_Candidate
 
 def _folders(roots: Sequence[Path], walk: _Walker, max_depth: int) -> Iterator[Union[_Candidate, Skipped]]:
     for root in roots:
-        if root.is_file() and root.name.lower().endswith(".gguf"):
-            yield str(root), root, "folder"
-            continue
-        if not root.exists():
+        try:
+            mode = root.stat().st_mode
+        except FileNotFoundError:
             yield Skipped(str(root), "does not exist; check the folder's name.")
+            continue
+        except OSError as exc:  # pathlib's exists() and is_file() let EACCES through
+            yield Skipped(str(root), f"cannot be read ({_why(exc)}).")
+            continue
+        if stat.S_ISREG(mode) and root.name.lower().endswith(".gguf"):
+            yield str(root), root, "folder"
             continue
         for path in walk.files(root, max_depth):
             yield str(path), path, "folder"
@@ -422,8 +431,10 @@ def _split_parts(path: Path) -> Optional[tuple[int, list[Path]]]:
     m = _SPLIT.match(path.name)
     if not m:
         return None
-    count = int(m.group(3))
-    return int(m.group(2)), [path.with_name(f"{m.group(1)}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    part, count = int(m.group(2)), int(m.group(3))
+    if not 1 <= part <= count:  # "-00002-of-00000": not a split model's name after all
+        return None
+    return part, [path.with_name(f"{m.group(1)}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
 
 
 def _not_a_model(path: Path, header: GGUFHeader) -> Optional[str]:
@@ -438,9 +449,10 @@ def _not_a_model(path: Path, header: GGUFHeader) -> Optional[str]:
     return None
 
 
-def _inspect(name: str, path: Path, store: str, seen: dict[tuple[int, int], Optional[FoundModel]]
-             ) -> Union[FoundModel, Skipped, None]:
-    """Read one candidate: a FoundModel, a Skipped saying why not, or None (already listed, or a later split part)."""
+def _inspect(name: str, path: Path, store: str, seen: dict[tuple[int, int], Optional[FoundModel]],
+             smaller_than: Optional[int] = None) -> Union[FoundModel, Skipped, None]:
+    """Read one candidate: a FoundModel, a Skipped saying why not, or None (already listed, a later split part,
+    or not smaller than ``smaller_than`` bytes)."""
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -453,6 +465,8 @@ def _inspect(name: str, path: Path, store: str, seen: dict[tuple[int, int], Opti
         return Skipped(name, f"{path} cannot be read ({_why(exc)}).")
     if not stat.S_ISREG(st.st_mode):
         return Skipped(name, f"{path} is not a regular file.")
+    if smaller_than is not None and st.st_size >= smaller_than:
+        return None
     key = (st.st_dev, st.st_ino)
     if key in seen:
         earlier = seen[key]
@@ -491,7 +505,7 @@ def _inspect(name: str, path: Path, store: str, seen: dict[tuple[int, int], Opti
 
 
 def scan(roots: Optional[Roots] = None, *, folders: Iterable[PathLike] = (), say: Say = _quiet,
-         max_depth: int = DEFAULT_DEPTH) -> Scan:
+         max_depth: int = DEFAULT_DEPTH, smaller_than: Optional[int] = None) -> Scan:
     """List every GGUF language model in the stores, reading only their headers.
 
     Args:
@@ -499,6 +513,8 @@ def scan(roots: Optional[Roots] = None, *, folders: Iterable[PathLike] = (), say
         folders: more folders to search (added to ``roots.folders``).
         say: called with one line for each entry skipped.
         max_depth: how many folders down named folders are searched.
+        smaller_than: leave out, unread and unsaid, files of at least this many bytes (looking for
+            drafts of a target of that size, nothing larger can be one).
 
     Returns:
         The models (each file once, in store order, then by name) and what was skipped.
@@ -517,7 +533,7 @@ def scan(roots: Optional[Roots] = None, *, folders: Iterable[PathLike] = (), say
     reported = 0
     for source in sources:
         for item in source:
-            result = _inspect(*item, seen) if isinstance(item, tuple) else item
+            result = _inspect(*item, seen, smaller_than) if isinstance(item, tuple) else item
             if isinstance(result, FoundModel):
                 models.append(result)
             elif isinstance(result, Skipped):
@@ -683,6 +699,14 @@ def _same_file(path: Path, found: Sequence[FoundModel]) -> Optional[FoundModel]:
 # -- names ------------------------------------------------------------------------
 
 
+def pair_name(pair: FoundPair, taken: Iterable[str] = ()) -> str:
+    """A name for ``localspec add``: the target's file or model name, lower case, made unique against ``taken``."""
+    base = re.sub(r"[^\w.-]+", "-", re.sub(r"\.gguf$", "", pair.target.name.split("/")[-1])).strip("-").lower()
+    base, taken = base or "model", set(taken)
+    return next(name for name in (base if i == 1 else f"{base}-{i}" for i in range(1, len(taken) + 2))
+                if name not in taken)
+
+
 def is_store_name(ref: str) -> bool:
     """True if ``ref`` is one of the scan's names (``ollama:``, ``lmstudio:``, ``hf:``, ``llamacpp:``)."""
     return ref.startswith(PREFIXES)
@@ -720,7 +744,7 @@ def resolve_name(ref: str, found: Optional[Sequence[FoundModel]] = None, roots: 
         parts = _parts(ref, body, 1)
         for root in roots.lmstudio:
             p = root.joinpath(*parts)
-            if p.is_file():
+            if _is_file(p):
                 return p
         raise ModelFileError(f"{ref} is not in LM Studio's models folder ({_listed(roots.lmstudio)}); download it "
                              "in LM Studio, or run `localspec models --scan` to see what is there.")
@@ -730,13 +754,13 @@ def resolve_name(ref: str, found: Optional[Sequence[FoundModel]] = None, roots: 
         if hit is None:
             repo, file = "/".join(parts[:2]), _REV.sub(r"\1", "/".join(parts[2:]))
             raise ModelFileError(f"{ref} is not in the Hugging Face cache ({_listed(roots.hf)}); download it first "
-                                 f"with `huggingface-cli download {repo} {file}`.")
+                                 f"with `localspec pull NAME --target hf:{repo}/{file}`.")
         return hit
     if prefix == "llamacpp":
         parts = _parts(ref, body, 1)
         for root in roots.llamacpp:
             hit = root / parts[0] if len(parts) == 1 else _resolve_hf(parts, (root,))
-            if hit is not None and hit.is_file():
+            if hit is not None and _is_file(hit):
                 return hit
         raise ModelFileError(f"{ref} is not in llama.cpp's cache ({_listed(roots.llamacpp)}); run "
                              "`localspec models --scan` to see what is there.")
@@ -763,7 +787,7 @@ def _resolve_ollama(ref: str, body: str, roots: Sequence[Path]) -> Path:
         full = parts
     for root in roots:
         manifest = root.joinpath("manifests", *full, tag)
-        if manifest.is_file():
+        if _is_file(manifest):
             result = _ollama_blob(root, manifest, ollama_name(full[0], full[1], full[2], tag))
             if isinstance(result, Skipped):
                 raise ModelFileError(f"{ref}: {result.why}")
@@ -794,6 +818,14 @@ def _resolve_hf(parts: Sequence[str], roots: Sequence[Path]) -> Optional[Path]:
             if want_rev and not rev.startswith(want_rev):
                 continue
             p = snapshots / rev / rel
-            if p.is_file():
+            if _is_file(p):
                 return p
     return None
+
+
+def _is_file(p: Path) -> bool:
+    """``Path.is_file`` that also answers False for a path it may not look at (EACCES)."""
+    try:
+        return stat.S_ISREG(p.stat().st_mode)
+    except OSError:
+        return False

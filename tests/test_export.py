@@ -76,18 +76,25 @@ def test_llama_server_gets_its_documented_flags(method):
     else:
         assert "-md" not in options and options["--spec-type"] in LLAMA_SERVER_SPEC_TYPES
         assert options["--spec-type"] == {"lookup": "ngram-simple", "history": "ngram-mod"}[method]
-        assert options["--spec-ngram-size-n"] == "4" and options["--spec-ngram-size-m"] == "6"
+        if method == "lookup":
+            assert options["--spec-ngram-size-n"] == "4" and options["--spec-ngram-size-m"] == "6"
+        else:  # ngram-mod drafts up to --draft-max; its docs advise a long n
+            assert options["--spec-ngram-size-n"] == "24" and "--spec-ngram-size-m" not in options
     assert _reparsed(plan.render()) == plan.argv
 
 
-def test_the_source_repository_comes_from_the_header_else_the_catalog_as_a_labelled_guess():
-    assert source_repo({"general.base_model.0.repo_url": "https://huggingface.co/Qwen/Qwen2.5-0.5B"}) == (
-        "Qwen/Qwen2.5-0.5B", "the GGUF header's general.base_model.0.repo_url")
-    assert source_repo({"general.source.repo_url": "https://huggingface.co/org/name/"})[0] == "org/name"
-    assert source_repo({"general.base_model.0.organization": "Meta Llama",
-                        "general.base_model.0.name": "Llama-3.2-1B"})[0] == "Meta-Llama/Llama-3.2-1B"
+def test_the_source_repository_comes_from_the_header_else_the_catalog_else_the_parent_with_a_warning():
+    assert source_repo({"general.source.repo_url": "https://huggingface.co/org/name/"}) == (
+        "org/name", "the GGUF header's general.source.repo_url")
     repo, why = source_repo({}, "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF")
     assert repo == "Qwen/Qwen2.5-Coder-1.5B-Instruct" and why.startswith("a guess")
+    # base_model is the parent (for an Instruct GGUF, the pretrained model): only as a last resort, said so.
+    header = {"general.base_model.0.repo_url": "https://huggingface.co/Qwen/Qwen2.5-Coder-1.5B"}
+    assert source_repo(header, "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF")[0] == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    repo, why = source_repo(header)
+    assert repo == "Qwen/Qwen2.5-Coder-1.5B" and "parent model" in why and "--target-repo" in why
+    assert source_repo({"general.base_model.0.organization": "Meta Llama",
+                        "general.base_model.0.name": "Llama-3.2-1B"})[0] == "Meta-Llama/Llama-3.2-1B"
     assert source_repo({"general.source.repo_url": "https://example.com/x"}, "org/plain-repo") == (None, "")
 
 
@@ -108,6 +115,9 @@ def test_the_best_bench_row_is_exported():
     assert best_method({"rows": rows}) == ("lookup", 4, 1.5)
     with pytest.raises(ConfigError, match="no greedy draft, lookup or history rows"):
         best_method({"rows": rows[-2:]})
+    for bad in ([], {"rows": [{"method": "draft"}]}, {"rows": "x"}, {"rows": [None]}):
+        with pytest.raises(ConfigError, match="bench"):
+            best_method(bad)
 
 
 def test_export_command_on_files(tiny_dir: Path, tmp_path: Path):
@@ -129,3 +139,14 @@ def test_export_command_on_files(tiny_dir: Path, tmp_path: Path):
     r = CliRunner().invoke(cli, ["export", "-t", t, "-d", d, "--to", "llama-server", "--from-bench", str(bench)])
     assert r.exit_code == 0 and "draft with K=2 did best (1.70x" in r.output
     assert _reparsed(r.output)[_reparsed(r.output).index("--draft-max") + 1] == "2"
+    bench.write_text("not json")
+    r = CliRunner().invoke(cli, ["export", "-t", t, "-d", d, "--to", "llama-server", "--from-bench", str(bench)])
+    assert r.exit_code == 1 and "bench --json" in r.output and "Traceback" not in r.output
+
+
+def test_export_writes_absolute_paths(tiny_dir: Path, monkeypatch):
+    monkeypatch.chdir(tiny_dir)
+    r = CliRunner().invoke(cli, ["export", "-t", "target.gguf", "-d", "draft.gguf", "--to", "llama-server"])
+    argv = _reparsed(r.output)
+    assert argv[argv.index("-m") + 1] == str(tiny_dir / "target.gguf")
+    assert argv[argv.index("-md") + 1] == str(tiny_dir / "draft.gguf")

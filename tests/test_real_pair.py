@@ -101,3 +101,21 @@ def test_cancelling_during_a_long_prompt_stops_within_a_moment_and_the_next_answ
     assert result.finish_reason == "interrupted" and result.tokens == []
     assert time.monotonic() - started < 1.5  # the prompt alone takes several seconds here
     assert real_pair.chat(REWRITE_MESSAGES, max_tokens=12, method="plain").tokens == want.tokens
+
+
+def test_where_verification_is_sub_linear_auto_still_predicts_a_real_gain_on_copy_heavy_prompts(real_pair):
+    """Issue 19: the cost correction and the exploration rule must not make auto timid where speculation
+    pays. On the curve of an earlier test machine (verify(n)/verify(1) = 1, 1.54, 1.94, 2.03, 2.59 ...),
+    auto reached 1.3-1.8x on copy-heavy prompts; the replay of the real pair's recorded replies, through the
+    real auto policy, must still predict at least 1.3x on the suite's code-edit and rewrite prompts."""
+    from localspec.bench import load_suite
+    from localspec.bench.traces import record
+    from localspec.costs import CostProfile
+    from localspec.replay import replay_auto
+
+    prompts = load_suite(categories=("code-edit", "rewrite"))
+    recorded = record(real_pair, prompts, max_tokens=128)
+    ratios = [1.0, 1.54, 1.94, 2.03, 2.59, 2.95, 3.3, 3.7, 4.1]  # measured up to n = 5, extended at that slope
+    sub_linear = CostProfile.synthetic(ratios, 0.58, step=0.035, name="an earlier machine")
+    predicted = replay_auto(sub_linear, recorded, shared_history=False)
+    assert min(predicted) >= 1.3, dict(zip([r.category for r in recorded], predicted, strict=True))

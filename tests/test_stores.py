@@ -548,8 +548,8 @@ def test_resolve_name(scanned: stores.Scan, tree: Path):
 @pytest.mark.parametrize("ref, error, needle", [
     ("ollama:qwen2.5-coder:7b", ModelFileError, "ollama pull qwen2.5-coder:7b"),
     ("ollama:gone:1b", ModelFileError, "missing"),
-    ("hf:org/other-GGUF/x.gguf", ModelFileError, "huggingface-cli download org/other-GGUF x.gguf"),
-    ("hf:org/tiny-GGUF/x.gguf@" + "f" * 12, ModelFileError, "huggingface-cli download org/tiny-GGUF x.gguf"),
+    ("hf:org/other-GGUF/x.gguf", ModelFileError, "localspec pull NAME --target hf:org/other-GGUF/x.gguf"),
+    ("hf:org/tiny-GGUF/x.gguf@" + "f" * 12, ModelFileError, "localspec pull NAME --target hf:org/tiny-GGUF/x.gguf"),
     ("lmstudio:pub/nope.gguf", ModelFileError, "LM Studio"),
     ("llamacpp:nope.gguf", ModelFileError, "llama.cpp's cache"),
     ("hf:org/only-two", ConfigError, "not a valid model name"),
@@ -657,3 +657,62 @@ def test_a_target_with_no_draft_on_this_machine_says_so_and_what_to_do(stores_en
     assert "no model on this machine can draft for" in r.stderr and "localspec pull NAME --target" in r.stderr
     r = CliRunner().invoke(cli, ["generate", "-t", "ollama:nothing:here", "-p", "hi"])
     assert r.exit_code == 1 and "ollama pull nothing:here" in r.output
+
+
+def test_hostile_manifests_and_odd_split_names_are_skipped_not_fatal(tmp_path: Path, tiny_dir: Path):
+    """A manifest nested 200,000 deep, one that is a FIFO or never ends, and split names with no parts."""
+    ol = tmp_path / "ollama"
+    ollama_model(ol, ("registry.ollama.ai", "library", "deep", "1b"), None, text="[" * 200_000)
+    fifo = ol / "manifests" / "registry.ollama.ai" / "library" / "fifo" / "1b"
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)
+    endless = ol / "manifests" / "registry.ollama.ai" / "library" / "zero" / "1b"
+    endless.parent.mkdir(parents=True)
+    endless.symlink_to("/dev/zero")
+    folder = tmp_path / "f"
+    folder.mkdir()
+    shutil.copy(tiny_dir / "target.gguf", folder / "x-00002-of-00000.gguf")
+    shutil.copy(tiny_dir / "target.gguf", folder / "y-00003-of-00002.gguf")
+    found = stores.scan(Roots(ollama=(ol,), folders=(folder,)))
+    why = {k.where: k.why for k in found.skipped}
+    assert "not JSON" in why["ollama:deep:1b"]
+    assert "not a regular file" in why["ollama:fifo:1b"] and "not a regular file" in why["ollama:zero:1b"]
+    assert sorted(m.path.name for m in found.models) == ["x-00002-of-00000.gguf", "y-00003-of-00002.gguf"]
+    assert stores.find_draft(folder / "x-00002-of-00000.gguf", found.models) is None
+
+
+def test_chat_with_a_model_alone_and_draft_none(stores_env: Path):
+    from click.testing import CliRunner
+
+    from localspec.cli import cli
+
+    r = CliRunner().invoke(cli, ["chat", "ollama:tiny:1.5b", "-n", "4", "--method", "draft"],
+                           input="hi\n/stats\n/exit\n")
+    assert r.exit_code == 0, r.output
+    assert "drafting with ollama:someone/tiny:0.5b" in r.stderr and "draft" in r.stdout
+    r = CliRunner().invoke(cli, ["check", "-t", "ollama:tiny:1.5b", "-d", "ollama:someone/tiny:0.5b"])
+    assert r.exit_code == 0 and "ok: Vocabularies match" in r.output  # scan names work in check too
+    CliRunner().invoke(cli, ["models", "--scan", "--add"])
+    r = CliRunner().invoke(cli, ["generate", "tiny-1.5b", "-p", "hi", "-n", "4", "--draft", "none", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["stats"]["draft_model_tokens"] == 0, r.output
+    r = CliRunner().invoke(cli, ["generate", "tiny-1.5b", "-p", "hi", "--draft", "x.gguf"])
+    assert r.exit_code == 2 and "brings its own draft" in r.output
+
+
+def test_pair_names_from_a_scan_are_unique_and_added_once(stores_env: Path, tmp_path: Path, tiny_dir: Path):
+    from click.testing import CliRunner
+
+    from localspec.cli import cli
+
+    for sub in ("a", "b"):  # two targets with the same file name, each with a draft beside it
+        d = tmp_path / "more" / sub
+        d.mkdir(parents=True)
+        shutil.copy(stores_env / "src" / "big.gguf", d / "same.gguf")
+        shutil.copy(stores_env / "src" / "small.gguf", d / "little.gguf")
+    args = ["models", "--scan", "--folder", str(tmp_path / "more" / "a"), "--folder", str(tmp_path / "more" / "b")]
+    out = CliRunner().invoke(cli, args).stdout
+    assert "localspec add same " in out and "localspec add same-2 " in out
+    first = CliRunner().invoke(cli, [*args, "--add"])
+    assert "added same " in first.output and "added same-2 " in first.output
+    again = CliRunner().invoke(cli, [*args, "--add"])
+    assert "added" not in again.output and "same is registered already" in again.output
