@@ -564,6 +564,8 @@ class Model:
         self._n += m
         self._dirty = False
         rows = m if logits == "all" else (1 if logits == "last" and final else 0)
+        if not rows:  # on a GPU, decode returns before the work is done; reading logits waits for it, so wait here
+            ll.llama_synchronize(self._ctx)
         out = np.ctypeslib.as_array(ll.llama_get_logits(self._ctx), shape=(rows, self.n_vocab)) if rows else None
         self.busy_seconds += time.perf_counter() - t0
         self.decode_calls += 1
