@@ -35,7 +35,7 @@ from typing import Any
 
 from localspec.costs import CostProfile
 from localspec.methods import AUTO_KMAX
-from localspec.replay import Recorded, replay_auto, replay_method
+from localspec.replay import Overhead, Recorded, replay_auto, replay_method
 
 FIXED = [("lookup", 2), ("lookup", 4), ("lookup", 8), ("history", 4), ("draft", 1), ("draft", 2), ("draft", 4),
          ("draft", 8)]
@@ -67,24 +67,42 @@ def profile_from(args: argparse.Namespace) -> CostProfile:
                        float(data.get("lookup_seconds") or 2e-5), f"measured: {args.profile}")
 
 
+def overhead_from(args: argparse.Namespace) -> Overhead:
+    """Python time per round: given, or the GPU check's whole-generation figures (plain, and auto's rounds)."""
+    if args.overhead_ms is not None:
+        return Overhead(args.overhead_ms / 1000, args.overhead_ms / 1000)
+    if args.profile is None:
+        return Overhead()
+    generation = json.loads(args.profile.read_text()).get("overheads", {}).get("generation", {})
+    plain, auto = (generation.get(m, {}).get("python_ms_per_round") for m in ("plain", "auto"))
+    return Overhead((plain or 0.0) / 1000, (auto or plain or 0.0) / 1000)
+
+
 def predict(args: argparse.Namespace) -> None:
     from localspec.bench.traces import load
 
     requests = load(args.traces)
     if requests is None:
         sys.exit(f"{args.traces}: not a recording of this version; run `record` again.")
-    profile = profile_from(args)
+    profile, overhead = profile_from(args), overhead_from(args)
     rel = [v / profile.verify[0] for v in profile.verify]
     print(f"profile ({profile.source}): verify(n)/verify(1) = {' '.join(f'{x:.2f}' for x in rel)}"
-          f"; draft step / target step = {profile.draft_step / profile.verify[0]:.2f}")
+          f"; draft step / target step = {profile.draft_step / profile.verify[0]:.2f}; Python per round: "
+          f"{1000 * overhead.plain:.2f} ms plain, {1000 * overhead.drafted:.2f} ms drafted")
     has_draft = all(r.draft_next is not None for r in requests)
     cols: dict[str, list[float]] = {}
     for method, k in FIXED:
         if k <= profile.kmax and (method != "draft" or has_draft):
-            cols[f"{method} {k}"] = replay_method(profile, requests, method, k)
-    cols["auto"] = replay_auto(profile, requests, shared_history=False, kmax=min(AUTO_KMAX, profile.kmax))
-    cols["auto+hist"] = replay_auto(profile, requests, shared_history=True, kmax=min(AUTO_KMAX, profile.kmax))
+            cols[f"{method} {k}"] = replay_method(profile, requests, method, k, overhead)
+    kmax = min(AUTO_KMAX, profile.kmax)
+    cols["auto"] = replay_auto(profile, requests, shared_history=False, kmax=kmax, overhead=overhead)
+    cols["auto+hist"] = replay_auto(profile, requests, shared_history=True, kmax=kmax, overhead=overhead)
     table(requests, cols)
+    if args.json:
+        args.json.write_text(json.dumps({
+            "profile": profile.source, "verify_relative": rel, "overhead_seconds": vars(overhead),
+            "requests": [r.category + " " + r.name for r in requests], "predicted": cols,
+            "median": {c: statistics.median(v) for c, v in cols.items()}}, indent=1))
 
 
 def table(requests: list[Recorded], cols: dict[str, list[float]]) -> None:
@@ -112,6 +130,9 @@ def main() -> None:
     src.add_argument("--profile", type=Path, help="JSON with verify_seconds (and draft_step_seconds)")
     src.add_argument("--verify", help="verify(n)/verify(1) for n = 1, 2, ..., comma-separated")
     pre.add_argument("--draft-step", type=float, default=0.3, help="with --verify: a draft step / a target step")
+    pre.add_argument("--overhead-ms", type=float, default=None,
+                     help="Python milliseconds per round (default: the --profile file's, if it has them; else 0)")
+    pre.add_argument("--json", type=Path, default=None, help="also write the predictions to this JSON file")
     args = ap.parse_args()
     if args.command == "record":
         record(args)

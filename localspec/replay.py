@@ -149,32 +149,46 @@ def replay_rounds(req: Recorded, drafter: Drafter, k: int) -> list[Round]:
     return rounds
 
 
-def _replay_one(profile: CostProfile, req: Recorded, drafter: Drafter, k: int) -> float:
+@dataclass(frozen=True)
+class Overhead:
+    """Seconds per round outside llama.cpp (Python, numpy, copying logits): a plain step's and a drafted round's.
+
+    Where a step takes milliseconds (a GPU), this is no longer negligible.
+    """
+
+    plain: float = 0.0
+    drafted: float = 0.0
+
+
+def _replay_one(profile: CostProfile, req: Recorded, drafter: Drafter, k: int, overhead: Overhead) -> float:
     """Predicted speedup over plain decoding of one request drafted by ``drafter`` with (at most) ``k``."""
     rounds = replay_rounds(req, drafter, k)
-    cost = sum(round_cost(profile, r.by or PLAIN.name, r.drafted) for r in rounds)
     if not rounds:  # a reply of one token: all of it came with the prefill
         return 1.0
-    return (len(req.reply) - 1) * profile.verify[0] / cost  # decode, after the prefill's token
+    cost = sum(round_cost(profile, r.by or PLAIN.name, r.drafted) + (overhead.drafted if r.by else overhead.plain)
+               for r in rounds)
+    return (len(req.reply) - 1) * (profile.verify[0] + overhead.plain) / cost  # decode, after the prefill's token
 
 
 def replay_auto(profile: CostProfile, requests: list[Recorded], shared_history: bool,
-                kmax: int = AUTO_KMAX) -> list[float]:
+                kmax: int = AUTO_KMAX, overhead: Overhead = Overhead()) -> list[float]:
     """Predicted speedup of auto per request, with the earlier requests' history or an empty one.
 
     Args:
         kmax: the longest draft auto may choose (a pair's auto uses ``AUTO_KMAX``).
+        overhead: time per round outside llama.cpp, charged to plain decoding and to every round.
     """
     index, estimates, out = HistoryIndex(), history_estimates(), []
     for req in requests:
         if not shared_history:
             index, estimates = HistoryIndex(), history_estimates()
-        out.append(_replay_one(profile, req, _auto(profile, req, index, estimates, kmax), kmax))
+        out.append(_replay_one(profile, req, _auto(profile, req, index, estimates, kmax), kmax, overhead))
         index.add(np.asarray(req.prompt[-PROMPT_KEEP:] + req.reply, dtype=np.int32))
     return out
 
 
-def replay_method(profile: CostProfile, requests: list[Recorded], method: str, k: int) -> list[float]:
+def replay_method(profile: CostProfile, requests: list[Recorded], method: str, k: int,
+                  overhead: Overhead = Overhead()) -> list[float]:
     """Predicted speedup per request of one fixed method and draft length (history: of the earlier requests).
 
     Raises:
@@ -184,7 +198,7 @@ def replay_method(profile: CostProfile, requests: list[Recorded], method: str, k
         raise ValueError("these recordings have no draft-model guesses; record them with a draft model")
     index, out = HistoryIndex(), []
     for req in requests:
-        out.append(_replay_one(profile, req, _fixed(method, req, index), k))
+        out.append(_replay_one(profile, req, _fixed(method, req, index), k, overhead))
         index.add(np.asarray(req.prompt[-PROMPT_KEEP:] + req.reply, dtype=np.int32))
     return out
 
