@@ -32,6 +32,10 @@ class FakeHub:
         #: A misbehaving server: answer a range from its start to the end of the file ("tail"), or
         #: from one byte further on ("shift"), whatever was asked.
         self.bad_ranges: Optional[str] = None
+        #: Answer file GETs with a redirect to another host name ("localhost"), as the Hub's CDN does.
+        self.redirect = False
+        self.redirect_auth: list[Optional[str]] = []  # the Authorization header each redirected request had
+        self.cdn_auth: list[Optional[str]] = []  # and each request the CDN got
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -106,6 +110,17 @@ class FakeHub:
 
             def do_GET(self) -> None:  # noqa: N802
                 if self._api():
+                    return
+                if hub.redirect and self.path.startswith("/cdn/"):
+                    hub.cdn_auth.append(self.headers.get("Authorization"))
+                    self.path = "/" + self.path[len("/cdn/"):]  # what the redirect pointed at
+                elif hub.redirect and "/resolve/" in self.path:
+                    hub.requests.append((self.command, self.path, self.headers.get("Range")))
+                    hub.redirect_auth.append(self.headers.get("Authorization"))
+                    self.send_response(302)  # as the Hub sends LFS files to its CDN
+                    self.send_header("Location", f"http://localhost:{self.server.server_port}/cdn{self.path}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
                     return
                 data = self._lookup()
                 if data is None:

@@ -158,3 +158,13 @@ def test_offline_the_header_check_says_so(hub, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     r = CliRunner().invoke(cli, ["check", "-t", hf(TARGET), "-d", hf(DRAFT)])
     assert r.exit_code == 1 and "HF_HUB_OFFLINE is set" in r.output
+
+
+def test_the_header_check_follows_the_hubs_redirect_to_its_cdn_keeping_the_range(hub, files, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    hub.redirect = True
+    got = remote_header(parse_hf(hf(TARGET)))
+    assert got.size == files[TARGET].stat().st_size and got.header.architecture == "llama"
+    assert hub.sent[TARGET] < 0.05 * files[TARGET].stat().st_size
+    assert hub.redirect_auth and all(auth == "Bearer hf_secret" for auth in hub.redirect_auth)  # to the Hub
+    assert hub.cdn_auth and not any(hub.cdn_auth)  # the token does not follow the redirect to another host
