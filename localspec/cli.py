@@ -832,8 +832,10 @@ def calibrate(models: ModelArgs, recalibrate: bool, as_json: bool) -> None:
 @click.option("--reps", type=click.IntRange(min=1), default=None, help="Repetitions per method (default 3, quick 2).")
 @click.option("--max-tokens", "-n", type=click.IntRange(min=2), default=None,
               help="Tokens per generation (default 128, quick 64).")
-@click.option("--k-lookup", "k_lookup", type=str, default=None, help="Lookup draft lengths, e.g. 2,4,8.")
-@click.option("--k-draft", "k_draft", type=str, default=None, help="Draft-model draft lengths, e.g. 1,2,4,8.")
+@click.option("--k-lookup", "k_lookup", type=str, default=None,
+              help="Lookup draft lengths, e.g. 2,4,8 (none: no rows).")
+@click.option("--k-draft", "k_draft", type=str, default=None,
+              help="Draft-model draft lengths, e.g. 1,2,4,8 (none: no rows).")
 @click.option("--no-auto", is_flag=True, help="Leave auto mode out.")
 @click.option("--no-peers", is_flag=True,
               help="Leave out llama-cpp-python's own Llama (plain, and its prompt lookup with 2 and 10 tokens).")
@@ -867,7 +869,7 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
     prompts = load_suite(Path(suite) if suite else None, categories, quick)
     with models.open() as pair:
         ks = {LOOKUP.name: _k_list(k_lookup, "--k-lookup"), DRAFT.name: _k_list(k_draft, "--k-draft")}
-        methods = default_methods(pair.draft is not None, quick, {m: k for m, k in ks.items() if k},
+        methods = default_methods(pair.draft is not None, quick, {m: k for m, k in ks.items() if k is not None},
                                   auto=not no_auto, peers=not no_peers, history_check=history_check)
         GenerationOptions(temperature=sampled_temperature, top_p=sampled_top_p)  # bad values fail before any work
         reps = reps or (2 if quick else 3)
@@ -915,6 +917,8 @@ def _bench_related(models: ModelArgs, suite: Optional[str], reps: Optional[int],
 def _k_list(value: Optional[str], option: str) -> Optional[list[int]]:
     if value is None:
         return None
+    if value.strip().lower() == "none":  # no rows of this method
+        return []
     try:
         ks = [int(x) for x in value.split(",") if x.strip()]
     except ValueError:

@@ -108,7 +108,8 @@ def load_related(path: Optional[Path] = None) -> list[BenchPrompt]:
 def default_methods(has_draft: bool, quick: bool, ks: Optional[Mapping[str, Sequence[int]]] = None,
                     auto: bool = True, peers: bool = True, history_check: bool = False) -> list[MethodSpec]:
     """Plain first, then the peers (llama-cpp-python plain, its lookup with 2 and 10 tokens), every
-    registered method with bench rows at its draft lengths (``ks`` overrides them by method name), then
+    registered method with bench rows at its draft lengths (``ks`` overrides them by method name; an empty
+    list leaves the method out), then
     auto (with an empty history; ``history_check`` adds auto without history, to show an empty store
     costs nothing)."""
     methods = [MethodSpec(PLAIN.name)]
@@ -116,7 +117,7 @@ def default_methods(has_draft: bool, quick: bool, ks: Optional[Mapping[str, Sequ
         methods += [MethodSpec(PEER_PLAIN), MethodSpec(PEER_LOOKUP, 2), MethodSpec(PEER_LOOKUP, 10)]
     for m in REGISTRY:  # every method with bench rows of its own, at its draft lengths
         if m.bench_k and (has_draft or not m.needs_draft):
-            chosen = (ks or {}).get(m.name) or (m.bench_k_quick or m.bench_k if quick else m.bench_k)
+            chosen = ks[m.name] if ks and m.name in ks else (m.bench_k_quick or m.bench_k if quick else m.bench_k)
             methods += [MethodSpec(m.name, k) for k in chosen]
     if auto and history_check:
         methods.append(MethodSpec(AUTO.name, AUTO.default_k, history=False))
