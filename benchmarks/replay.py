@@ -18,6 +18,9 @@ over plain decoding of each fixed method and K and of auto, and the medians.
 These are predictions from measured costs and recorded acceptance, not
 measurements: label them so.
 
+The recordings of the real Qwen2.5-Coder 1.5B/0.5B pair, for the suite and
+the related workload, are kept in ``benchmarks/traces/``.
+
 Usage:
     python benchmarks/replay.py record TARGET.gguf --draft DRAFT.gguf [--related] [-n 128] --out traces.json
     python benchmarks/replay.py predict traces.json --profile gpu_check.json
@@ -50,8 +53,15 @@ def record(args: argparse.Namespace) -> None:
     prompts = load_related() if args.related else load_suite()
     with localspec.load(args.target, args.draft, n_threads=args.threads, history=False) as pair:
         recorded = record_traces(pair, prompts, args.max_tokens, say=print)
+    import datetime
+
+    import llama_cpp
+
     meta = {"target": args.target.name, "draft": args.draft.name if args.draft else None,
-            "workload": "related" if args.related else "suite", "max_tokens": args.max_tokens}
+            "target_bytes": args.target.stat().st_size,
+            "draft_bytes": args.draft.stat().st_size if args.draft else None,
+            "workload": "related" if args.related else "suite", "max_tokens": args.max_tokens,
+            "llama_cpp_python": llama_cpp.__version__, "recorded": datetime.date.today().isoformat() + ", greedy"}
     save(args.out, recorded, meta)
     print(f"wrote {args.out}")
 
