@@ -57,7 +57,8 @@ def test_errors_are_one_sentence_without_traceback(tmp_path, tiny_dir):
         r = run("generate", *args)
         assert r.exit_code == 1, r.output
         assert "Traceback" not in r.output
-        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        # Notices ("localspec: ...", such as which draft was looked for) may come first; the error is one line.
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith("localspec: ")]
         assert len(lines) == 1 and lines[0].startswith("Error: ") and needle in lines[0], lines
 
 
