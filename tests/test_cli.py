@@ -16,8 +16,8 @@ def run(*args: str):
 def test_generate_json_has_the_documented_fields(tiny_dir):
     base = ["generate", "-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf"),
             "--prompt", "The cat sat on the", "--max-tokens", "24", "--json"]
-    plain = json.loads(run(*base, "--method", "plain").output)
-    spec = json.loads(run(*base, "--method", "draft", "--k", "4").output)
+    plain = json.loads(run(*base, "--method", "plain").stdout)  # notices go to stderr
+    spec = json.loads(run(*base, "--method", "draft", "--k", "4").stdout)
     assert set(spec) == {"text", "tokens", "finish_reason", "stats"}
     for key in ("method", "k", "rounds", "drafted", "accepted", "prefill_seconds", "decode_seconds",
                 "decode_tokens_per_second"):
