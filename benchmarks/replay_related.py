@@ -26,40 +26,30 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
 import localspec
 from localspec.bench import load_related
 from localspec.costs import CostProfile
-from localspec.options import GenerationOptions
 from localspec.replay import Recorded, bound, replay_auto
 
 
 def plain_outputs(target: Path, threads: int | None, n: int, cache: Path) -> tuple[list[Recorded], CostProfile]:
-    """Each request's prompt (text and tokens) and greedy reply, and this machine's cost profile."""
+    """Each request's prompt (text and tokens) and greedy reply (recorded once, ``bench.traces``), and this
+    machine's cost profile."""
+    from localspec.bench.traces import load, record, save
+
     pair = localspec.load(target, n_threads=threads, history=False)
     try:
         profile = pair.calibrate()
-        requests = load_related()
-        if cache.is_file():
-            saved = json.loads(cache.read_text())
-            if [r["name"] for r in saved] == [bp.name for bp in requests] and all(
-                    len(r["reply"]) == n or r["stopped"] for r in saved):
-                return [Recorded(r["name"], r["text"], r["prompt"], r["reply"]) for r in saved], profile
-        out = []
-        for bp in requests:
-            assert bp.messages is not None
-            text = pair.format_chat(bp.messages)
-            tokens = pair.chat_tokens(bp.messages)
-            pair.target.reset()
-            r = pair.generate(tokens, GenerationOptions(max_tokens=n, method="plain", temperature=0.0))
-            out.append({"name": bp.name, "text": text, "prompt": tokens, "reply": r.tokens,
-                        "stopped": len(r.tokens) < n})
-            print(f"decoded {bp.name}: {len(r.tokens)} tokens")
-        cache.write_text(json.dumps(out))
-        return [Recorded(r["name"], r["text"], r["prompt"], r["reply"]) for r in out], profile
+        meta = {"target": target.name, "target_bytes": target.stat().st_size, "workload": "related",
+                "max_tokens": n}
+        requests = load(cache, meta)
+        if requests is None:
+            requests = record(pair, load_related(), n, say=print)
+            save(cache, requests, meta)
+        return requests, profile
     finally:
         pair.close()
 
