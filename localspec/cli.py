@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import os
 import re
 import shlex
 import sys
@@ -539,11 +538,13 @@ def pull(name: Optional[str], target: Optional[str], draft: Optional[str], no_se
         return
     from .registry import load_registry
 
-    if name in load_registry():
+    registry = load_registry()
+    if name in registry:
         raise click.UsageError(f"There is a pair named {name!r} already (`localspec models`); choose another NAME.")
-    t, d = _pick_hub_pair(target, draft, not no_search, say)
+    catalog = [p.draft for p in registry.values() if not p.draft.is_local]
+    t, d = _pick_hub_pair(target, draft, catalog, not no_search, say)
     pair_name = name or _pair_name(t.ref.file or "target")
-    if pair_name in load_registry():
+    if pair_name in registry:
         raise click.UsageError(f"There is a pair named {pair_name!r} already; give the new pair a NAME.")
     for role, ref in (("target", t.ref), ("draft", d.ref)):
         say(f"{role}: hf:{ref.describe()}")
@@ -561,11 +562,12 @@ def _check_before_download(spec: Any, say: Callable[[str], None]) -> None:
     """
     from .errors import VocabMismatchError
     from .gguf_header import read_local, same_vocabulary
-    from .hub import locate
-    from .remote import human_bytes, remote_header
+    from .hub import locate, truthy
+    from .remote import remote_header
+    from .stores import human_bytes
 
     on_disk = [locate(spec.target), locate(spec.draft)]
-    if all(on_disk) or os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+    if all(on_disk) or truthy("HF_HUB_OFFLINE"):
         return
     headers, read = [], 0
     for ref, path in zip((spec.target, spec.draft), on_disk, strict=True):
@@ -581,12 +583,14 @@ def _check_before_download(spec: Any, say: Callable[[str], None]) -> None:
     say(f"checked the vocabularies from the headers first ({human_bytes(read)} read): {verdict.message}")
 
 
-def _pick_hub_pair(target: str, draft: Optional[str], search: bool, say: Callable[[str], None]) -> tuple[Any, Any]:
-    """The Hub target and its draft (given, or found), both checked by their headers before any download."""
+def _pick_hub_pair(target: str, draft: Optional[str], catalog: list[Any], search: bool,
+                   say: Callable[[str], None]) -> tuple[Any, Any]:
+    """The Hub target and its draft (given, or found among ``catalog`` and on the Hub), both checked by their
+    headers before any download."""
     from .errors import HubError, VocabMismatchError
     from .gguf_header import same_vocabulary
-    from .registry import load_registry
-    from .remote import find_drafts, human_bytes, parse_hf, remote_header
+    from .remote import find_drafts, parse_hf, remote_header
+    from .stores import human_bytes
 
     t = remote_header(parse_hf(target))
     say(f"target {t.describe()}: {t.header.architecture}, {t.header.size_label or '?'} "
@@ -598,7 +602,6 @@ def _pick_hub_pair(target: str, draft: Optional[str], search: bool, say: Callabl
             raise VocabMismatchError(verdict.message)
         say(f"draft {d.describe()}: {verdict.message} (read {human_bytes(d.bytes_read)} of {human_bytes(d.size)})")
         return t, d
-    catalog = [p.draft for p in load_registry().values() if not p.draft.is_local]
     matches, spent = find_drafts(t, catalog, say=say, search=search)
     for m in matches:
         say(f"  candidate {m.remote.describe()}: {m.reason}")
@@ -648,7 +651,8 @@ def _vocab_of(ref: str) -> tuple[Any, str]:
 
     if ref.startswith("hf:"):
         from .hub import locate
-        from .remote import human_bytes, parse_hf, remote_header
+        from .remote import parse_hf, remote_header
+        from .stores import human_bytes
 
         cached = locate(parse_hf(ref))
         if cached is not None:

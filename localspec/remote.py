@@ -17,13 +17,13 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from .errors import HubError, ModelFileError
 from .gguf_header import GGUFHeader, parse, parse_size_label, same_vocabulary
 from .hub import raise_http, truthy
 from .registry import ModelRef
-from .stores import MIN_RATIO
+from .stores import MIN_RATIO, human_bytes
 
 Say = Callable[[str], None]
 #: Hub repositories looked at per search, and candidate files whose headers are read.
@@ -283,18 +283,3 @@ def _same_quant(files: list[str], target_file: str) -> Optional[str]:
     tag = m.group(1).lower() if m else ""
     usable = [f for f in files if not re.search(r"-\d{5}-of-\d{5}\.gguf$", f) and "mmproj" not in f.lower()]
     return next((f for f in usable if tag and f.lower().endswith(f"{tag}.gguf")), None)
-
-
-def human_bytes(n: int) -> str:
-    """``1.2 GB``, ``3.4 MB``, ``56 kB``."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n / 1e3:.0f} kB"
-
-
-def describe_header(remote: RemoteGGUF) -> dict[str, Any]:
-    """What ``check`` prints for a Hub file."""
-    h = remote.header
-    return {"file": remote.describe(), "architecture": h.architecture, "parameters": parameters_of(remote),
-            "bytes": remote.size, "bytes_read": remote.bytes_read}

@@ -161,7 +161,7 @@ class FoundModel:
             return self.size_label
         if self.parameters:
             return _count(self.parameters)
-        return _bytes(self.size)
+        return human_bytes(self.size)
 
 
 @dataclass
@@ -563,7 +563,8 @@ def _count(n: int) -> str:
     return f"{n / 1e6:.0f}M"
 
 
-def _bytes(n: int) -> str:
+def human_bytes(n: int) -> str:
+    """``1.2 GB``, ``3.4 MB``, ``56.0 KB``, ``12 bytes``."""
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
@@ -599,7 +600,7 @@ def _reason(target: FoundModel, draft: FoundModel, padded: bool, ratio: float, b
     if by_params:
         size = f"draft {draft.label()} is {_ratio(ratio)} smaller than {target.label()}"
     else:
-        size = f"draft file {_bytes(draft.size)} is {_ratio(ratio)} smaller than {_bytes(target.size)}"
+        size = f"draft file {human_bytes(draft.size)} is {_ratio(ratio)} smaller than {human_bytes(target.size)}"
     if target.architecture != draft.architecture:
         size += f" (architectures {draft.architecture} and {target.architecture})"
     return f"{vocab}; {size}"
