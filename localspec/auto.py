@@ -31,9 +31,8 @@ from .backend import Model
 from .costs import CostCorrection, CostProfile, RoundTiming, best_k
 from .drafters import EMPTY_DRAFT, AutoChange, AutoReport, Draft, Drafter, ModelDrafter, build_lookup
 from .errors import ConfigError
-from .history import HistoryDrafter, HistoryIndex
+from .history import HistoryDrafter
 from .methods import AUTO, AUTO_KMAX, DRAFT, HISTORY, LOOKUP, PLAIN, REGISTRY, DraftingContext, Method
-from .options import GenerationOptions
 
 
 class AcceptanceEstimate:
@@ -350,18 +349,3 @@ def build_auto(ctx: DraftingContext, extra: Sequence[Candidate] = ()) -> AutoDra
         raise ConfigError("Method 'auto' needs the machine's cost profile; build it through a Pair, or give one.")
     candidates = [c for m in REGISTRY if m.candidate is not None for c in [m.candidate(ctx)] if c is not None]
     return AutoDrafter(ctx.profile(), [*candidates, *extra], kmax=ctx.k, correction=ctx.correction)
-
-
-def auto_drafter(profile: CostProfile, draft_model: Optional[Model], options: GenerationOptions,
-                 prompt_text: str, prompt_tokens: np.ndarray, kmax: int = AUTO_KMAX,
-                 history: Optional[HistoryIndex] = None,
-                 history_alpha: Optional[dict[int, AcceptanceEstimate]] = None) -> AutoDrafter:
-    """An AutoDrafter for one generation outside a ``Pair`` (the replay, tests), built as a pair builds it.
-
-    Args:
-        options: the generation's options (sampling, the lookup n-gram range).
-        history: the index of earlier generations to draft from (None: no history).
-        history_alpha: history's acceptance estimates, kept by the caller across generations.
-    """
-    return build_auto(DraftingContext(options, kmax, prompt_tokens, lambda: prompt_text, draft_model, history,
-                                      history_alpha, lambda: profile))

@@ -212,8 +212,8 @@ def bound(profile: CostProfile, requests: list[Recorded]) -> list[float]:
         prompt, reply = req.prompt, req.reply
         n, full = len(reply), prompt + reply
         lookup, history = PromptLookupDrafter(), HistoryDrafter(index)
-        best = [0.0] * (n + 1)  # best[i]: least cost to produce reply[i:]
-        for i in range(n - 1, -1, -1):
+        best = [0.0] * (n + 1)  # best[i]: least cost to produce reply[i:]; reply[0] comes with the prefill
+        for i in range(n - 1, 0, -1):
             context = np.asarray(full[: len(prompt) + i], dtype=np.int32)
             cost = step + best[i + 1]
             for draft in (lookup.propose(context, kmax, rng), history.propose(context, kmax, rng)):
