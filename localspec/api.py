@@ -422,9 +422,11 @@ class Pair:
         ctx = DraftingContext(opts, k, tokens, text, draft=self.draft,
                               history=store.index if store is not None else None,
                               history_alpha=self.history_alpha, profile=self.calibrate,
-                              # A seed asks for the same sample again: auto then decides by the profile alone,
-                              # since choices that followed the timing of earlier rounds would draw differently.
-                              correction=self.cost_correction if opts.seed is None else None)
+                              # A seeded sample must come again: auto then decides by the profile alone, since
+                              # choices that followed the timing of earlier rounds would draw differently. A greedy
+                              # reply draws nothing, so its seed asks for nothing and real costs count.
+                              correction=self.cost_correction if opts.seed is None or opts.sampling.greedy
+                              else None)
         return method.build(ctx), k
 
 

@@ -444,3 +444,14 @@ def test_a_seeded_sample_repeats_whatever_the_rounds_cost(make_pair):
     for _ in range(20):  # real rounds' costs pile up in the pair's correction meanwhile
         pair.cost_correction.observe(__import__("localspec.costs", fromlist=["RoundTiming"]).RoundTiming(9, 1.0))
     assert pair.generate(PROMPTS[0], max_tokens=40, method="auto", temperature=1.0, seed=7).tokens == first
+
+
+def test_a_greedy_reply_with_a_seed_still_learns_from_real_costs(make_pair):
+    # The bench seeds every run by its repetition, greedy ones too: a seed that draws nothing must not turn
+    # the correction off, or the bench would measure an auto that never learns what rounds really cost.
+    pair = make_pair(FLAT)
+    pair.generate(PROMPTS[0], max_tokens=40, method="auto", temperature=0.0, seed=3)
+    assert pair.cost_correction.evidence(1) + sum(pair.cost_correction.evidence(n) for n in range(2, 10)) > 0
+    seen = pair.cost_correction.evidence(1)
+    pair.generate(PROMPTS[0], max_tokens=40, method="auto", temperature=1.0, seed=3)
+    assert pair.cost_correction.evidence(1) == seen  # a seeded sample decides by the profile alone
