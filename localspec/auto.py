@@ -251,12 +251,17 @@ class AutoDrafter:
         return self._by_name[best.method].drafter.propose(context, best.k, rng)
 
     def _explore(self, choices: list[Choice]) -> Optional[Choice]:
-        """A cheap K=1 round of a method not tried for a while that could pay if alpha were higher,
-        or if verifying two tokens has not really been timed yet (the profile may overstate it)."""
+        """A cheap K=1 round of a method not tried for a while, if verifying two tokens has not really been
+        timed yet (the profile may overstate it), or if a drafting model could pay were its acceptance higher.
+
+        A free guesser is never explored for its acceptance: its guesses are scored in the plain rounds it
+        sits out, at no cost, and on a machine where it cannot pay a look would only lose time.
+        """
         untimed = self.correction is not None and self.correction.evidence(2) < COST_EVIDENCE
         for c in choices[1:]:
             stale = self._round - self._last_tried[c.method] >= self.explore_every
-            optimistic = untimed or best_k(self.profile, c.method, min(0.98, c.alpha + 0.25), 1)[1] > 1.0
+            optimistic = untimed or (not self._by_name[c.method].free and
+                                     best_k(self.profile, c.method, min(0.98, c.alpha + 0.25), 1)[1] > 1.0)
             if stale and optimistic:
                 return Choice(c.speed, c.method, 1, c.alpha, c.estimate, c.draft)
         return None
