@@ -53,11 +53,26 @@ def test_user_suite_and_its_errors_name_file_and_line(tmp_path):
         load_suite(good, categories=["nope"])
 
 
-def test_repetitions_are_interleaved_across_methods():
-    a, b, c = MethodSpec("plain"), MethodSpec("lookup", 2), MethodSpec("auto", 8)
-    order = schedule(2, [a, b, c], reps=2)
-    assert order == [(0, 0, a), (0, 0, b), (0, 0, c), (0, 1, a), (0, 1, b), (0, 1, c),
-                     (1, 0, a), (1, 0, b), (1, 0, c), (1, 1, a), (1, 1, b), (1, 1, c)]
+def test_repetitions_are_interleaved_and_no_method_always_follows_the_same_one():
+    specs = [MethodSpec("plain"), MethodSpec("lcp-plain"), MethodSpec("lookup", 2), MethodSpec("draft", 1),
+             MethodSpec("auto", 8)]
+    for m in (1, 2, 3, 4, 5):
+        methods = specs[:m]
+        order = schedule(2, methods, reps=2 * m)
+        assert [(p, r) for p, r, _ in order] == [(p, r) for p in range(2) for r in range(2 * m) for _ in range(m)]
+        assert order[: 2 * m * m] == [(0, r, s) for _, r, s in order[2 * m * m:]]  # each prompt alike
+        rows = [[s for _, r, s in order[: 2 * m * m] if r == rep] for rep in range(2 * m)]
+        assert rows[0][0] == methods[0]  # the reference first
+        for row in rows:  # every repetition runs every method once
+            assert sorted(map(id, row)) == sorted(map(id, methods))
+        for place in range(m):  # over m repetitions, each method once in each place
+            assert sorted(id(row[place]) for row in rows[:m]) == sorted(map(id, methods))
+        before: dict[int, set[int]] = {id(s): set() for s in methods}
+        for row in rows:
+            for a, b in zip(row, row[1:]):
+                before[id(b)].add(id(a))
+        # every method but one per repetition follows something, and none always the same one
+        assert all(len(prev) >= min(2, m - 1) for prev in before.values())
 
 
 def test_classify_identical_tie_and_mismatch():
