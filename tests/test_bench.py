@@ -161,6 +161,7 @@ def test_quick_bench_writes_table_json_and_png(tiny_dir, tmp_path):
     assert r.exit_code == 0, r.output
     assert "speedup" in r.output and "lookup k=2" in r.output and "auto" in r.output
     assert "lcp lookup k=10" in r.output and "over llama-cpp-python plain" in r.output
+    assert "auto against the fastest llama-cpp-python row of each prompt" in r.output
     data = json.loads(out_json.read_text())
     assert {"rows", "profile", "machine", "settings", "mismatches"} <= set(data)
     row = data["rows"][1]
@@ -215,3 +216,22 @@ def test_related_bench_runs_requests_in_order_with_the_earlier_ones_history(make
     table = render_related(report)
     assert "same#2" in table and "history lookup" in table
     assert pair.history is None  # the pair's own setting is back
+
+
+def test_the_table_sets_auto_against_the_fastest_peer_row_of_each_prompt():
+    from localspec.bench import BenchReport, render_table
+    from localspec.bench.records import Row
+
+    def row(prompt, method, k, vs_lcp):
+        return Row(prompt, "c", method, k, 0.0, 10.0, 0.1, 1.0, 1.0, 1.0, 0.0, 1.0, [], None, "identical",
+                   speedup_peer=vs_lcp, speedup_peer_min=vs_lcp, speedup_peer_max=vs_lcp)
+
+    rows = [row("a", "plain", 0, 1.0), row("a", "llama-cpp-python", 0, 1.0),
+            row("a", "llama-cpp-python-lookup", 2, 1.25), row("a", "auto", 8, 1.2),
+            row("b", "plain", 0, 1.0), row("b", "llama-cpp-python", 0, 1.0),
+            row("b", "llama-cpp-python-lookup", 2, 0.7), row("b", "auto", 8, 1.03)]
+    text = render_table(BenchReport(rows=rows, settings={"methods": ["plain", "lcp plain", "lcp lookup k=2", "auto"]}))
+    part = text[text.index("auto against the fastest"):]
+    assert "0.96x  (fastest: lcp lookup k=2)" in part  # 1.2 / 1.25
+    assert "1.03x  (fastest: lcp plain)" in part
+    assert "median 0.99x, worst 0.96x" in part

@@ -64,9 +64,32 @@ def render_table(report: BenchReport) -> str:
             if values:
                 out.append(f"  {label:<15} {statistics.median(values):.2f}x  (worst {min(values):.2f}x, "
                            f"best {max(values):.2f}x)")
+    out += _against_best_peer(report)
     if report.mismatches:
         out.append(f"\n{report.mismatches} MISMATCH(ES) against plain decoding: this is a bug, please report it.")
     return "\n".join(out)
+
+
+def _against_best_peer(report: BenchReport) -> list[str]:
+    """Auto against the fastest llama-cpp-python row of each prompt: what auto promises never to lose to."""
+    out: list[str] = []
+    adaptive = [r for r in report.rows if getattr(REGISTRY.find(r.method), "adaptive", False)
+                and r.speedup_peer is not None]
+    for label in dict.fromkeys(r.label for r in adaptive):
+        ratios = []
+        for row in (r for r in adaptive if r.label == label):
+            peers = [r for r in report.rows if r.method in PEER_METHODS and r.prompt == row.prompt
+                     and r.temperature == row.temperature and r.speedup_peer]
+            if peers and row.speedup_peer is not None:
+                best = max(peers, key=lambda r: r.speedup_peer or 0.0)
+                ratios.append((row.prompt, row.temperature, row.speedup_peer / (best.speedup_peer or 1.0),
+                               best.label))
+        if ratios:
+            out += ["", f"{label} against the fastest llama-cpp-python row of each prompt (medians of repetitions):"]
+            out += [f"  {p:<15} {t:>4.1f} {x:.2f}x  (fastest: {b})" for p, t, x, b in ratios]
+            values = [x for _, _, x, _ in ratios]
+            out.append(f"  median {statistics.median(values):.2f}x, worst {min(values):.2f}x")
+    return out
 
 
 def _what_the_curve_allows(verify: list[float]) -> list[str]:
