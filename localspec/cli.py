@@ -840,6 +840,8 @@ def calibrate(models: ModelArgs, recalibrate: bool, as_json: bool) -> None:
               help="Lookup draft lengths, e.g. 2,4,8 (none: no rows).")
 @click.option("--k-draft", "k_draft", type=str, default=None,
               help="Draft-model draft lengths, e.g. 1,2,4,8 (none: no rows).")
+@click.option("--k-lcp-lookup", "k_lcp_lookup", type=str, default=None,
+              help="Draft lengths of llama-cpp-python's own prompt lookup (default 2,10; none: no rows).")
 @click.option("--no-auto", is_flag=True, help="Leave auto mode out.")
 @click.option("--no-peers", is_flag=True,
               help="Leave out llama-cpp-python's own Llama (plain, and its prompt lookup with 2 and 10 tokens).")
@@ -856,7 +858,8 @@ def calibrate(models: ModelArgs, recalibrate: bool, as_json: bool) -> None:
               help="Write a PNG of speedup against K per category (needs matplotlib).")
 @_friendly_errors
 def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], quick: bool, reps: Optional[int],
-          max_tokens: Optional[int], k_lookup: Optional[str], k_draft: Optional[str], no_auto: bool, no_peers: bool,
+          max_tokens: Optional[int], k_lookup: Optional[str], k_draft: Optional[str], k_lcp_lookup: Optional[str],
+          no_auto: bool, no_peers: bool,
           history_check: bool, related: bool, sampled: bool, sampled_temperature: float, sampled_top_p: float,
           json_path: Optional[str], plot_path: Optional[str]) -> None:
     """Compare plain decoding, lookup, draft and auto, and llama-cpp-python's own decoding, side by side.
@@ -866,13 +869,15 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
     greedy run differs from plain decoding other than at a numeric tie.
     """
     from .bench import default_methods, load_suite, render_table, run_bench, write_json, write_plot
+    from .bench.peers import PEER_LOOKUP
 
     if related:
         _bench_related(models, suite, reps, max_tokens, json_path)
         return
     prompts = load_suite(Path(suite) if suite else None, categories, quick)
     with models.open() as pair:
-        ks = {LOOKUP.name: _k_list(k_lookup, "--k-lookup"), DRAFT.name: _k_list(k_draft, "--k-draft")}
+        ks = {LOOKUP.name: _k_list(k_lookup, "--k-lookup"), DRAFT.name: _k_list(k_draft, "--k-draft"),
+              PEER_LOOKUP: _k_list(k_lcp_lookup, "--k-lcp-lookup")}
         methods = default_methods(pair.draft is not None, quick, {m: k for m, k in ks.items() if k is not None},
                                   auto=not no_auto, peers=not no_peers, history_check=history_check)
         GenerationOptions(temperature=sampled_temperature, top_p=sampled_top_p)  # bad values fail before any work

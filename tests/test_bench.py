@@ -69,7 +69,7 @@ def test_repetitions_are_interleaved_and_no_method_always_follows_the_same_one()
             assert sorted(id(row[place]) for row in rows[:m]) == sorted(map(id, methods))
         before: dict[int, set[int]] = {id(s): set() for s in methods}
         for row in rows:
-            for a, b in zip(row, row[1:]):
+            for a, b in zip(row, row[1:], strict=False):
                 before[id(b)].add(id(a))
         # every method but one per repetition follows something, and none always the same one
         assert all(len(prev) >= min(2, m - 1) for prev in before.values())
@@ -235,3 +235,18 @@ def test_the_table_sets_auto_against_the_fastest_peer_row_of_each_prompt():
     assert "0.96x  (fastest: lcp lookup k=2)" in part  # 1.2 / 1.25
     assert "1.03x  (fastest: lcp plain)" in part
     assert "median 0.99x, worst 0.96x" in part
+
+
+def test_the_peer_lookup_rows_can_be_chosen_or_left_out(tiny_dir, tmp_path):
+    suite = tmp_path / "s.jsonl"
+    suite.write_text('{"category": "free", "prompt": "The cat sat on the mat and the dog"}\n')
+    base = ["bench", "-t", str(tiny_dir / "target.gguf"), "--suite", str(suite), "--reps", "1", "-n", "8",
+            "--k-lookup", "none", "--no-auto"]
+    r = CliRunner().invoke(cli, [*base, "--k-lcp-lookup", "3"])
+    assert r.exit_code == 0, r.output
+    assert "lcp lookup k=3" in r.output and "k=10" not in r.output and "lcp plain" in r.output
+    r = CliRunner().invoke(cli, [*base, "--k-lcp-lookup", "none"])
+    assert r.exit_code == 0, r.output
+    assert "lcp lookup" not in r.output and "lcp plain" in r.output
+    r = CliRunner().invoke(cli, [*base, "--k-lcp-lookup", "0"])
+    assert r.exit_code == 2 and "--k-lcp-lookup" in r.output

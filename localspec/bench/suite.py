@@ -44,6 +44,11 @@ class MethodSpec:
         return self.method if self.k == 0 else f"{self.method} k={self.k}"
 
 
+#: The draft lengths of llama-cpp-python's prompt lookup in the bench: its documented default (10), and
+#: a short one, which is what pays on a CPU.
+PEER_LOOKUP_K = (2, 10)
+
+
 def load_suite(path: Optional[Path] = None, categories: Sequence[str] = (), quick: bool = False,
                builtin: str = "suite.jsonl") -> list[BenchPrompt]:
     """The built-in suite, or a JSONL file of ``{"category", "prompt" | "messages"}`` lines.
@@ -108,13 +113,14 @@ def load_related(path: Optional[Path] = None) -> list[BenchPrompt]:
 def default_methods(has_draft: bool, quick: bool, ks: Optional[Mapping[str, Sequence[int]]] = None,
                     auto: bool = True, peers: bool = True, history_check: bool = False) -> list[MethodSpec]:
     """Plain first, then the peers (llama-cpp-python plain, its lookup with 2 and 10 tokens), every
-    registered method with bench rows at its draft lengths (``ks`` overrides them by method name; an empty
-    list leaves the method out), then
+    registered method with bench rows at its draft lengths (``ks`` overrides them by method name, and the
+    peer's lookup lengths under ``PEER_LOOKUP``; an empty list leaves the method out), then
     auto (with an empty history; ``history_check`` adds auto without history, to show an empty store
     costs nothing)."""
     methods = [MethodSpec(PLAIN.name)]
     if peers:
-        methods += [MethodSpec(PEER_PLAIN), MethodSpec(PEER_LOOKUP, 2), MethodSpec(PEER_LOOKUP, 10)]
+        peer_ks = ks[PEER_LOOKUP] if ks and PEER_LOOKUP in ks else PEER_LOOKUP_K
+        methods += [MethodSpec(PEER_PLAIN), *(MethodSpec(PEER_LOOKUP, k) for k in peer_ks)]
     for m in REGISTRY:  # every method with bench rows of its own, at its draft lengths
         if m.bench_k and (has_draft or not m.needs_draft):
             chosen = ks[m.name] if ks and m.name in ks else (m.bench_k_quick or m.bench_k if quick else m.bench_k)
