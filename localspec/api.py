@@ -36,6 +36,7 @@ from .engine import Generation, GenerationStats, TokenEvent, check_prompt
 from .errors import ConfigError, ContextOverflowError
 from .history import PROMPT_KEEP, HistoryStore, history_dir
 from .methods import AUTO_KMAX, HISTORY, DraftingContext, get_method
+from .nextn import MtpHead
 from .options import GenerationOptions, check_k
 
 PathLike = Union[str, os.PathLike]
@@ -169,6 +170,17 @@ class Pair:
         self._history = history
         #: What auto has learned about history's guesses (acceptance by match band), kept across generations.
         self.history_alpha = history_estimates()
+        self._head: Optional[MtpHead] = None
+
+    def head(self) -> MtpHead:
+        """The target's MTP head, opened on first use (it keeps the target's hidden states from then on).
+
+        Raises:
+            ConfigError: the target has no MTP head, or this llama-cpp-python build cannot run one.
+        """
+        if self._head is None:
+            self._head = MtpHead(self.target)
+        return self._head
 
     @property
     def history(self) -> Optional[HistoryStore]:
@@ -265,6 +277,8 @@ class Pair:
                 n, shape = wrong
                 self.notify(f"localspec: real rounds disagreed with the cached cost profile (verifying {n} tokens "
                             f"took {shape:.2f}x the share of a step it said); it will be measured again next time.")
+        if self._head is not None:
+            self._head.close()
         self.target.close()
         if self.draft is not None:
             self.draft.close()
@@ -416,6 +430,9 @@ class Pair:
             return None, 0
         if method.needs_draft and self.draft is None:
             raise ConfigError(f"Method {method.name!r} needs a draft model; load one (--draft) or use 'lookup'.")
+        if method.needs_head and not self.target.n_nextn:
+            raise ConfigError(f"Method {method.name!r} needs a target with an MTP head (next-n layers in its GGUF); "
+                              f"{self.target.path.name} has none: use 'auto', 'lookup' or 'draft'.")
         store = self.history if opts.history else None
         tokens = np.asarray(prompt_tokens, dtype=np.int32)
         text = functools.cache(lambda: prompt_text if prompt_text is not None else self.target.detokenize(tokens))
@@ -426,7 +443,8 @@ class Pair:
                               # choices that followed the timing of earlier rounds would draw differently. A greedy
                               # reply draws nothing, so its seed asks for nothing and real costs count.
                               correction=self.cost_correction if opts.seed is None or opts.sampling.greedy
-                              else None)
+                              else None,
+                              head=self.head if self.target.n_nextn else None)
         return method.build(ctx), k
 
 
@@ -474,14 +492,17 @@ def load(
         ModelFileError: a file is missing, not a GGUF, or fails to load.
         VocabMismatchError: the draft's vocabulary differs from the target's.
     """
+    # A recurrent target that can roll back keeps snapshots for auto's longest draft (longer ones checkpoint);
+    # a draft model decodes one token at a time, which no rollback undoes, so it checkpoints instead.
     t = Model(target, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, n_gpu_layers=n_gpu_layers,
-              flash_attn=flash_attn, huge_pages=huge_pages, verbose=verbose)
+              flash_attn=flash_attn, huge_pages=huge_pages, rollback_tokens=AUTO_KMAX, verbose=verbose)
     d = None
     try:
         if draft is not None:
             check_vocab(t.vocab_info(), read_vocab(draft))  # before the draft's weights are loaded
             d = Model(draft, n_ctx=t.n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch,
-                      n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, huge_pages=huge_pages, verbose=verbose)
+                      n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, huge_pages=huge_pages, rollback_tokens=0,
+                      verbose=verbose)
         if history is None:
             history = history_enabled()
         return Pair(t, d, defaults=defaults, draft_k=draft_k, history=history)

@@ -6,14 +6,19 @@ callers reason about the cache as a token list:
 
 * ``eval(tokens)`` appends tokens and returns logits rows only for the
   positions asked for (the last one, or all of them for verification);
-* ``truncate(n)`` drops every cached position from n on (llama.cpp's memory
-  ``seq_rm``), checked for success;
+* ``truncate(n)`` drops every cached position from n on, whatever the
+  memory (see ``localspec.memory``): llama.cpp's ``seq_rm`` where it can
+  (an attention cache, or a recurrent state's bounded rollback), else the
+  newest checkpoint at or before n is restored (or the cache emptied) and
+  the recorded tokens up to n are evaluated again;
+* ``checkpoint()`` saves the state a recurrent model cannot cut back, so
+  that a later ``truncate`` to this point is cheap (a no-op for attention);
 * ``sync(tokens)`` reuses the longest cached prefix of ``tokens`` and
   evaluates only the rest.
 
 If an evaluation is interrupted (Ctrl-C between llama.cpp returning and the
-bookkeeping), the next call first removes whatever the cache holds beyond the
-recorded tokens, so the cache and the record never disagree for long.
+bookkeeping, or a failed decode), the next call first compares what the
+cache holds with the record and makes them agree again.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Iterator, Literal, Optional, Sequence, Union
 import llama_cpp as ll
 import numpy as np
 
+from . import memory
 from .errors import (
     BackendError,
     ConfigError,
@@ -50,6 +56,8 @@ CACHE_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}
 LogitsWanted = Literal["last", "all", "none"]
 #: Token ids as a list or a 1-D integer array.
 Tokens = Union[Sequence[int], np.ndarray]
+#: Checkpoints a model keeps at once (one per round, one at a prompt's end, one spare).
+MAX_CHECKPOINTS = 3
 
 _GGML_WARN, _GGML_ERROR = 3, 4  # ggml_log_level values in the pinned llama.cpp
 
@@ -200,7 +208,12 @@ class Model:
         huge_pages: on a CPU build under Linux, ask for transparent huge pages
             for llama.cpp's buffers (see ``localspec.hugepages``); False to leave
             them as llama.cpp allocated them.
-        verbose: let llama.cpp print its log to stderr.
+        rollback_tokens: for a recurrent model whose architecture can roll its
+            state back, how many trailing tokens of a decode it can remove
+            (llama.cpp's ``n_rs_seq``; each costs one copy of the state).
+            Longer drafts take a checkpoint instead. Ignored for other models.
+        verbose: let llama.cpp print its log to stderr, and say when the cache
+            had to go back to a checkpoint or to the start.
 
     Raises:
         ModelFileError: the file is missing, not a GGUF, or llama.cpp cannot load it.
@@ -219,6 +232,7 @@ class Model:
         cache_type: str = "f16",
         flash_attn: Optional[bool] = None,
         huge_pages: bool = True,
+        rollback_tokens: int = 8,
         verbose: bool = False,
     ):
         self.path = check_gguf(path)
@@ -226,7 +240,10 @@ class Model:
             raise ConfigError(f"Context length must be >= 0 (0 = the model's own), got {n_ctx}.")
         if cache_type not in CACHE_TYPES:
             raise ConfigError(f"Unknown KV cache type {cache_type!r}; choose one of {', '.join(CACHE_TYPES)}.")
+        if rollback_tokens < 0:
+            raise ConfigError(f"rollback_tokens must be >= 0, got {rollback_tokens}.")
         self._log = LlamaLog(verbose)
+        self.verbose = verbose
         #: True when the caller left the thread count to localspec (see ``calibration.choose_threads``).
         self.threads_unset = not n_threads
         self.n_threads = n_threads if n_threads else default_threads()
@@ -247,6 +264,9 @@ class Model:
         if n_ctx == 0:
             n_ctx = int(ll.llama_model_n_ctx_train(self._model))
         cparams = self._context_params(n_ctx, n_batch, cache_type, flash_attn)
+        self._cparams = cparams  # for a second context over the same weights (an MTP head)
+        recurrent = ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model)
+        cparams.n_rs_seq = rollback_tokens if recurrent else 0  # llama.cpp clamps it to 0 where it cannot
         with self._log:
             self._ctx = ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -262,13 +282,30 @@ class Model:
         self.n_batch = min(n_batch, n_ctx)
         self._vocab = ll.llama_model_get_vocab(self._model)
         self._mem = ll.llama_get_memory(self._ctx)
+        if not self._mem:
+            self.close()
+            raise ModelFileError(f"{self.path.name} has no memory llama.cpp can decode with (an encoder or "
+                                 "embedding-only model); localspec needs a model that generates text.")
+        #: What this model's memory can undo (see ``localspec.memory``); its checkpoint size once measured.
+        self.memory = memory.inspect(self._model, self._ctx)
         self.n_vocab = int(ll.llama_vocab_n_tokens(self._vocab))
+        #: Next-n (MTP) layers in the GGUF: a head that drafts from this model's own hidden states.
+        self.n_nextn = int(ll.llama_model_n_layer_nextn(self._model)) if hasattr(ll, "llama_model_n_layer_nextn") else 0
+        #: Hidden state after each position (row p: after token p), kept once ``keep_hidden`` is called.
+        self.hidden = np.zeros((0, 0), dtype=np.float32)
+        self._ext: Optional[object] = None
         self.bos = int(ll.llama_vocab_bos(self._vocab))
         self.eos = int(ll.llama_vocab_eos(self._vocab))
         self._init_batch()
         self._tokens = np.zeros(self.n_ctx, dtype=np.int32)
         self._n = 0
         self._dirty = False
+        #: The shortest length ``truncate`` reaches with llama.cpp's own ``seq_rm`` (lower needs a checkpoint).
+        self._undo_floor = 0
+        self._checkpoints: list[memory.Checkpoint] = []
+        #: Times the cache went back to a checkpoint or to the start, and tokens evaluated again for it.
+        self.rewinds = 0
+        self.replayed_tokens = 0
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
         #: Seconds spent inside llama.cpp decode calls (and reading their logits).
@@ -279,6 +316,8 @@ class Model:
     def _load_weights(self, n_gpu_layers: int) -> ll.llama_model_p:
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+        if hasattr(mparams, "load_mtp"):
+            mparams.load_mtp = True  # a model's MTP head (next-n layers), where its GGUF has one: a free drafter
         with self._log:
             ll.llama_backend_init()  # idempotent: ggml's timer and tables
             model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
@@ -297,6 +336,7 @@ class Model:
         cparams.n_ctx = n_ctx
         cparams.n_batch = cparams.n_ubatch = min(n_batch, n_ctx)
         cparams.n_seq_max = 1
+        cparams.swa_full = True  # sliding-window layers keep every position, so any of them can be cut back
         cparams.n_threads = self.n_threads
         cparams.n_threads_batch = self.n_threads_batch
         cparams.type_k = cparams.type_v = CACHE_TYPES[cache_type]
@@ -553,16 +593,19 @@ class Model:
         with self._log:
             rc = ll.llama_decode(self._ctx, self._batch)
         if rc != 0:
-            self._repair()
+            ll.llama_set_abort_callback(self._ctx, ll.ggml_abort_callback(), None)  # the repair must not abort too
+            self._repair(failed=True)
             if rc == 2 and abort is not None and abort.is_set():  # 2: the abort callback said stop
                 raise GenerationCancelled(f"Cancelled at position {self._n} of {self.path.name}.")
             raise BackendError(
                 f"llama.cpp decode failed with code {rc} on {self.path.name} "
                 f"({m} tokens at position {self._n}); that chunk was removed from the cache."
             )
+        self._keep_hidden_rows(m)
         self._tokens[self._n : self._n + m] = chunk
         self._n += m
         self._dirty = False
+        self._after_decode(m)
         rows = m if logits == "all" else (1 if logits == "last" and final else 0)
         if not rows:  # on a GPU, decode returns before the work is done; reading logits waits for it, so wait here
             ll.llama_synchronize(self._ctx)
@@ -587,29 +630,134 @@ class Model:
         finally:
             ll.llama_set_abort_callback(self._ctx, ll.ggml_abort_callback(), None)  # a null pointer: no hook
 
-    def truncate(self, n: int) -> None:
+    def _after_decode(self, m: int) -> None:
+        """Where ``truncate`` can go back to by ``seq_rm`` alone after a decode of ``m`` tokens."""
+        info = self.memory
+        if info.kind == memory.FULL:
+            return
+        if not info.state_bytes:
+            self.memory = memory.with_state_size(info, self._ctx)  # measurable once the state holds a token
+        # A rollback reaches the state after any but the first of the last decode's tokens (llama.cpp
+        # snapshots the last n_rs_seq + 1 of them); the state before the decode is gone.
+        self._undo_floor = self._n - min(info.rollback_tokens, m - 1) if info.kind == memory.ROLLBACK else self._n
+
+    def _keep_hidden_rows(self, m: int) -> None:
+        """Copy the last decode's ``m`` hidden rows to their positions (the MTP head's input), if kept."""
+        if self._ext is not None:
+            staged = np.ctypeslib.as_array(self._ext.llama_get_embeddings_nextn(self._ctx),  # type: ignore[attr-defined]
+                                           shape=(m, self.hidden.shape[1]))
+            self.hidden[self._n : self._n + m] = staged
+
+    def keep_hidden(self) -> None:
+        """From now on, keep the hidden state after every position (``hidden``), for an MTP head.
+
+        The cache is emptied: positions evaluated before have no hidden rows.
+        """
+        if self._ext is not None:
+            return
+        from llama_cpp import llama_cpp_ext  # C++ symbols, not a stable API: localspec.nextn checks for them
+
+        llama_cpp_ext.llama_set_embeddings_nextn(self._ctx, True, False)  # one row per batch token
+        self.hidden = np.zeros((self.n_ctx, int(ll.llama_model_n_embd_out(self._model))), dtype=np.float32)
+        self._ext = llama_cpp_ext
+        self.reset()
+
+    def open_context(self, ctx_type: int) -> Optional[ll.llama_context_p]:
+        """A second llama.cpp context over these weights, with this one's settings (the caller frees it)."""
+        cparams = self._cparams
+        cparams.ctx_type = ctx_type
+        cparams.n_rs_seq = 0
+        cparams.n_threads, cparams.n_threads_batch = self.n_threads, self.n_threads_batch
+        try:
+            with self._log:
+                return ll.llama_init_from_model(self._model, cparams)
+        finally:
+            cparams.ctx_type = ll.LLAMA_CONTEXT_TYPE_DEFAULT
+
+    def can_undo(self, removed: int) -> bool:
+        """Whether, after evaluating ``removed + 1`` tokens, removing up to ``removed`` needs no checkpoint
+        (a batch split into chunks can only roll back within its last chunk)."""
+        return self.memory.covers(removed) and (self.memory.kind == memory.FULL or removed < self.n_batch)
+
+    def checkpoint(self) -> None:
+        """Save the state at the current length, so a later ``truncate`` to it (or past it) is cheap.
+
+        A no-op for an attention cache, which cuts back anywhere. The newest
+        ``MAX_CHECKPOINTS`` are kept; truncating below one drops it.
+        """
+        if self.memory.kind == memory.FULL or any(c.position == self._n for c in self._checkpoints):
+            return
+        self._repair()
+        t0 = time.perf_counter()
+        with self._log:
+            self._checkpoints.append(memory.save(self._ctx, self._n))
+        del self._checkpoints[:-MAX_CHECKPOINTS]
+        self.busy_seconds += time.perf_counter() - t0
+
+    def truncate(self, n: int, *, replay: bool = True) -> None:
         """Drop every cached position from ``n`` on (keep the first n tokens).
 
+        Where the memory cannot remove them (a recurrent state, beyond its
+        rollback), the newest checkpoint at or before ``n`` is restored, or the
+        cache is emptied, and the recorded tokens up to ``n`` are evaluated
+        again. Output never changes; only the time does.
+
+        Args:
+            n: tokens to keep.
+            replay: False to stop at the checkpoint (or the start) instead of
+                evaluating up to ``n`` again: the cache then holds a prefix of
+                the first n tokens, for a caller about to evaluate more.
+
         Raises:
-            BackendError: llama.cpp refused to remove the positions.
+            BackendError: llama.cpp refused to restore the state or to cut the cache back.
         """
         self._repair()
         if n < 0:
             raise ValueError(f"cannot truncate to {n} tokens")
         if n >= self._n:
             return
-        if not ll.llama_memory_seq_rm(self._mem, 0, n, -1):
-            raise BackendError(
-                f"llama.cpp could not remove cache positions {n}.. of {self.path.name} "
-                "(this model's cache cannot be partially truncated)."
-            )
-        self._n = n
+        if n == 0:
+            self.reset()
+            return
+        self._checkpoints = [c for c in self._checkpoints if c.position <= n]
+        if n >= self._undo_floor and ll.llama_memory_seq_rm(self._mem, 0, n, -1):
+            self._n = n
+            if self.memory.kind == memory.ROLLBACK:
+                self._undo_floor = n  # a rollback is single-use until the next decode
+            return
+        self._rewind(n, replay)
+
+    def _rewind(self, n: int, replay: bool) -> None:
+        """Go back to the newest checkpoint at or before ``n`` (or to the start), then evaluate up to n again."""
+        t0 = time.perf_counter()
+        start = self._checkpoints[-1] if self._checkpoints else None  # every checkpoint is at most n
+        with self._log:
+            if start is None or not memory.restore(self._ctx, start):
+                ll.llama_memory_clear(self._mem, True)
+                start = None
+                self._checkpoints.clear()  # one llama.cpp refused is no use, nor are the older ones it hid
+            at = start.position if start is not None else 0
+            if not ll.llama_memory_seq_rm(self._mem, 0, at, -1):  # the attention part of a hybrid, past the state
+                raise BackendError(f"llama.cpp could not cut the cache of {self.path.name} back to position {at}.")
+        self._n = self._undo_floor = at
+        self.rewinds += 1
+        self.busy_seconds += time.perf_counter() - t0
+        again = self._tokens[at:n].copy() if replay else self._tokens[:0]
+        if self.verbose:
+            how = f"its checkpoint at {at}" if start is not None else "the start"
+            sys.stderr.write(f"localspec: {self.path.name}: {self.memory.kind} memory cannot cut back to {n} "
+                             f"tokens; went back to {how}" + (f" and evaluated {len(again)} again\n" if replay
+                                                               else "\n"))
+        if len(again):
+            self.replayed_tokens += len(again)
+            self.eval(again, logits="none")
 
     def reset(self) -> None:
         """Empty the cache."""
         ll.llama_memory_clear(self._mem, True)
-        self._n = 0
+        self._n = self._undo_floor = 0
         self._dirty = False
+        self._checkpoints.clear()
 
     def common_prefix(self, tokens: np.ndarray) -> int:
         """Length of the longest common prefix of the cache and ``tokens``."""
@@ -631,15 +779,30 @@ class Model:
         if len(arr) == 0:
             raise ValueError("cannot sync to an empty token list")
         self._repair()
-        keep = min(self.common_prefix(arr), len(arr) - 1)
-        self.truncate(keep)
-        return self.eval(arr[keep:], logits="last", abort=abort)[0]
+        self.truncate(min(self.common_prefix(arr), len(arr) - 1), replay=False)
+        return self.eval(arr[self._n:], logits="last", abort=abort)[0]
 
-    def _repair(self) -> None:
-        """Drop cache positions beyond the record after an interrupted decode."""
-        if self._dirty:
+    def _repair(self, failed: bool = False) -> None:
+        """After an interrupted or failed decode, make the cache and the record agree again.
+
+        A decode that finished before its bookkeeping was interrupted is kept
+        (``failed`` False); otherwise whatever llama.cpp left past the record goes.
+        """
+        if not self._dirty:
+            return
+        self._dirty = False
+        held = int(ll.llama_memory_seq_pos_max(self._mem, 0)) + 1
+        m = int(self._batch.n_tokens) if self._batch is not None else 0  # the chunk that was being decoded
+        if self.memory.kind != memory.FULL:
+            # A recurrent state cannot tell a finished decode from an aborted one, and llama.cpp's own
+            # clean-up after a failure may have "rolled back" to a snapshot that was never written.
+            self._rewind(self._n, replay=True)
+        elif not failed and m and held == self._n + m and self._b_pos[0] == self._n:
+            self._keep_hidden_rows(m)  # it finished (llama.cpp removes a failed chunk itself): adopt it
+            self._tokens[self._n : held] = self._b_token[:m]
+            self._n = held
+        elif held > self._n:
             ll.llama_memory_seq_rm(self._mem, 0, self._n, -1)
-            self._dirty = False
 
 
 class Detokenizer:

@@ -196,6 +196,7 @@ def step_seconds(target: Model, threads: Optional[int] = None, reps: int = 3) ->
         target.set_threads(threads, was[1])
     target.reset()
     target.eval(ctx, logits="none")
+    target.checkpoint()  # a recurrent state goes back to the context by a restore, not a replay
 
     def step() -> None:
         target.eval(base[:1], logits="last")
@@ -232,6 +233,7 @@ def measure(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, reps: 
     crowded = contended(max(target.n_threads, target.n_threads_batch))
     target.truncate(0)
     target.eval(ctx, logits="none")
+    target.checkpoint()  # a recurrent state goes back to the context by a restore, not a replay
     for n in (kmax + 1, 1):
         run(target, n)  # warm-up: buffers sized for the largest batch, and the single-token graph
     sizes = list(range(1, kmax + 2))
@@ -247,6 +249,7 @@ def measure(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, reps: 
     if draft is not None:
         draft.truncate(0)
         draft.eval(ctx, logits="none")
+        draft.checkpoint()
         run(draft, 1)
         step = _median_time(lambda: run(draft, 1), 2 * reps + 1)
     lookup = PromptLookupDrafter()
@@ -272,6 +275,7 @@ def measure_threads(target: Model, max_threads: int,
     batch_times: dict[int, float] = {}
     target.reset()
     target.eval(ctx, logits="none")
+    target.checkpoint()  # a recurrent state goes back to the context by a restore, not a replay
 
     def run(tokens: list[int]) -> None:
         target.eval(tokens, logits="all")

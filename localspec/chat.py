@@ -123,6 +123,8 @@ class ChatSession:
             method = REGISTRY.find(arg)
             if method is not None and method.needs_draft and self.pair.draft is None:
                 raise ConfigError(f"/method {arg} needs a draft model; this session has none.")
+            if method is not None and method.needs_head and not self.pair.target.n_nextn:
+                raise ConfigError(f"/method {arg} needs a target with an MTP head; this one has none.")
             self.options = self.options.replace(method=arg, k=None)  # back to that method's default K
             return f"method: {arg}", False
         if name in SETTERS:

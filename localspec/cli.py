@@ -639,6 +639,13 @@ def check(pair_name: Optional[str], target: Optional[str], draft: Optional[str])
     for role, v, note in (("target", t, t_note), ("draft", d, d_note)):
         click.echo(f"{role}: {v.path.name}: {VOCAB_TYPES.get(v.type, '?')}, {v.n_tokens} tokens, "
                    f"BOS {v.bos}, EOS {v.eos}{note}")
+    if not target.startswith("hf:"):
+        from .gguf_header import read_local
+
+        heads = read_local(_model_path(target)).mtp_layers
+        if heads:
+            click.echo(f"target has an MTP head ({heads} next-n layer{'s' if heads > 1 else ''}): "
+                       "--method mtp drafts with it, no draft file needed")
     result = compare(t, d)
     if not result.ok:
         raise click.ClickException(result.message)
@@ -879,7 +886,8 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
         ks = {LOOKUP.name: _k_list(k_lookup, "--k-lookup"), DRAFT.name: _k_list(k_draft, "--k-draft"),
               PEER_LOOKUP: _k_list(k_lcp_lookup, "--k-lcp-lookup")}
         methods = default_methods(pair.draft is not None, quick, {m: k for m, k in ks.items() if k is not None},
-                                  auto=not no_auto, peers=not no_peers, history_check=history_check)
+                                  auto=not no_auto, peers=not no_peers, history_check=history_check,
+                                  has_head=bool(pair.target.n_nextn))
         GenerationOptions(temperature=sampled_temperature, top_p=sampled_top_p)  # bad values fail before any work
         reps = reps or (2 if quick else 3)
         max_tokens = max_tokens or (64 if quick else 128)

@@ -33,12 +33,14 @@ class CostProfile:
         draft_step: the draft model's time for one token (0 without a draft).
         lookup: the prompt-lookup search time per round.
         source: "measured", "cache" or a name for a synthetic profile.
+        mtp_step: the target's MTP head's time for one token (0: not measured, or no head).
     """
 
     verify: list[float]
     draft_step: float = 0.0
     lookup: float = 2e-5
     source: str = "measured"
+    mtp_step: float = 0.0
 
     @property
     def kmax(self) -> int:

@@ -30,6 +30,7 @@ from .options import LOOKUP_NGRAM, SamplingParams
 
 if TYPE_CHECKING:
     from .methods import DraftingContext
+    from .nextn import MtpHead
 
 
 class Draft(NamedTuple):
@@ -134,6 +135,7 @@ class ModelDrafter:
         if k <= 0 or self._foreign(context):
             return EMPTY_DRAFT
         logits = m.sync(context)
+        m.checkpoint()  # a recurrent draft cannot cut its single steps back; going back here is then cheap
         tokens: list[int] = []
         rows: list[np.ndarray] = []
         for i in range(k):
@@ -227,6 +229,58 @@ class PromptLookupDrafter:
     def report(self) -> Optional[AutoReport]:
         """Nothing beyond the engine's own counts."""
         return None
+
+
+class MtpDrafter:
+    """Drafts with the target's own MTP head (``nextn.MtpHead``): no draft model, no search.
+
+    Args:
+        head: the target's head, which follows the target's cache.
+        params: sampling parameters; greedy gives the head's argmax (one-hot q), otherwise q is its
+            processed distribution, as for a draft model.
+    """
+
+    name = "mtp"
+
+    def __init__(self, head: MtpHead, params: SamplingParams):
+        self.head = head
+        self.models: tuple[Model, ...] = (head,)  # type: ignore[assignment]  # timed like a model
+        self.params = params
+
+    def prefill(self, context: np.ndarray) -> None:
+        """Give the head the prompt's rows now, in batches, not in round 1."""
+        self.head.catch_up()
+
+    def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
+        """K head steps after ``context`` (the target holds all of it but the last token)."""
+        if k <= 0:
+            return EMPTY_DRAFT
+
+        def choose(logits: np.ndarray) -> tuple[int, Optional[np.ndarray]]:
+            if self.params.greedy:
+                return int(np.argmax(logits)), None
+            q = probabilities(logits, self.params)
+            return sample(q, rng), q
+
+        tokens, rows = self.head.draft(int(context[-1]), k, choose)
+        return Draft(tokens, np.stack(rows) if rows else None, "mtp")
+
+    def settle(self, context: np.ndarray) -> None:
+        """Nothing to do: the head follows the target's cache when it next drafts."""
+
+    def observe(self, drafted: int, kept: int) -> None:
+        """Nothing to learn: K is fixed."""
+
+    def report(self) -> Optional[AutoReport]:
+        """Nothing beyond the engine's own counts."""
+        return None
+
+
+def build_mtp(ctx: DraftingContext) -> MtpDrafter:
+    """Method "mtp": the target's own MTP head, sampling as the target does."""
+    if ctx.head is None:
+        raise ConfigError("Method 'mtp' needs a target with an MTP head (next-n layers in its GGUF).")
+    return MtpDrafter(ctx.head(), ctx.options.sampling)
 
 
 def build_lookup(ctx: DraftingContext) -> PromptLookupDrafter:

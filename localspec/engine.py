@@ -92,6 +92,10 @@ class GenerationStats:
     decode_seconds: float = 0.0
     #: Part of decode_seconds spent inside llama.cpp (target and draft decode calls).
     llama_seconds: float = 0.0
+    #: Times a model's memory (a recurrent state) went back to a checkpoint or to the start, and the tokens
+    #: it evaluated again for that (see ``Model.truncate``); 0 for attention caches.
+    rewinds: int = 0
+    replayed_tokens: int = 0
     #: For method "auto": rounds per method, the choices it made and the estimates behind them.
     auto: Optional[AutoReport] = None
 
@@ -216,17 +220,21 @@ def speculative_round(
     known = next((i for i, t in enumerate(draft.tokens) if t >= target.n_vocab), len(draft.tokens))
     if known < len(draft.tokens):
         draft = Draft(draft.tokens[: known + 1], None if draft.probs is None else draft.probs[: known + 1], draft.by)
-    # 2. verify: row i is the target's prediction after context + draft[:i].
+    # 2. verify: row i is the target's prediction after context + draft[:i]. A memory that cannot
+    # remove that many of a decode's tokens (a recurrent state) saves its state first.
     verify_started = target.busy_seconds
+    if known and not target.can_undo(known):
+        target.checkpoint()
     rows = target.eval([int(context[-1])] + draft.tokens[:known], logits="all")
-    verifying = target.busy_seconds - verify_started
     # 3. accept: a rejection at the unknown id resamples from the residual, never from p.
     if params.greedy:
         kept, nxt = accept_greedy(draft.tokens, rows)
     else:
         kept, nxt = accept_sampled(draft.tokens, draft.probs, ProbRows(rows, params), rng)
-    # 4. truncate: keep the context and the accepted draft tokens; the rejected tail goes.
+    # 4. truncate: keep the context and the accepted draft tokens; the rejected tail goes (from a
+    # checkpoint, the kept ones are evaluated again: that time counts as verifying).
     target.truncate(n + kept)
+    verifying = target.busy_seconds - verify_started
     if drafter is not None:
         drafter.observe(len(draft.tokens), kept)  # adaptive drafters learn from the outcome
         observe_timing = getattr(drafter, "observe_timing", None)  # and, if they want them, from the costs
@@ -361,9 +369,15 @@ class Generation:
         if self.finish_reason is None:
             self.finish_reason = "interrupted"
 
+    def _models(self) -> tuple[Model, ...]:
+        return (self.target, *(self.drafter.models if self.drafter is not None else ()))
+
     def _llama_busy(self) -> float:
-        helpers = self.drafter.models if self.drafter is not None else ()  # their time counts as llama time
-        return self.target.busy_seconds + sum(m.busy_seconds for m in helpers)
+        return sum(m.busy_seconds for m in self._models())  # a drafter's models count as llama time too
+
+    def _rewound(self) -> tuple[int, int]:
+        models = self._models()
+        return sum(m.rewinds for m in models), sum(m.replayed_tokens for m in models)
 
     def _check_cache(self, context: np.ndarray) -> None:
         """The target must hold exactly the context minus its last token (see ``speculative_round``)."""
@@ -384,6 +398,7 @@ class Generation:
         context[:n] = prompt
         t_start = time.perf_counter()
         busy0 = self._llama_busy()
+        rewound0 = self._rewound()
         t_mark: Optional[float] = None  # start of decode time not yet counted; None while the consumer runs
         stop = self._stop
         try:
@@ -439,6 +454,7 @@ class Generation:
             if t_mark is not None:  # the round that found EOS (or failed) after the last yield
                 stats.decode_seconds += time.perf_counter() - t_mark
             stats.llama_seconds = self._llama_busy() - busy0
+            stats.rewinds, stats.replayed_tokens = (a - b for a, b in zip(self._rewound(), rewound0, strict=True))
             tail = stop.feed(detok.flush())  # an incomplete character could still complete a stop string
             self.tail_text = tail if stop.stopped else tail + stop.flush()
 

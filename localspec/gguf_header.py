@@ -171,6 +171,11 @@ class GGUFHeader:
         return FILE_TYPES.get(ft) if ft is not None else None
 
     @property
+    def mtp_layers(self) -> int:
+        """``{architecture}.nextn_predict_layers``: the model's MTP head (next-n layers); 0 when it has none."""
+        return self._int(f"{self.architecture}.nextn_predict_layers") or 0
+
+    @property
     def context_length(self) -> Optional[int]:
         """``{architecture}.context_length``: the training context, or None."""
         arch = self.architecture

@@ -51,6 +51,11 @@ def model_cost(profile: CostProfile, k: int) -> float:
     return profile.verify[k] + k * profile.draft_step if k else profile.verify[0]
 
 
+def head_cost(profile: CostProfile, k: int) -> float:
+    """Verifying k tokens that the target's MTP head produced in k steps of its one layer."""
+    return profile.verify[k] + k * profile.mtp_step if k else profile.verify[0]
+
+
 @dataclass
 class DraftingContext:
     """What a method's builders may use for one generation.
@@ -76,6 +81,8 @@ class DraftingContext:
     history_alpha: Optional[dict[Any, Any]] = None
     profile: Optional[Callable[[], CostProfile]] = None
     correction: Optional[CostCorrection] = None
+    #: The target's MTP head, opened on first call (None: the target has none).
+    head: Optional[Callable[[], Any]] = None
 
 
 def lazy(module: str, attr: str) -> Callable[..., Any]:
@@ -104,6 +111,7 @@ class Method:
             method cannot take part this time; absent for methods auto does not choose.
         colour: the colour of its accepted tokens in ``localspec chat --show-drafts``.
         needs_draft: it runs the draft model, so a pair without one cannot use it.
+        needs_head: it runs the target's MTP head, so a target without one cannot use it.
         uses_history: it drafts from the history store (so a run of it may record into one).
         bench_k: the draft lengths ``localspec bench`` measures it at (empty: no row of its own);
             ``bench_k_quick`` for ``--quick`` (default: ``bench_k``).
@@ -118,6 +126,7 @@ class Method:
     candidate: Optional[Callable[[DraftingContext], Any]] = None
     colour: Optional[str] = None
     needs_draft: bool = False
+    needs_head: bool = False
     uses_history: bool = False
     bench_k: tuple[int, ...] = ()
     bench_k_quick: tuple[int, ...] = ()
@@ -181,9 +190,12 @@ DRAFT = Method("draft", "the draft model", 4, model_cost, build=lazy("localspec.
                candidate=lazy("localspec.auto", "model_candidate"), colour="green", needs_draft=True,
                bench_k=(1, 2, 4, 8), bench_k_quick=(1, 2))
 
+MTP = Method("mtp", "the model's own MTP head", 3, head_cost, build=lazy("localspec.drafters", "build_mtp"),
+             colour="magenta", needs_head=True, bench_k=(1, 2, 3), bench_k_quick=(2,))
+
 #: Every drafting method localspec knows. ``register`` adds one (a plugin's): the one deliberate piece of
 #: module-level state, as a plugin registry must be.
-REGISTRY = Registry({m.name: m for m in (AUTO, PLAIN, LOOKUP, HISTORY, DRAFT)})
+REGISTRY = Registry({m.name: m for m in (AUTO, PLAIN, LOOKUP, HISTORY, DRAFT, MTP)})
 
 
 def register(method: Method, replace: bool = False) -> Method:

@@ -74,7 +74,7 @@ def test_an_unknown_or_duplicate_method_is_one_sentence(toy):
     with pytest.raises(ConfigError, match="already registered"):
         register(Method("toy", "again", 1, search_cost))
     with pytest.raises(ConfigError, match=r"Unknown method 'nope'; choose one of auto, plain, lookup, history, "
-                                          r"draft, toy\."):
+                                          r"draft, mtp, toy\."):
         GenerationOptions(method="nope")
 
 

@@ -111,18 +111,19 @@ def load_related(path: Optional[Path] = None) -> list[BenchPrompt]:
 
 
 def default_methods(has_draft: bool, quick: bool, ks: Optional[Mapping[str, Sequence[int]]] = None,
-                    auto: bool = True, peers: bool = True, history_check: bool = False) -> list[MethodSpec]:
+                    auto: bool = True, peers: bool = True, history_check: bool = False,
+                    has_head: bool = False) -> list[MethodSpec]:
     """Plain first, then the peers (llama-cpp-python plain, its lookup with 2 and 10 tokens), every
     registered method with bench rows at its draft lengths (``ks`` overrides them by method name, and the
     peer's lookup lengths under ``PEER_LOOKUP``; an empty list leaves the method out), then
     auto (with an empty history; ``history_check`` adds auto without history, to show an empty store
-    costs nothing)."""
+    costs nothing). Draft-model rows need ``has_draft``, MTP rows ``has_head``."""
     methods = [MethodSpec(PLAIN.name)]
     if peers:
         peer_ks = ks[PEER_LOOKUP] if ks and PEER_LOOKUP in ks else PEER_LOOKUP_K
         methods += [MethodSpec(PEER_PLAIN), *(MethodSpec(PEER_LOOKUP, k) for k in peer_ks)]
     for m in REGISTRY:  # every method with bench rows of its own, at its draft lengths
-        if m.bench_k and (has_draft or not m.needs_draft):
+        if m.bench_k and (has_draft or not m.needs_draft) and (has_head or not m.needs_head):
             chosen = ks[m.name] if ks and m.name in ks else (m.bench_k_quick or m.bench_k if quick else m.bench_k)
             methods += [MethodSpec(m.name, k) for k in chosen]
     if auto and history_check:

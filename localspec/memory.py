@@ -1,0 +1,120 @@
+"""What a context's memory can undo, and checkpoints of the part that cannot be cut back.
+
+llama.cpp keeps three kinds of memory, and ``backend.Model`` treats each as
+what it can do:
+
+* ``FULL``: attention KV caches (sliding-window layers too, since localspec
+  keeps their cache whole): any trailing positions can be removed.
+* ``ROLLBACK``: a recurrent or hybrid model whose architecture keeps a
+  snapshot of its state after each of the last ``n_rs_seq`` tokens of a
+  decode (Qwen3.5/3.6, LFM2, Nemotron-H...): the last decode's trailing
+  positions can be removed, at most ``n_rs_seq`` of them, once per decode.
+* ``CHECKPOINT``: a recurrent state that cannot be cut back at all (Mamba,
+  RWKV, Jamba, Falcon-H1, Granite hybrids...): going back means restoring a
+  saved copy of that state (``Checkpoint``) and evaluating again what came
+  after it, or evaluating everything again from the start.
+
+A checkpoint holds only the part that cannot be cut back (llama.cpp's
+``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``: the recurrent state, or all of a
+purely recurrent model's memory); the attention part is cut back as usual.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+import llama_cpp as ll
+
+FULL = "full"
+ROLLBACK = "rollback"
+CHECKPOINT = "checkpoint"
+
+#: Only the part of a sequence's memory that removing positions cannot undo.
+_PARTIAL = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """What one context's memory can undo.
+
+    Attributes:
+        kind: ``FULL``, ``ROLLBACK`` or ``CHECKPOINT``.
+        rollback_tokens: for ``ROLLBACK``, the most trailing positions of a decode that can be removed.
+        recurrent: the model keeps a recurrent state (purely recurrent or hybrid).
+        hybrid: attention layers and recurrent layers.
+        state_bytes: bytes of one checkpoint (0 for ``FULL``, which needs none).
+        snapshot_bytes: bytes llama.cpp holds for the ``rollback_tokens`` snapshots (0 without them).
+    """
+
+    kind: str
+    rollback_tokens: int = 0
+    recurrent: bool = False
+    hybrid: bool = False
+    state_bytes: int = 0
+    snapshot_bytes: int = 0
+
+    def covers(self, removed: int) -> bool:
+        """Whether removing up to ``removed`` of a decode's trailing positions needs no checkpoint."""
+        return self.kind == FULL or (self.kind == ROLLBACK and removed <= self.rollback_tokens)
+
+    def describe(self) -> str:
+        """One phrase for a person: what this memory is and how localspec goes back in it."""
+        if self.kind == FULL:
+            return "attention cache (any position can be cut back)"
+        what = "hybrid (attention + recurrent state)" if self.hybrid else "recurrent state"
+        if self.kind == ROLLBACK:
+            return (f"{what}, rolls back up to {self.rollback_tokens} tokens "
+                    f"({_mib(self.snapshot_bytes)} of snapshots), checkpoints of {_mib(self.state_bytes)} beyond")
+        return f"{what}, no rollback: checkpoints of {_mib(self.state_bytes)} before each drafted round"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
+def inspect(model: Any, ctx: Any) -> MemoryInfo:
+    """Classify a freshly created (empty) context's memory (llama.cpp model and context pointers)."""
+    recurrent = bool(ll.llama_model_is_recurrent(model))
+    hybrid = bool(ll.llama_model_is_hybrid(model))
+    if not (recurrent or hybrid):
+        return MemoryInfo(FULL)
+    n_rs = int(ll.llama_n_rs_seq(ctx))
+    kind = ROLLBACK if n_rs > 0 else CHECKPOINT
+    return MemoryInfo(kind, n_rs, recurrent or hybrid, hybrid)
+
+
+def with_state_size(info: MemoryInfo, ctx: Any) -> MemoryInfo:
+    """``info`` with the size of a checkpoint of the current state filled in (once the state holds a token)."""
+    if info.kind == FULL:
+        return info
+    size = int(ll.llama_state_seq_get_size_ext(ctx, 0, _PARTIAL))
+    return MemoryInfo(info.kind, info.rollback_tokens, info.recurrent, info.hybrid, size,
+                      size * info.rollback_tokens)
+
+
+@dataclass
+class Checkpoint:
+    """A saved copy of the part of sequence 0's memory that cannot be cut back, at ``position`` tokens."""
+
+    position: int
+    data: ctypes.Array
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+
+def save(ctx: Any, position: int) -> Checkpoint:
+    """Copy the state of sequence 0 (which holds ``position`` tokens) out of the context."""
+    size = int(ll.llama_state_seq_get_size_ext(ctx, 0, _PARTIAL))
+    buf = (ctypes.c_uint8 * size)()
+    written = int(ll.llama_state_seq_get_data_ext(ctx, buf, size, 0, _PARTIAL))
+    return Checkpoint(position, buf if written == size else (ctypes.c_uint8 * written).from_buffer_copy(buf))
+
+
+def restore(ctx: Any, checkpoint: Checkpoint) -> bool:
+    """Put a checkpoint's state back into sequence 0; False if llama.cpp refused it."""
+    n = len(checkpoint.data)
+    return int(ll.llama_state_seq_set_data_ext(ctx, checkpoint.data, n, 0, _PARTIAL)) == n

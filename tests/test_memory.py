@@ -1,0 +1,285 @@
+"""Models whose memory is not a plain KV cache: recurrent (mamba), hybrid with bounded rollback (qwen35,
+lfm2) and interleaved sliding windows (gemma2), against llama-cpp-python's own plain decoding of each file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+from helpers import same_distribution, token_counts
+from serverproc import ServeProcess
+from tinyarch import write_tiny_gemma2, write_tiny_lfm2, write_tiny_mamba, write_tiny_qwen35
+
+import localspec
+from localspec import memory
+from localspec.backend import Model
+
+WRITERS = {"mamba": write_tiny_mamba, "qwen35": write_tiny_qwen35, "lfm2": write_tiny_lfm2,
+           "gemma2": write_tiny_gemma2}
+KINDS = {"mamba": memory.CHECKPOINT, "qwen35": memory.ROLLBACK, "lfm2": memory.ROLLBACK, "gemma2": memory.FULL}
+PROMPTS = ["in the end, in the end, in the end, in the", "The cat sat on the mat and the dog sat on the"]
+METHODS = [("plain", None), ("lookup", 3), ("draft", 2), ("draft", 6), ("auto", None)]
+N = 48
+
+
+@pytest.fixture(scope="module")
+def arch_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("arch")
+    for name, write in WRITERS.items():
+        write(d / f"{name}.gguf", seed=0)
+        write(d / f"{name}-draft.gguf", seed=0, noise=0.35)  # agrees often, not always
+    return d
+
+
+def lcp_greedy(path: Path, prompt: list[int], n: int = N, **settings: int) -> list[int]:
+    """llama-cpp-python's own greedy decoding of ``path`` (its high-level ``Llama``), end token excluded."""
+    import llama_cpp
+    from llama_cpp import Llama
+
+    llama = Llama(str(path), n_ctx=1024, flash_attn=False, verbose=False, **settings)
+    try:
+        out: list[int] = []
+        for tok in llama.generate(prompt, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
+            if llama_cpp.llama_vocab_is_eog(llama._model.vocab, tok) or len(out) == n:
+                break
+            out.append(int(tok))
+        return out
+    finally:
+        llama.close()
+
+
+@pytest.fixture(scope="module")
+def pairs(arch_dir: Path):
+    opened = {name: localspec.load(arch_dir / f"{name}.gguf", arch_dir / f"{name}-draft.gguf", n_ctx=1024)
+              for name in WRITERS}
+    yield opened
+    for pair in opened.values():
+        pair.close()
+
+
+@pytest.mark.parametrize("arch", list(WRITERS))
+def test_each_memory_is_what_its_architecture_allows(pairs, arch):
+    pair = pairs[arch]
+    assert pair.target.memory.kind == KINDS[arch]
+    assert pair.target.memory.rollback_tokens == (8 if KINDS[arch] == memory.ROLLBACK else 0)
+    assert pair.draft.memory.kind == (memory.FULL if arch == "gemma2" else memory.CHECKPOINT)  # single steps
+
+
+@pytest.mark.parametrize("arch", list(WRITERS))
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_every_method_gives_llama_cpp_pythons_own_greedy_tokens(arch_dir, pairs, arch, prompt):
+    pair = pairs[arch]
+    tokens = pair.tokenize(prompt)
+    expected = lcp_greedy(arch_dir / f"{arch}.gguf", tokens)
+    if len(expected) < 8:  # a random model may end its answer at once: then go on from a longer prompt
+        prompt += " and then"
+        expected = lcp_greedy(arch_dir / f"{arch}.gguf", pair.tokenize(prompt))
+    assert len(expected) >= 8
+    for method, k in METHODS + ([("mtp", 3)] if arch == "qwen35" else []):
+        r = pair.generate(prompt, max_tokens=N, method=method, k=k)
+        assert r.tokens == expected[: len(r.tokens)], f"{arch}: {method} k={k} diverged from llama-cpp-python"
+        assert len(r.tokens) == len(expected) or r.finish_reason == "stop"
+        if method == "draft":
+            assert 0 < r.stats.accepted < r.stats.drafted  # guesses were kept and rejected
+            if KINDS[arch] == memory.CHECKPOINT:
+                assert r.stats.rewinds > 0  # rejections went back to a checkpoint
+
+
+def test_a_rollback_beyond_the_snapshots_takes_a_checkpoint_and_stays_exact(arch_dir, pairs):
+    pair = pairs["qwen35"]
+    prompt = PROMPTS[1]
+    expected = lcp_greedy(arch_dir / "qwen35.gguf", pair.tokenize(prompt))
+    r = pair.generate(prompt, max_tokens=N, method="draft", k=12)  # 12 > the 8 snapshots
+    assert r.tokens == expected[: len(r.tokens)] and r.stats.rejected_rounds > 0
+
+
+@pytest.mark.parametrize("arch", ["mamba", "qwen35", "gemma2"])
+def test_chat_follow_ups_that_reuse_or_diverge_are_exact(arch_dir, pairs, arch):
+    pair = pairs[arch]
+    first = [{"role": "user", "content": "in the end, in the end"}]
+    r1 = pair.chat(first, max_tokens=20, method="draft", k=4)
+    again = first + [{"role": "assistant", "content": r1.text}, {"role": "user", "content": "and then?"}]
+    early = [{"role": "user", "content": "in the start"}]  # diverges a few tokens in
+    for messages in (again, early, again):
+        tokens = pair.chat_tokens(messages)
+        expected = lcp_greedy(arch_dir / f"{arch}.gguf", tokens, 20)
+        r = pair.chat(messages, max_tokens=20, method="draft", k=4)
+        assert r.tokens == expected[: len(r.tokens)], f"{arch} diverged on a follow-up"
+
+
+@pytest.mark.parametrize("arch", ["mamba", "qwen35"])
+def test_after_rejections_the_target_equals_a_fresh_context(arch_dir, pairs, arch):
+    pair = pairs[arch]
+    r = pair.generate(PROMPTS[1], max_tokens=30, method="draft", k=5)
+    assert r.stats.rejected_rounds > 0
+    full = r.prompt_tokens + r.tokens
+    for model, path in ((pair.target, arch_dir / f"{arch}.gguf"), (pair.draft, arch_dir / f"{arch}-draft.gguf")):
+        assert list(model.tokens) == full[: model.n_past]
+        probe = [*model.tokens, 42]
+        got = model.eval([42], logits="last")[0].copy()
+        with Model(path, n_ctx=1024) as fresh:
+            want = fresh.eval(probe, logits="last")[0].copy()
+        assert np.allclose(got, want, atol=1e-3), f"{arch}: {model.memory.kind} {np.abs(got - want).max()}"
+        model.truncate(len(probe) - 1)
+
+
+@pytest.mark.parametrize("arch", ["mamba", "qwen35"])
+def test_ctrl_c_inside_a_decode_leaves_the_next_request_exact(arch_dir, pairs, arch, monkeypatch):
+    import llama_cpp
+
+    pair = pairs[arch]
+    expected = lcp_greedy(arch_dir / f"{arch}.gguf", pair.tokenize(PROMPTS[0]), 30)
+    real_decode = llama_cpp.llama_decode
+    calls = {"n": 0, "at": 0}
+
+    def decode_then_interrupt(ctx, batch):
+        rc = real_decode(ctx, batch)
+        calls["n"] += 1
+        if calls["n"] == calls["at"]:
+            raise KeyboardInterrupt
+        return rc
+
+    for interrupt_at in (3, 8, 13):
+        calls.update(n=0, at=interrupt_at)
+        monkeypatch.setattr(llama_cpp, "llama_decode", decode_then_interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            pair.generate(PROMPTS[1], max_tokens=40, method="draft", k=5)
+        monkeypatch.setattr(llama_cpp, "llama_decode", real_decode)
+        r = pair.generate(PROMPTS[0], max_tokens=30, method="draft", k=5)
+        assert r.tokens == expected[: len(r.tokens)]
+
+
+@pytest.mark.parametrize("arch", ["mamba", "qwen35", "gemma2"])
+def test_a_decode_that_fails_after_llama_cpp_cleaned_up_leaves_the_next_request_exact(arch_dir, pairs, arch,
+                                                                                     monkeypatch):
+    # llama.cpp answers a failed decode by removing the chunk's positions itself; on a recurrent state
+    # with snapshots that removal is a rollback to a snapshot the failed decode never wrote.
+    import llama_cpp
+
+    pair = pairs[arch]
+    prompt = PROMPTS[0] + " and then"
+    expected = lcp_greedy(arch_dir / f"{arch}.gguf", pair.tokenize(prompt), 20)
+    pair.generate(PROMPTS[0], max_tokens=1, method="plain")  # the cache holds exactly a prefix of the next prompt
+    real_decode = llama_cpp.llama_decode
+
+    def decode_then_fail(ctx, batch):
+        real_decode(ctx, batch)
+        first = batch.pos[0]
+        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx), 0, first, -1)
+        return 1
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", decode_then_fail)
+    with pytest.raises(localspec.BackendError):
+        pair.generate(prompt, max_tokens=20, method="plain")
+    monkeypatch.setattr(llama_cpp, "llama_decode", real_decode)
+    tokens = pair.tokenize(prompt)
+    got = pair.target.sync(tokens).copy()  # continues from whatever the failure left
+    with Model(arch_dir / f"{arch}.gguf", n_ctx=1024) as fresh:
+        want = fresh.eval(tokens, logits="last")[0].copy()
+    assert np.abs(got - want).max() < 1e-3, f"{arch}: the state after a failed decode is not the record's"
+    for method in ("plain", "draft"):
+        r = pair.generate(prompt, max_tokens=20, method=method, k=4)
+        assert r.tokens == expected[: len(r.tokens)], f"{arch}: {method} after a failed decode"
+
+
+@pytest.mark.parametrize("arch,method", [("mamba", "draft"), ("qwen35", "draft"), ("qwen35", "lookup")])
+def test_sampled_speculation_keeps_the_plain_distribution(pairs, arch, method):
+    pair = pairs[arch]
+    prompt = PROMPTS[0]
+    n = 1500
+    for position in (1, 3):
+        plain = token_counts(pair, prompt, n, position, method="plain")
+        spec = token_counts(pair, prompt, n, position, method=method, k=3)
+        p = same_distribution(plain, spec)
+        assert p > 1e-3, f"{arch} {method} position {position}: chi-square p = {p:.2e}"
+
+
+def test_the_sliding_window_is_exact_past_the_window_after_a_shared_prefix(arch_dir):
+    # f32 caches on both sides: this tiny gemma2's f16 cache rounds its logits by ~2e-3, more than
+    # some of its greedy margins, and the question here is the window's cache, not rounding.
+    from localspec.api import Pair
+
+    path = arch_dir / "gemma2.gguf"
+    pair = Pair(Model(path, n_ctx=1024, cache_type="f32"), Model(arch_dir / "gemma2-draft.gguf", n_ctx=1024))
+    try:
+        long = PROMPTS[1] + " and so on, and so on"
+        pair.generate(long, max_tokens=30, method="draft", k=6)  # the cache holds far more than the 8-token window
+        shorter = PROMPTS[1] + " and so"  # reuses a prefix, then cuts back past the window
+        expected = lcp_greedy(path, pair.tokenize(shorter), 30, type_k=0, type_v=0)
+        for method, k in METHODS:
+            r = pair.generate(shorter, max_tokens=30, method=method, k=k)
+            assert r.tokens == expected[: len(r.tokens)], f"gemma2: {method} diverged"
+            pair.generate(long, max_tokens=10, method="draft", k=6)
+    finally:
+        pair.close()
+
+
+@pytest.fixture(scope="module")
+def head_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """qwen35 targets whose MTP head is a bigram table: exactly the target's guess (trunk 0), or often it."""
+    d = tmp_path_factory.mktemp("mtp")
+    for trunk in (0.0, 0.2):
+        write_tiny_qwen35(d / f"trunk{trunk}.gguf", seed=0, trunk=trunk, bigram_head=True)
+    return d
+
+
+def test_mtp_drafts_are_the_heads_predictions(head_dir):
+    # With no trunk the target predicts from its last token alone, and so does the head: every guess the
+    # head makes is the target's own token, so all are kept. An empty or misaligned drafter keeps none.
+    path = head_dir / "trunk0.0.gguf"
+    with localspec.load(path) as pair:
+        assert pair.target.n_nextn == 1
+        r = pair.generate(PROMPTS[1], max_tokens=N, method="mtp", k=3)
+        expected = lcp_greedy(path, pair.tokenize(PROMPTS[1]))
+    assert r.tokens == expected[: len(r.tokens)]
+    assert r.stats.drafted > 20 and r.stats.accepted == r.stats.drafted
+    assert r.stats.drafted_by == {"mtp": r.stats.drafted} and r.stats.accepted_by["mtp"] == r.stats.accepted
+
+
+def test_mtp_with_partial_acceptance_is_exact_greedy_and_sampled(head_dir):
+    path = head_dir / "trunk0.2.gguf"
+    with localspec.load(path) as pair:
+        expected = lcp_greedy(path, pair.tokenize(PROMPTS[1]))
+        for k in (1, 3, 10):  # 10: longer than the target's 8 rollback snapshots
+            r = pair.generate(PROMPTS[1], max_tokens=N, method="mtp", k=k)
+            assert r.tokens == expected[: len(r.tokens)], f"mtp k={k} diverged from llama-cpp-python"
+            assert 0 < r.stats.accepted < r.stats.drafted
+        for position in (1, 3):
+            plain = token_counts(pair, PROMPTS[0], 1500, position, method="plain")
+            spec = token_counts(pair, PROMPTS[0], 1500, position, method="mtp", k=3)
+            p = same_distribution(plain, spec)
+            assert p > 1e-3, f"mtp position {position}: chi-square p = {p:.2e}"
+
+
+def test_mtp_on_a_model_without_a_head_is_one_clear_sentence(arch_dir):
+    with localspec.load(arch_dir / "lfm2.gguf") as pair:
+        with pytest.raises(localspec.ConfigError, match="needs a target with an MTP head .* lfm2.gguf has none"):
+            pair.generate(PROMPTS[0], max_tokens=4, method="mtp")
+        assert pair.generate(PROMPTS[0], max_tokens=4, method="plain").tokens  # and plain still works
+
+
+@pytest.mark.parametrize("arch", ["mamba", "qwen35"])
+def test_serve_answers_exactly_and_survives_a_dropped_client(arch_dir, tmp_path, arch):
+    path = arch_dir / f"{arch}.gguf"
+    server = ServeProcess(["-t", str(path), "-d", str(arch_dir / f"{arch}-draft.gguf"), "--ctx", "1024"], tmp_path)
+    try:
+        client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=60)
+        with Model(path, n_ctx=64) as m:
+            expected = lcp_greedy(path, m.tokenize(PROMPTS[0]), 24)
+        stream = client.completions.create(model=arch, prompt=PROMPTS[1], max_tokens=200, temperature=0,
+                                           stream=True)
+        next(iter(stream))
+        stream.close()  # the client leaves mid-generation
+        for _ in range(2):  # the second one reuses the cached prompt
+            r = client.completions.create(model=arch, prompt=PROMPTS[0], max_tokens=24, temperature=0)
+            assert r.choices[0].text == pair_text(path, expected)
+    finally:
+        server.close()
+
+
+def pair_text(path: Path, tokens: list[int]) -> str:
+    """The text of ``tokens`` in ``path``'s vocabulary."""
+    with Model(path, n_ctx=64) as m:
+        return m.detokenize(tokens)
