@@ -171,6 +171,7 @@ class Pair:
         #: What auto has learned about history's guesses (acceptance by match band), kept across generations.
         self.history_alpha = history_estimates()
         self._head: Optional[MtpHead] = None
+        self._head_refused = False
 
     def head(self) -> MtpHead:
         """The target's MTP head, opened on first use (it keeps the target's hidden states from then on).
@@ -181,6 +182,18 @@ class Pair:
         if self._head is None:
             self._head = MtpHead(self.target)
         return self._head
+
+    def usable_head(self) -> Optional[MtpHead]:
+        """The target's MTP head for auto and calibration: None when it has none, or when this build cannot
+        run it (said once through ``notify``; the other methods work as before)."""
+        if not self.target.n_nextn or self._head_refused:
+            return self._head
+        try:
+            return self.head()
+        except ConfigError as exc:
+            self._head_refused = True
+            self.notify(f"localspec: not drafting with the MTP head of {self.target.path.name}: {exc}")
+            return None
 
     @property
     def history(self) -> Optional[HistoryStore]:
@@ -229,7 +242,7 @@ class Pair:
             choice = self.thread_choice
             checked = choice.checked if choice and choice.threads == self.target.n_threads else None
             self._profile = calibrate(self.target, self.draft, AUTO_KMAX, refresh=refresh, notify=self.notify,
-                                      step=checked)
+                                      step=checked, head=self.usable_head())
             if choice is not None:
                 choice.checked = None  # a check is fresh once
             if refresh:  # a new measurement: what rounds showed about the old one no longer applies
@@ -273,7 +286,7 @@ class Pair:
         """
         if self._profile is not None and self._profile.source == "cache":
             wrong = self.cost_correction.disagreement(self._profile)
-            if wrong is not None and forget(self.target, self.draft, AUTO_KMAX):
+            if wrong is not None and forget(self.target, self.draft, AUTO_KMAX, head=self._head is not None):
                 n, shape = wrong
                 self.notify(f"localspec: real rounds disagreed with the cached cost profile (verifying {n} tokens "
                             f"took {shape:.2f}x the share of a step it said); it will be measured again next time.")
@@ -444,7 +457,9 @@ class Pair:
                               # reply draws nothing, so its seed asks for nothing and real costs count.
                               correction=self.cost_correction if opts.seed is None or opts.sampling.greedy
                               else None,
-                              head=self.head if self.target.n_nextn else None)
+                              # auto offers the head where it can run; --method mtp says why it cannot
+                              head=(self.usable_head if method.adaptive else self.head) if self.target.n_nextn
+                              else None)
         return method.build(ctx), k
 
 

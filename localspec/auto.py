@@ -1,4 +1,4 @@
-"""Auto mode: choose prompt lookup, history, the draft model or plain decoding, and K, each round.
+"""Auto mode: choose prompt lookup, history, the draft model, the MTP head or plain decoding, and K, each round.
 
 The choice maximises expected tokens per second under the cost model
 (``localspec.costs``) with the machine's measured costs (``localspec.calibration``):
@@ -29,10 +29,10 @@ import numpy as np
 
 from .backend import Model
 from .costs import CostCorrection, CostProfile, RoundTiming, best_k
-from .drafters import EMPTY_DRAFT, AutoChange, AutoReport, Draft, Drafter, ModelDrafter, build_lookup
+from .drafters import EMPTY_DRAFT, AutoChange, AutoReport, Draft, Drafter, ModelDrafter, MtpDrafter, build_lookup
 from .errors import ConfigError
 from .history import HistoryDrafter
-from .methods import AUTO, AUTO_KMAX, DRAFT, HISTORY, LOOKUP, PLAIN, REGISTRY, DraftingContext, Method
+from .methods import AUTO, AUTO_KMAX, DRAFT, HISTORY, LOOKUP, MTP, PLAIN, REGISTRY, DraftingContext, Method
 
 
 class AcceptanceEstimate:
@@ -328,6 +328,18 @@ def model_candidate(ctx: DraftingContext) -> Optional[Candidate]:
     if ctx.draft is None:
         return None
     return drafting_model_candidate(ctx, ModelDrafter(ctx.draft, ctx.options.sampling))
+
+
+def mtp_candidate(ctx: DraftingContext) -> Optional[Candidate]:
+    """The target's MTP head, unless the target has none (or this build cannot run it), its step was not
+    measured, or it could not pay even if it were always right."""
+    if ctx.head is None or ctx.profile is None:
+        return None
+    profile = _decided_profile(ctx)  # measures the head's step on first use, with the rest
+    head = ctx.head()
+    if head is None or not profile.mtp_step or best_k(profile, MTP.name, 0.98, ctx.k)[0] == 0:
+        return None
+    return Candidate(MTP, MtpDrafter(head, ctx.options.sampling), {0: AcceptanceEstimate(0.6)}, free=False)
 
 
 def drafting_model_candidate(ctx: DraftingContext, drafter: Drafter) -> Optional[Candidate]:

@@ -637,6 +637,8 @@ class Model:
             return
         if not info.state_bytes:
             self.memory = memory.with_state_size(info, self._ctx)  # measurable once the state holds a token
+            if self.verbose:
+                sys.stderr.write(f"localspec: {self.path.name}: {self.memory.describe()}\n")
         # A rollback reaches the state after any but the first of the last decode's tokens (llama.cpp
         # snapshots the last n_rs_seq + 1 of them); the state before the decode is gone.
         self._undo_floor = self._n - min(info.rollback_tokens, m - 1) if info.kind == memory.ROLLBACK else self._n
@@ -679,14 +681,19 @@ class Model:
         (a batch split into chunks can only roll back within its last chunk)."""
         return self.memory.covers(removed) and (self.memory.kind == memory.FULL or removed < self.n_batch)
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, refresh: bool = False) -> None:
         """Save the state at the current length, so a later ``truncate`` to it (or past it) is cheap.
 
-        A no-op for an attention cache, which cuts back anywhere. The newest
+        A no-op for an attention cache, which cuts back anywhere, and where a
+        checkpoint at this length exists (``refresh``: save it again). The newest
         ``MAX_CHECKPOINTS`` are kept; truncating below one drops it.
         """
-        if self.memory.kind == memory.FULL or any(c.position == self._n for c in self._checkpoints):
+        if self.memory.kind == memory.FULL:
             return
+        if any(c.position == self._n for c in self._checkpoints):
+            if not refresh:
+                return
+            self._checkpoints = [c for c in self._checkpoints if c.position != self._n]
         self._repair()
         t0 = time.perf_counter()
         with self._log:
@@ -743,11 +750,10 @@ class Model:
         self.rewinds += 1
         self.busy_seconds += time.perf_counter() - t0
         again = self._tokens[at:n].copy() if replay else self._tokens[:0]
-        if self.verbose:
-            how = f"its checkpoint at {at}" if start is not None else "the start"
-            sys.stderr.write(f"localspec: {self.path.name}: {self.memory.kind} memory cannot cut back to {n} "
-                             f"tokens; went back to {how}" + (f" and evaluated {len(again)} again\n" if replay
-                                                               else "\n"))
+        if self.verbose and start is None and n:  # a checkpoint's restore is routine; a start again is not
+            sys.stderr.write(f"localspec: {self.path.name}: its {self.memory.kind} memory cannot cut back to {n} "
+                             f"tokens and no checkpoint was at or before that, so it starts again from the "
+                             f"beginning" + (f" and evaluates {len(again)} tokens again\n" if replay else "\n"))
         if len(again):
             self.replayed_tokens += len(again)
             self.eval(again, logits="none")

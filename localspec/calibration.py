@@ -24,6 +24,7 @@ from .backend import Model, default_threads, gpu_offload_supported
 from .costs import CostProfile
 from .drafters import PromptLookupDrafter
 from .methods import AUTO_KMAX
+from .nextn import MtpHead
 from .paths import cache_dir, write_atomic
 
 #: A cached time is trusted while a fresh one is within this fraction of it, or within STALE_FLOOR seconds.
@@ -127,10 +128,10 @@ def _key(parts: list[str]) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 
-def calibration_key(target: Model, draft: Optional[Model], kmax: int) -> str:
-    """Identity of everything a calibration depends on."""
+def calibration_key(target: Model, draft: Optional[Model], kmax: int, head: bool = False) -> str:
+    """Identity of everything a calibration depends on (``head``: it measured the target's MTP head too)."""
     return _key([*_setup(target, draft), f"threads={target.n_threads}", f"threads_batch={target.n_threads_batch}",
-                 f"kmax={kmax}",
+                 f"kmax={kmax}", *(["mtp-head"] if head else []),
                  f"calibration={CALIBRATION_VERSION}"])
 
 
@@ -211,8 +212,14 @@ def step_seconds(target: Model, threads: Optional[int] = None, reps: int = 3) ->
 
 
 def measure(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, reps: int = 5,
-            context_tokens: int = 256) -> CostProfile:
-    """Time verification of 1..kmax+1 tokens on the target and one draft step.
+            context_tokens: int = 256, head: Optional[MtpHead] = None) -> CostProfile:
+    """Time verification of 1..kmax+1 tokens on the target, one draft step, and one step of the target's
+    MTP head (``head``).
+
+    A verification of n tokens is timed with the cut back a round then makes
+    (to the first of them), so on a recurrent memory it includes a rollback,
+    or a checkpoint's restore and a token evaluated again; the checkpoint's
+    saving, which a drafting round pays first, is the profile's ``rollback``.
 
     Runs after a context of ``context_tokens`` tokens (a typical prompt), with
     warm caches, like a real round. ``reps`` passes over every n, alternating
@@ -230,6 +237,14 @@ def measure(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, reps: 
         model.eval(probe[:n], logits="all")
         model.truncate(len(ctx))
 
+    def verify_once(n: int) -> float:
+        t0 = time.perf_counter()
+        target.eval(probe[:n], logits="all")
+        target.truncate(len(ctx) + 1)  # as a round that kept none of its draft: all but the first token go
+        seconds = time.perf_counter() - t0
+        target.truncate(len(ctx))
+        return seconds
+
     crowded = contended(max(target.n_threads, target.n_threads_batch))
     target.truncate(0)
     target.eval(ctx, logits="none")
@@ -240,7 +255,7 @@ def measure(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, reps: 
     times: dict[int, list[float]] = {n: [] for n in sizes}
     for rep in range(reps):
         for n in sizes if rep % 2 == 0 else sizes[::-1]:
-            times[n].append(_median_time(functools.partial(run, target, n), 1))
+            times[n].append(verify_once(n))
     verify = [float(np.median(times[n])) for n in sizes]
     # Costs must not fall with n. Noise is mostly upward spikes (scheduling, a cold graph), so
     # each n takes the cheapest time seen for any n at least as large, not the dearest below it.
@@ -256,7 +271,22 @@ def measure(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, reps: 
     arr = np.asarray(ctx, dtype=np.int32)
     rng = np.random.default_rng(0)
     lookup_cost = _median_time(lambda: lookup.propose(arr, kmax, rng), 20)
-    return CostProfile(verify, step, lookup_cost, "measured, busy" if crowded or busy(times[1]) else "measured")
+    saving = 0.0 if target.can_undo(kmax) else _median_time(lambda: target.checkpoint(refresh=True), 2 * reps + 1)
+    return CostProfile(verify, step, lookup_cost, "measured, busy" if crowded or busy(times[1]) else "measured",
+                       mtp_step=_head_step(head, reps) if head is not None else 0.0, rollback=saving)
+
+
+def _head_step(head: MtpHead, reps: int) -> float:
+    """Seconds for one token of the MTP head after the target's cache (the head caught up first)."""
+    last = int(head.target.tokens[-1])
+    head.target.truncate(head.target.n_past - 1)
+    head.catch_up()
+
+    def greedy(logits: np.ndarray) -> tuple[int, None]:
+        return int(np.argmax(logits)), None
+
+    head.draft(last, 1, greedy)  # warm-up
+    return _median_time(lambda: head.draft(last, 1, greedy), 2 * reps + 1)
 
 
 def measure_threads(target: Model, max_threads: int,
@@ -320,11 +350,12 @@ def _store_path(cache_file: Optional[Path]) -> Path:
     return cache_file or cache_dir() / "calibration.json"
 
 
-def forget(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, cache_file: Optional[Path] = None) -> bool:
+def forget(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, cache_file: Optional[Path] = None,
+           head: bool = False) -> bool:
     """Drop the cached profile for these models and settings, so the next load measures again."""
     path = _store_path(cache_file)
     store = _read_store(path)
-    if store.pop(calibration_key(target, draft, kmax), None) is None:
+    if store.pop(calibration_key(target, draft, kmax, head), None) is None:
         return False
     _save_store(path, store, None)
     return True
@@ -332,7 +363,7 @@ def forget(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, cache_f
 
 def calibrate(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, refresh: bool = False,
               cache_file: Optional[Path] = None, notify: Optional[Callable[[str], None]] = None,
-              step: Optional[float] = None) -> CostProfile:
+              step: Optional[float] = None, head: Optional[MtpHead] = None) -> CostProfile:
     """The cached cost profile for these models and settings, measuring it if needed.
 
     Measuring leaves both models' caches empty.
@@ -343,24 +374,26 @@ def calibrate(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, refr
         notify: told in one line when a measurement starts.
         step: a single-step time just measured at the target's threads (``ThreadChoice.checked``):
             it confirms a cached profile instead of a few more steps.
+        head: the target's MTP head, whose step is measured too.
     """
     say = notify or (lambda _: None)
     path = _store_path(cache_file)
-    key = calibration_key(target, draft, kmax)
+    key = calibration_key(target, draft, kmax, head is not None)
     store = _read_store(path)
     if not refresh and key in store:
         rec = store[key]
         then, now = rec["verify"][0], step if step is not None else step_seconds(target)  # still holds?
         if not _stale(then, now):
-            return CostProfile(rec["verify"], rec["draft_step"], rec["lookup"], "cache")
+            return CostProfile(rec["verify"], rec["draft_step"], rec["lookup"], "cache",
+                               mtp_step=rec.get("mtp_step", 0.0), rollback=rec.get("rollback", 0.0))
         say(f"localspec: the cached cost profile no longer holds (a step takes {1000 * now:.1f} ms, "
             f"{1000 * then:.1f} ms when measured); measuring again")
     else:
         say("localspec: measuring this machine's costs for auto mode (a few seconds, once per models and "
             "settings; `localspec calibrate` shows them)")
-    profile = measure(target, draft, kmax)
+    profile = measure(target, draft, kmax, head=head)
     if profile.source.endswith("busy"):  # once more, in case it passes
-        profile = measure(target, draft, kmax)
+        profile = measure(target, draft, kmax, head=head)
     target.reset()
     if draft is not None:
         draft.reset()
@@ -370,6 +403,7 @@ def calibrate(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, refr
         return profile
     store = _read_store(path)  # another process may have added profiles meanwhile
     store[key] = {"verify": profile.verify, "draft_step": profile.draft_step, "lookup": profile.lookup,
+                  "mtp_step": profile.mtp_step, "rollback": profile.rollback,
                   "target": str(target.path), "draft": str(draft.path) if draft else None,
                   "threads": target.n_threads, "gpu_layers": target.n_gpu_layers, "measured_at": time.time()}
     _save_store(path, store, notify)

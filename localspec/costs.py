@@ -8,12 +8,15 @@ model and no copies:
 * with per-token acceptance alpha and draft length K, a round yields on
   average (1 - alpha^(K+1)) / (1 - alpha) tokens (the accepted prefix plus the
   target's own token);
-* it costs verify(K+1) plus K draft-model steps (the draft model) or one
-  search (lookup, history); plain decoding yields 1 token per verify(1).
+* it costs verify(K+1) plus K draft-model steps (the draft model), K head
+  steps (an MTP head) or one search (lookup, history), plus, on a recurrent
+  memory that cannot roll back, a checkpoint; plain decoding yields 1 token
+  per verify(1).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -34,6 +37,9 @@ class CostProfile:
         lookup: the prompt-lookup search time per round.
         source: "measured", "cache" or a name for a synthetic profile.
         mtp_step: the target's MTP head's time for one token (0: not measured, or no head).
+        rollback: what a drafting round pays for a memory that cannot cut its rejected tokens off:
+            saving a checkpoint, restoring it and evaluating one token again (0 for an attention cache,
+            or a recurrent state whose rollback covers the longest draft).
     """
 
     verify: list[float]
@@ -41,6 +47,7 @@ class CostProfile:
     lookup: float = 2e-5
     source: str = "measured"
     mtp_step: float = 0.0
+    rollback: float = 0.0
 
     @property
     def kmax(self) -> int:
@@ -56,7 +63,12 @@ class CostProfile:
     def relative(self) -> dict[str, object]:
         """Costs relative to one target step (what decides everything)."""
         v1 = self.verify[0]
-        return {"verify": [round(v / v1, 3) for v in self.verify], "draft_step": round(self.draft_step / v1, 3)}
+        out: dict[str, object] = {"verify": [round(v / v1, 3) for v in self.verify],
+                                  "draft_step": round(self.draft_step / v1, 3)}
+        for name in ("mtp_step", "rollback"):  # only where the models have them
+            if getattr(self, name):
+                out[name] = round(getattr(self, name) / v1, 3)
+        return out
 
     @classmethod
     def synthetic(cls, verify_ratios: list[float], draft_ratio: float, step: float = 0.02,
@@ -149,7 +161,7 @@ class CostCorrection:
             verify[i] = max(verify[i], verify[i - 1])
         seconds, steps = self._draft
         draft_step = (seconds + w * profile.draft_step) / (steps + w) if steps else profile.draft_step
-        return CostProfile(verify, draft_step, profile.lookup, f"{profile.source}, corrected")
+        return dataclasses.replace(profile, verify=verify, draft_step=draft_step, source=f"{profile.source}, corrected")
 
 
 def _interpolated(ratios: dict[int, float], n: int) -> float:
@@ -175,7 +187,7 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 def round_cost(profile: CostProfile, method: str, k: int) -> float:
     """Seconds for one round of the registered ``method`` with draft length k (k = 0: one plain step)."""
-    return REGISTRY.get(method).round_cost(profile, k) if k else profile.verify[0]
+    return REGISTRY.get(method).round_cost(profile, k) + profile.rollback if k else profile.verify[0]
 
 
 def best_k(profile: CostProfile, method: str, alpha: float, kmax: int,

@@ -177,7 +177,7 @@ class Registry:
         return iter(list(self.methods.values()))
 
 
-AUTO = Method("auto", "lookup, history, the draft model or plain, and K, chosen each round", AUTO_KMAX,
+AUTO = Method("auto", "lookup, history, the draft model, the MTP head or plain, and K, chosen each round", AUTO_KMAX,
               plain_cost,  # never charged itself: each of its rounds costs what the method it chose costs
               build=lazy("localspec.auto", "build_auto"), uses_history=True, adaptive=True)
 PLAIN = Method("plain", "plain decoding", 0, plain_cost)
@@ -191,7 +191,8 @@ DRAFT = Method("draft", "the draft model", 4, model_cost, build=lazy("localspec.
                bench_k=(1, 2, 4, 8), bench_k_quick=(1, 2))
 
 MTP = Method("mtp", "the model's own MTP head", 3, head_cost, build=lazy("localspec.drafters", "build_mtp"),
-             colour="magenta", needs_head=True, bench_k=(1, 2, 3), bench_k_quick=(2,))
+             candidate=lazy("localspec.auto", "mtp_candidate"), colour="magenta", needs_head=True, bench_k=(1, 2, 3),
+             bench_k_quick=(2,))
 
 #: Every drafting method localspec knows. ``register`` adds one (a plugin's): the one deliberate piece of
 #: module-level state, as a plugin registry must be.

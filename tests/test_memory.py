@@ -87,6 +87,40 @@ def test_every_method_gives_llama_cpp_pythons_own_greedy_tokens(arch_dir, pairs,
                 assert r.stats.rewinds > 0  # rejections went back to a checkpoint
 
 
+@pytest.mark.parametrize("arch", ["mamba", "qwen35"])
+def test_history_drafts_from_an_earlier_reply_and_stays_exact(arch_dir, tmp_path, monkeypatch, arch):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))  # an empty store of this test's own
+    path = arch_dir / f"{arch}.gguf"
+    with localspec.load(path, history=True) as pair:
+        expected = lcp_greedy(path, pair.tokenize(PROMPTS[1]))
+        pair.generate(PROMPTS[1], max_tokens=N, method="plain")  # recorded
+        drafted = {}
+        for method in ("history", "auto"):
+            r = pair.generate(PROMPTS[1], max_tokens=N, method=method)
+            assert r.tokens == expected[: len(r.tokens)], f"{arch}: {method} diverged"
+            drafted[method] = r.stats.accepted_by.get("history", 0)
+        assert drafted["history"] > 10  # the earlier reply was found and copied
+
+
+@pytest.mark.parametrize("arch", ["mamba", "qwen35"])
+def test_generate_on_the_command_line_is_exact_for_every_method(arch_dir, arch):
+    import json
+
+    from click.testing import CliRunner
+
+    from localspec.cli import cli
+
+    path = arch_dir / f"{arch}.gguf"
+    base = ["generate", "-t", str(path), "-d", str(arch_dir / f"{arch}-draft.gguf"), "--prompt", PROMPTS[1],
+            "--max-tokens", "24", "--json"]
+    with Model(path, n_ctx=64) as m:
+        expected = lcp_greedy(path, m.tokenize(PROMPTS[1]), 24)
+    for method in ("plain", "draft", "lookup", "auto", *(("mtp",) if arch == "qwen35" else ())):
+        out = CliRunner().invoke(cli, [*base, "--method", method], catch_exceptions=False)
+        assert out.exit_code == 0, out.output
+        assert json.loads(out.stdout)["tokens"] == expected, f"{arch}: generate --method {method}"
+
+
 def test_a_rollback_beyond_the_snapshots_takes_a_checkpoint_and_stays_exact(arch_dir, pairs):
     pair = pairs["qwen35"]
     prompt = PROMPTS[1]
@@ -251,6 +285,23 @@ def test_mtp_with_partial_acceptance_is_exact_greedy_and_sampled(head_dir):
             spec = token_counts(pair, PROMPTS[0], 1500, position, method="mtp", k=3)
             p = same_distribution(plain, spec)
             assert p > 1e-3, f"mtp position {position}: chi-square p = {p:.2e}"
+
+
+def test_auto_drafts_with_the_head_where_the_costs_let_it_and_stays_exact(head_dir):
+    from localspec.costs import CostProfile
+
+    path = head_dir / "trunk0.2.gguf"
+    with localspec.load(path, history=False) as pair:
+        expected = lcp_greedy(path, pair.tokenize(PROMPTS[1]))
+        flat = CostProfile([0.01 * (1 + 0.02 * n) for n in range(9)], 0.0, 2e-5, "flat", mtp_step=0.001)
+        pair.set_profile(flat)  # a GPU-like curve: a guess of the head costs a tenth of a step
+        r = pair.generate(PROMPTS[1], max_tokens=N, method="auto")
+        assert r.tokens == expected[: len(r.tokens)]
+        assert r.stats.rounds_by_method.get("mtp", 0) > 0 and r.stats.accepted_by.get("mtp", 0) > 0
+        dear = CostProfile([0.01 * (n + 1) for n in range(9)], 0.0, 2e-5, "dear", mtp_step=0.01)
+        pair.set_profile(dear)  # verifying n tokens costs n steps: no head round can pay
+        r = pair.generate(PROMPTS[1], max_tokens=N, method="auto")
+        assert r.tokens == expected[: len(r.tokens)] and r.stats.rounds_by_method.get("mtp", 0) == 0
 
 
 def test_mtp_on_a_model_without_a_head_is_one_clear_sentence(arch_dir):
