@@ -134,15 +134,19 @@ def _draft_on_disk(target: str) -> Optional[str]:
     # Only files smaller than the target can draft for it, so only their headers are read; beside the
     # target, only its own folder (not a whole home directory's tree).
     found = scan(folders=[Path(target).expanduser().resolve().parent], max_depth=0, smaller_than=size).models
+    from .gguf_header import read_local
+
     match = find_draft(target, found)
+    head = read_local(target).mtp_layers
     if match is None:
+        with_head = "its own MTP head, " if head else ""
         click.echo(f"localspec: no model on this machine can draft for {Path(target).name} (same vocabulary, "
-                   "several times smaller; `localspec models --scan` lists what there is), so auto drafts "
-                   "with lookup and history only; --draft FILE gives one, `localspec pull NAME --target "
-                   "hf:ORG/REPO/FILE.gguf` finds one on the Hub", err=True)
+                   f"several times smaller; `localspec models --scan` lists what there is), so auto drafts "
+                   f"with {with_head}lookup and history only; --draft FILE gives one, `localspec pull NAME "
+                   "--target hf:ORG/REPO/FILE.gguf` finds one on the Hub", err=True)
         return None
     click.echo(f"localspec: drafting with {match.draft.name}: {match.reason} (--draft FILE or --draft none "
-               "overrides)", err=True)
+               "overrides)" + ("; the target's own MTP head is a candidate too" if head else ""), err=True)
     return str(match.draft.path)
 
 
@@ -461,14 +465,16 @@ def _scan(folders: tuple[str, ...], add_pairs: bool, as_json: bool) -> None:
         click.echo(json.dumps({
             "models": [{"name": m.name, "path": str(m.path), "store": m.store, "bytes": m.size,
                         "architecture": m.architecture, "parameters": m.parameters, "quantization": m.quantization,
-                        "vocab_fingerprint": m.fingerprint, "aliases": m.aliases} for m in found.models],
+                        "vocab_fingerprint": m.fingerprint, "mtp_layers": m.mtp_layers, "aliases": m.aliases}
+                       for m in found.models],
             "pairs": [{"target": p.target.name, "draft": p.draft.name, "reason": p.reason} for p in pairs],
             "skipped": [{"where": k.where, "why": k.why} for k in found.skipped]}, indent=1))
     else:
         click.echo(f"{len(found.models)} models on this machine:")
         for m in found.models:
             click.echo(f"  {m.name:<44} {m.label():>6} {m.quantization or '?':<7} {m.architecture or '?':<10} "
-                       f"{m.size / 1e9:5.2f} GB  vocabulary {m.fingerprint or '-'}")
+                       f"{m.size / 1e9:5.2f} GB  vocabulary {m.fingerprint or '-'}"
+                       + ("  MTP head" if m.mtp_layers else ""))
         click.echo(f"\ntarget/draft pairs, best draft first ({len(pairs)}):" if pairs else "\nno target/draft pairs")
         for p in pairs:
             click.echo(f"  {p.target.name} <- {p.draft.name}: {p.reason}")
@@ -780,7 +786,8 @@ def history_clear(yes: bool) -> None:
 # -- measuring --------------------------------------------------------------------------------------
 
 
-def _profile_table(profile: CostProfile, has_draft: bool, alphas: tuple[float, ...] = (0.3, 0.5, 0.7, 0.9)) -> str:
+def _profile_table(profile: CostProfile, has_draft: bool, alphas: tuple[float, ...] = (0.3, 0.5, 0.7, 0.9),
+                   has_head: bool = False) -> str:
     """A readable summary of a profile: relative costs and what auto would choose at each acceptance."""
     from .costs import best_k
     rel = profile.relative()
@@ -792,8 +799,13 @@ def _profile_table(profile: CostProfile, has_draft: bool, alphas: tuple[float, .
     ]
     if has_draft:
         lines.append(f"  draft step / target step: {rel['draft_step']:.2f}")
+    if has_head:
+        lines.append(f"  MTP head step / target step: {rel.get('mtp_step', 0.0):.2f}")
+    if profile.rollback:
+        lines.append(f"  checkpoint per drafted round / target step: {rel['rollback']:.2f}")
     lines.append("  predicted speedup over plain (best K) at per-token acceptance alpha:")
-    methods = [m.name for m in REGISTRY if m.candidate and (has_draft or not m.needs_draft)]
+    methods = [m.name for m in REGISTRY
+               if m.candidate and (has_draft or not m.needs_draft) and (has_head or not m.needs_head)]
     lines.append("    alpha  " + "  ".join(f"{m:>14}" for m in methods))
     for a in alphas:
         cells = []
@@ -819,6 +831,8 @@ def calibrate(models: ModelArgs, recalibrate: bool, as_json: bool) -> None:
         if as_json:
             click.echo(json.dumps({"source": profile.source, "verify_seconds": profile.verify,
                                    "draft_step_seconds": profile.draft_step, "lookup_seconds": profile.lookup,
+                                   "mtp_step_seconds": profile.mtp_step, "rollback_seconds": profile.rollback,
+                                   "memory": t.memory.describe(),
                                    "relative": profile.relative(), "threads": t.n_threads,
                                    "threads_batch": t.n_threads_batch, "thread_sweep_step_seconds": sweep,
                                    "thread_sweep_batch_seconds": batches}))
@@ -831,7 +845,9 @@ def calibrate(models: ModelArgs, recalibrate: bool, as_json: bool) -> None:
                        + f"  -> using {t.n_threads_batch} (--threads-batch overrides)")
         else:
             click.echo(f"threads: {t.n_threads} for steps, {t.n_threads_batch} for batches (set with --threads)")
-        click.echo(_profile_table(profile, pair.draft is not None))
+        click.echo(f"memory: {t.memory.describe()}" + (f"; the draft's: {pair.draft.memory.describe()}"
+                                                          if pair.draft is not None else ""))
+        click.echo(_profile_table(profile, pair.draft is not None, has_head=pair.usable_head() is not None))
 
 
 @cli.command()

@@ -137,6 +137,11 @@ class FoundModel:
         return self.header.quantization
 
     @property
+    def mtp_layers(self) -> int:
+        """Next-n (MTP) layers: a head that drafts for this model with no draft file (0: none)."""
+        return self.header.mtp_layers
+
+    @property
     def fingerprint(self) -> Optional[str]:
         """The vocabulary fingerprint (``GGUFHeader.vocab_fingerprint``); None without a tokenizer."""
         return self.header.vocab_fingerprint()
