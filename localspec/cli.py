@@ -845,9 +845,11 @@ def calibrate(models: ModelArgs, recalibrate: bool, as_json: bool) -> None:
                        + f"  -> using {t.n_threads_batch} (--threads-batch overrides)")
         else:
             click.echo(f"threads: {t.n_threads} for steps, {t.n_threads_batch} for batches (set with --threads)")
+        head = pair.usable_head()
         click.echo(f"memory: {t.memory.describe()}" + (f"; the draft's: {pair.draft.memory.describe()}"
-                                                          if pair.draft is not None else ""))
-        click.echo(_profile_table(profile, pair.draft is not None, has_head=pair.usable_head() is not None))
+                                                          if pair.draft is not None else "")
+                   + (f"; {head.describe()}" if head is not None else ""))
+        click.echo(_profile_table(profile, pair.draft is not None, has_head=head is not None))
 
 
 @cli.command()

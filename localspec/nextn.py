@@ -78,6 +78,12 @@ class MtpHead:
         self.rewinds = 0
         self.replayed_tokens = 0
 
+    def describe(self) -> str:
+        """One phrase for a person: the head and the memory it holds."""
+        hidden = self.target.hidden.nbytes
+        return (f"MTP head ({self.target.n_nextn} next-n layer), the target's hidden rows "
+                f"{hidden / 2**20:.1f} MiB, its own one-layer cache")
+
     def close(self) -> None:
         """Free the head's context (the target stays)."""
         if self._batch is not None:

@@ -311,6 +311,35 @@ def test_mtp_on_a_model_without_a_head_is_one_clear_sentence(arch_dir):
         assert pair.generate(PROMPTS[0], max_tokens=4, method="plain").tokens  # and plain still works
 
 
+def test_a_build_without_the_mtp_functions_says_so_and_plain_and_auto_go_on(head_dir, monkeypatch):
+    import sys
+
+    path = head_dir / "trunk0.2.gguf"
+    with localspec.load(path, history=False) as pair:
+        expected = lcp_greedy(path, pair.tokenize(PROMPTS[1]), 20)
+        notes: list[str] = []
+        pair.notify = notes.append
+        import llama_cpp
+
+        monkeypatch.setitem(sys.modules, "llama_cpp.llama_cpp_ext", None)  # as if the symbols were missing
+        monkeypatch.delattr(llama_cpp, "llama_cpp_ext", raising=False)
+        with pytest.raises(localspec.ConfigError, match="cannot run MTP heads.*or draft with another method"):
+            pair.generate(PROMPTS[1], max_tokens=4, method="mtp")
+        for method in ("plain", "auto"):
+            assert pair.generate(PROMPTS[1], max_tokens=20, method=method).tokens == expected[:20]
+        assert [n for n in notes if "not drafting with the MTP head" in n]
+
+
+def test_a_draft_of_another_architecture_with_the_same_vocabulary_drafts_exactly(arch_dir, tiny_dir):
+    # Only the vocabulary must match: a mamba draft for a llama target (and the other way round) is fine.
+    for target, draft in ((tiny_dir / "target.gguf", arch_dir / "mamba.gguf"),
+                          (arch_dir / "qwen35.gguf", tiny_dir / "target.gguf")):
+        with localspec.load(target, draft) as pair:
+            plain = pair.generate(PROMPTS[1], max_tokens=30, method="plain")
+            r = pair.generate(PROMPTS[1], max_tokens=30, method="draft", k=3)
+            assert r.tokens == plain.tokens and r.stats.drafted > 0
+
+
 @pytest.mark.parametrize("arch", ["mamba", "qwen35"])
 def test_serve_answers_exactly_and_survives_a_dropped_client(arch_dir, tmp_path, arch):
     path = arch_dir / f"{arch}.gguf"
