@@ -175,7 +175,7 @@ class Candidate:
         return {(self.names(k) if self.names else self.name): round(e.alpha, 3) for k, e in self.estimates.items()}
 
 
-class AutoDrafter:
+class AutoDrafter(Drafter):
     """A drafter that picks one of its candidates (lookup, history, the draft model...) or plain, each round.
 
     Args:

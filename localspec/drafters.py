@@ -19,12 +19,13 @@ generations instead of the current context.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple, Optional, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Optional
 
 import numpy as np
 
 from .acceptance import probabilities, sample
 from .backend import Model
+from .costs import RoundTiming
 from .errors import ConfigError
 from .options import LOOKUP_NGRAM, SamplingParams
 
@@ -34,11 +35,13 @@ if TYPE_CHECKING:
 
 
 class Draft(NamedTuple):
-    """A proposal: token ids, one probability row per token for a sampled draft, and who made it."""
+    """A proposal: token ids, one probability row per token for a sampled draft, who made it, and how many
+    draft-model steps it took (0 for a search or an MTP head: only a draft model's steps are counted there)."""
 
     tokens: list[int]
     probs: Optional[np.ndarray]
     by: str = ""
+    model_steps: int = 0
 
 
 EMPTY_DRAFT = Draft([], None)
@@ -72,39 +75,38 @@ class AutoReport:
     profile: dict[str, object] = field(default_factory=dict)
 
 
-class Drafter(Protocol):
-    """What the engine needs from a drafter."""
+class Drafter:
+    """What the engine needs from a drafter, with nothing-to-do defaults: a drafter writes what it uses.
 
-    name: str
+    Subclasses set ``name`` and write ``propose``; the rest is optional.
+    """
+
+    name: str = ""
     #: llama.cpp models the drafter runs (their decode time is not Python overhead).
-    models: tuple[Model, ...]
+    models: tuple[Model, ...] = ()
 
     def prefill(self, context: np.ndarray) -> None:
-        """The prompt is ``context``: prepare for the first proposal."""
-        ...
+        """The prompt is ``context``: prepare for the first proposal (a draft model processes it now)."""
 
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """Up to ``k`` guessed tokens that continue ``context``."""
-        ...
+        raise NotImplementedError
 
     def settle(self, context: np.ndarray) -> None:
         """Generation ended at ``context``: drop any state past it."""
-        ...
 
     def observe(self, drafted: int, kept: int) -> None:
-        """Feedback after each verified round (used by adaptive drafters).
+        """Feedback after each verified round (adaptive drafters learn from it)."""
 
-        A drafter may also define ``observe_timing(timing: costs.RoundTiming)``: the engine then
-        tells it what each round really cost (auto corrects its cost profile with it).
-        """
-        ...
+    def observe_timing(self, timing: RoundTiming) -> None:
+        """What the round really cost (auto corrects its cost profile with it)."""
 
     def report(self) -> Optional[AutoReport]:
         """What the drafter decided during the generation, for stats (None: nothing to say)."""
-        ...
+        return None
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """Drafts with a small model that shares the target's vocabulary.
 
     Args:
@@ -149,7 +151,7 @@ class ModelDrafter:
             if i == k - 1 or m.is_eog(tok):
                 break
             logits = m.eval([tok], logits="last")[0]
-        return Draft(tokens, np.stack(rows) if rows else None, "draft")
+        return Draft(tokens, np.stack(rows) if rows else None, "draft", len(tokens))
 
     def _foreign(self, context: np.ndarray) -> bool:
         """True when ``context`` holds an id past the draft's vocabulary (a padded target's): nothing to draft."""
@@ -159,15 +161,9 @@ class ModelDrafter:
         """Keep only the cached prefix shared with ``context``."""
         self.model.truncate(self.model.common_prefix(context))
 
-    def observe(self, drafted: int, kept: int) -> None:
-        """Nothing to learn: K is fixed."""
-
-    def report(self) -> Optional[AutoReport]:
-        """Nothing beyond the engine's own counts."""
-        return None
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(Drafter):
     """Copies what followed the first earlier match of the context's longest matching last n-gram.
 
     The first match rather than the newest: an answer that copies its prompt
@@ -191,9 +187,6 @@ class PromptLookupDrafter:
         self.models: tuple[Model, ...] = ()
         #: Length of the n-gram behind the last proposal (0: no match).
         self.last_match = 0
-
-    def prefill(self, context: np.ndarray) -> None:
-        """Nothing to prepare."""
 
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """The ``k`` tokens after the first match of the longest n-gram, or none when nothing matches."""
@@ -220,18 +213,9 @@ class PromptLookupDrafter:
             return EMPTY_DRAFT
         return Draft([int(t) for t in context[best + 1 : best + 1 + k]], None, "lookup")
 
-    def settle(self, context: np.ndarray) -> None:
-        """Nothing to do: lookup keeps no state between calls."""
-
-    def observe(self, drafted: int, kept: int) -> None:
-        """Nothing to learn: K is fixed."""
-
-    def report(self) -> Optional[AutoReport]:
-        """Nothing beyond the engine's own counts."""
-        return None
 
 
-class MtpDrafter:
+class MtpDrafter(Drafter):
     """Drafts with the target's own MTP head (``nextn.MtpHead``): no draft model, no search.
 
     Args:
@@ -265,15 +249,6 @@ class MtpDrafter:
         tokens, rows = self.head.draft(int(context[-1]), k, choose)
         return Draft(tokens, np.stack(rows) if rows else None, "mtp")
 
-    def settle(self, context: np.ndarray) -> None:
-        """Nothing to do: the head follows the target's cache when it next drafts."""
-
-    def observe(self, drafted: int, kept: int) -> None:
-        """Nothing to learn: K is fixed."""
-
-    def report(self) -> Optional[AutoReport]:
-        """Nothing beyond the engine's own counts."""
-        return None
 
 
 def build_mtp(ctx: DraftingContext) -> MtpDrafter:

@@ -31,7 +31,7 @@ from .backend import Detokenizer, Model
 from .costs import RoundTiming
 from .drafters import EMPTY_DRAFT, AutoReport, Draft, Drafter
 from .errors import ConfigError, ContextOverflowError, GenerationCancelled, InterleavedGenerationError
-from .methods import PLAIN, REGISTRY
+from .methods import PLAIN
 from .options import SamplingParams
 
 #: Where an emitted token came from.
@@ -105,8 +105,7 @@ class GenerationStats:
         self.drafted += len(draft.tokens)
         self.empty_rounds += not draft.tokens
         self.rejected_rounds += kept < len(draft.tokens)
-        if getattr(REGISTRY.find(draft.by), "needs_draft", False):  # a draft model ran once per token
-            self.draft_model_tokens += len(draft.tokens)
+        self.draft_model_tokens += draft.model_steps
         if draft.tokens:
             self.drafted_by[draft.by] = self.drafted_by.get(draft.by, 0) + len(draft.tokens)
         for i in range(len(draft.tokens)):
@@ -219,7 +218,8 @@ def speculative_round(
     # certain rejection (p = 0) and nothing after it can be kept, so the draft ends there.
     known = next((i for i, t in enumerate(draft.tokens) if t >= target.n_vocab), len(draft.tokens))
     if known < len(draft.tokens):
-        draft = Draft(draft.tokens[: known + 1], None if draft.probs is None else draft.probs[: known + 1], draft.by)
+        draft = draft._replace(tokens=draft.tokens[: known + 1],
+                               probs=None if draft.probs is None else draft.probs[: known + 1])
     # 2. verify: row i is the target's prediction after context + draft[:i]. A memory that cannot
     # remove that many of a decode's tokens (a recurrent state) saves its state first.
     verify_started = target.busy_seconds
@@ -236,11 +236,8 @@ def speculative_round(
     target.truncate(n + kept)
     verifying = target.busy_seconds - verify_started
     if drafter is not None:
-        drafter.observe(len(draft.tokens), kept)  # adaptive drafters learn from the outcome
-        observe_timing = getattr(drafter, "observe_timing", None)  # and, if they want them, from the costs
-        if observe_timing is not None:
-            steps = len(draft.tokens) if getattr(REGISTRY.find(draft.by), "needs_draft", False) else 0
-            observe_timing(RoundTiming(known + 1, verifying, steps, drafting))
+        drafter.observe(len(draft.tokens), kept)  # adaptive drafters learn from the outcome, and from the costs
+        drafter.observe_timing(RoundTiming(known + 1, verifying, draft.model_steps, drafting))
     return Round(draft, kept, nxt)
 
 

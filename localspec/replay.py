@@ -26,7 +26,7 @@ import numpy as np
 from .auto import AcceptanceEstimate, AutoDrafter, build_auto, drafting_model_candidate, history_estimates
 from .backend import Model
 from .costs import CostProfile, round_cost
-from .drafters import AutoReport, Draft, Drafter, PromptLookupDrafter
+from .drafters import Draft, Drafter, PromptLookupDrafter
 from .history import PROMPT_KEEP, HistoryDrafter, HistoryIndex
 from .methods import AUTO_KMAX, DRAFT, HISTORY, LOOKUP, PLAIN, DraftingContext
 from .options import GenerationOptions
@@ -54,7 +54,7 @@ class Recorded:
     category: str = ""
 
 
-class RecordedDraft:
+class RecordedDraft(Drafter):
     """The draft model as recorded for one request: what it would guess at each point of the reply."""
 
     name = DRAFT.name
@@ -63,9 +63,6 @@ class RecordedDraft:
         assert req.draft_next is not None and len(req.draft_next) == len(req.reply)
         self.req = req
         self.models: tuple[Model, ...] = ()
-
-    def prefill(self, context: np.ndarray) -> None:
-        """Nothing to run."""
 
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """The draft's guess after ``context`` (a prefix of prompt + reply): its agreeing run, then its first
@@ -79,17 +76,7 @@ class RecordedDraft:
             tokens.append(guess[j])
             if guess[j] != reply[j]:
                 break
-        return Draft(tokens + [tokens[-1] if tokens else 0] * (k - len(tokens)), None, DRAFT.name)
-
-    def settle(self, context: np.ndarray) -> None:
-        """Nothing cached."""
-
-    def observe(self, drafted: int, kept: int) -> None:
-        """Nothing to learn."""
-
-    def report(self) -> Optional[AutoReport]:
-        """Nothing to report."""
-        return None
+        return Draft(tokens + [tokens[-1] if tokens else 0] * (k - len(tokens)), None, DRAFT.name, k)  # k steps
 
 
 def kept_prefix(draft: list[int], truth: list[int]) -> int:

@@ -8,6 +8,7 @@ from helpers import same_distribution, token_counts
 
 import localspec
 from localspec.backend import Model
+from localspec.drafters import Drafter
 from localspec.engine import SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, SOURCE_TARGET
 
 PROMPTS = [
@@ -247,7 +248,7 @@ def test_same_seed_same_sample(tiny_pair):
 # -- a draft vocabulary larger than the target's ---------------------------------------------------
 
 
-class PaddedDrafter:
+class PaddedDrafter(Drafter):
     """Proposes one token from q: half its mass on ``token``, half on a padding id the target lacks."""
 
     name = "draft"

@@ -9,7 +9,7 @@ from localspec.auto import AcceptanceEstimate, Candidate
 from localspec.bench import default_methods
 from localspec.chat import colours
 from localspec.costs import CostProfile, round_cost
-from localspec.drafters import EMPTY_DRAFT, Draft
+from localspec.drafters import EMPTY_DRAFT, Draft, Drafter
 from localspec.errors import ConfigError
 from localspec.methods import REGISTRY, Method, register, search_cost
 from localspec.options import GenerationOptions
@@ -18,26 +18,13 @@ GPU = CostProfile.synthetic([1.0 + 0.02 * n for n in range(9)], 0.1, name="gpu-l
 PROMPT = "ab ab ab ab ab ab ab ab ab ab"
 
 
-class RepeatDrafter:
+class RepeatDrafter(Drafter):
     """Guesses that the last token comes again, k times: right on repetitive text, wrong elsewhere."""
 
     name = "toy"
-    models = ()
-
-    def prefill(self, context):
-        pass
 
     def propose(self, context, k, rng):
         return Draft([int(context[-1])] * k, None, "toy") if k > 0 else EMPTY_DRAFT
-
-    def settle(self, context):
-        pass
-
-    def observe(self, drafted, kept):
-        pass
-
-    def report(self):
-        return None
 
 
 @pytest.fixture

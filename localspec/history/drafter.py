@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..drafters import EMPTY_DRAFT, AutoReport, Draft
+from ..drafters import EMPTY_DRAFT, Draft, Drafter
 from ..errors import ConfigError
 from .index import HistoryIndex
 
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from ..methods import DraftingContext
 
 
-class HistoryDrafter:
+class HistoryDrafter(Drafter):
     """Proposes what followed the longest suffix of the context in earlier generations.
 
     Args:
@@ -32,9 +32,6 @@ class HistoryDrafter:
         #: Length of the suffix match behind the last proposal (0: none).
         self.last_match = 0
 
-    def prefill(self, context: np.ndarray) -> None:
-        """Nothing to prepare."""
-
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """Up to ``k`` tokens, fewer where the earlier continuations stop agreeing."""
         self.last_match = 0
@@ -49,14 +46,6 @@ class HistoryDrafter:
         self.last_match = length
         return Draft(tokens, None, "history")
 
-    def settle(self, context: np.ndarray) -> None:
-        """Nothing to do: recording happens once the generation is over (see ``api``)."""
-
-    def observe(self, drafted: int, kept: int) -> None:
-        """Nothing to learn here: auto weighs the guesses."""
-
-    def report(self) -> Optional[AutoReport]:
-        return None
 
 
 def build_history(ctx: DraftingContext) -> HistoryDrafter:
