@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.history import HistoryDrafter, HistoryStore
+from localspec.history import HistoryStore
+from localspec.history.drafter import HistoryDrafter
 from localspec.history.store import DEFAULT_LIMIT_TOKENS
 
 

@@ -31,11 +31,11 @@ from .backend import Model, read_vocab
 from .calibration import ThreadChoice, calibrate, choose_threads, forget
 from .compat import check_vocab
 from .costs import CostCorrection, CostProfile
-from .drafters import Drafter
+from .drafters import Drafter, DraftingContext
 from .engine import Generation, GenerationStats, TokenEvent, check_prompt
 from .errors import ConfigError, ContextOverflowError
 from .history import PROMPT_KEEP, HistoryStore, history_dir
-from .methods import AUTO_KMAX, HISTORY, DraftingContext, get_method
+from .methods import AUTO_KMAX, HISTORY, get_method
 from .nextn import MtpHead
 from .options import GenerationOptions, check_k
 

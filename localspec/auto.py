@@ -29,10 +29,20 @@ import numpy as np
 
 from .backend import Model
 from .costs import CostCorrection, CostProfile, RoundTiming, best_k
-from .drafters import EMPTY_DRAFT, AutoChange, AutoReport, Draft, Drafter, ModelDrafter, MtpDrafter, build_lookup
+from .drafters import (
+    EMPTY_DRAFT,
+    AutoChange,
+    AutoReport,
+    Draft,
+    Drafter,
+    DraftingContext,
+    ModelDrafter,
+    MtpDrafter,
+    build_lookup,
+)
 from .errors import ConfigError
-from .history import HistoryDrafter
-from .methods import AUTO, AUTO_KMAX, DRAFT, HISTORY, LOOKUP, MTP, PLAIN, REGISTRY, DraftingContext, Method
+from .history.drafter import HistoryDrafter
+from .methods import AUTO, AUTO_KMAX, DRAFT, HISTORY, LOOKUP, MTP, PLAIN, REGISTRY, Method
 
 
 class AcceptanceEstimate:
@@ -231,7 +241,7 @@ class AutoDrafter(Drafter):
                     continue
                 est, guess = offer
                 most = min(kmax, len(guess.tokens)) if c.free else kmax
-                kk, speed = best_k(self.profile, c.name, est.alpha, most)
+                kk, speed = best_k(self.profile, c.method, est.alpha, most)
                 choices.append(Choice(speed, c.name, kk, est.alpha, est, guess))
         best = max(choices, key=lambda ch: ch.speed)  # plain on ties: it comes first
         if best.k == 0:  # nothing pays: plain, unless a method is due for a look
@@ -261,7 +271,8 @@ class AutoDrafter(Drafter):
         for c in choices[1:]:
             stale = self._round - self._last_tried[c.method] >= self.explore_every
             optimistic = untimed or (not self._by_name[c.method].free and
-                                     best_k(self.profile, c.method, min(0.98, c.alpha + 0.25), 1)[1] > 1.0)
+                                     best_k(self.profile, self._by_name[c.method].method, min(0.98, c.alpha + 0.25),
+                                            1)[1] > 1.0)
             if stale and optimistic:
                 return Choice(c.speed, c.method, 1, c.alpha, c.estimate, c.draft)
         return None
@@ -337,14 +348,14 @@ def mtp_candidate(ctx: DraftingContext) -> Optional[Candidate]:
         return None
     profile = _decided_profile(ctx)  # measures the head's step on first use, with the rest
     head = ctx.head()
-    if head is None or not profile.mtp_step or best_k(profile, MTP.name, 0.98, ctx.k)[0] == 0:
+    if head is None or not profile.mtp_step or best_k(profile, MTP, 0.98, ctx.k)[0] == 0:
         return None
     return Candidate(MTP, MtpDrafter(head, ctx.options.sampling), {0: AcceptanceEstimate(0.6)}, free=False)
 
 
 def drafting_model_candidate(ctx: DraftingContext, drafter: Drafter) -> Optional[Candidate]:
     """A candidate for the draft-model method with this drafter (the replay's recorded draft, or the model)."""
-    if ctx.profile is None or best_k(_decided_profile(ctx), DRAFT.name, 0.98, ctx.k)[0] == 0:
+    if ctx.profile is None or best_k(_decided_profile(ctx), DRAFT, 0.98, ctx.k)[0] == 0:
         return None  # best_k stops at the profile's longest K
     return Candidate(DRAFT, drafter, {0: AcceptanceEstimate(0.6)}, free=False)
 
@@ -366,3 +377,10 @@ def build_auto(ctx: DraftingContext, extra: Sequence[Candidate] = ()) -> AutoDra
         raise ConfigError("Method 'auto' needs the machine's cost profile; build it through a Pair, or give one.")
     candidates = [c for m in REGISTRY if m.candidate is not None for c in [m.candidate(ctx)] if c is not None]
     return AutoDrafter(ctx.profile(), [*candidates, *extra], kmax=ctx.k, correction=ctx.correction)
+
+
+REGISTRY.attach(AUTO.name, build=build_auto)
+REGISTRY.attach(LOOKUP.name, candidate=lookup_candidate)
+REGISTRY.attach(HISTORY.name, candidate=history_candidate)
+REGISTRY.attach(DRAFT.name, candidate=model_candidate)
+REGISTRY.attach(MTP.name, candidate=mtp_candidate)

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
-from .methods import REGISTRY
+from .methods import REGISTRY, Method
 
 #: Speculate only when the predicted speedup clears this, so estimation noise cannot make auto slower than plain.
 MIN_GAIN = 1.1
@@ -185,12 +185,14 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def round_cost(profile: CostProfile, method: str, k: int) -> float:
-    """Seconds for one round of the registered ``method`` with draft length k (k = 0: one plain step)."""
-    return REGISTRY.get(method).round_cost(profile, k) + profile.rollback if k else profile.verify[0]
+def round_cost(profile: CostProfile, method: Union[Method, str], k: int) -> float:
+    """Seconds for one round of ``method`` (or the registered method of that name) with draft length k
+    (k = 0: one plain step)."""
+    m = REGISTRY.get(method) if isinstance(method, str) else method
+    return m.round_cost(profile, k) + profile.rollback if k else profile.verify[0]
 
 
-def best_k(profile: CostProfile, method: str, alpha: float, kmax: int,
+def best_k(profile: CostProfile, method: Union[Method, str], alpha: float, kmax: int,
            min_gain: float = MIN_GAIN) -> tuple[int, float]:
     """The draft length with the highest expected tokens/second, and that speedup over plain.
 

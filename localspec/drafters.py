@@ -12,26 +12,25 @@ single token per position (one-hot: prompt lookup, a greedy draft model).
   longest of the context's last n tokens (n from ``max_ngram`` down to
   ``min_ngram``) and proposes what followed it. Nothing to run, so it pays on copy-heavy text.
 
-The third drafter, ``history.HistoryDrafter``, does the same over earlier
+The third drafter, ``history.drafter.HistoryDrafter``, does the same over earlier
 generations instead of the current context.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
 from .acceptance import probabilities, sample
 from .backend import Model
-from .costs import RoundTiming
+from .costs import CostCorrection, CostProfile, RoundTiming
 from .errors import ConfigError
-from .options import LOOKUP_NGRAM, SamplingParams
-
-if TYPE_CHECKING:
-    from .methods import DraftingContext
-    from .nextn import MtpHead
+from .history.index import HistoryIndex
+from .methods import DRAFT, LOOKUP, MTP, REGISTRY
+from .nextn import MtpHead
+from .options import LOOKUP_NGRAM, GenerationOptions, SamplingParams
 
 
 class Draft(NamedTuple):
@@ -73,6 +72,35 @@ class AutoReport:
     changes: list[AutoChange] = field(default_factory=list)
     alpha: dict[str, float] = field(default_factory=dict)
     profile: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class DraftingContext:
+    """What a method's builders may use for one generation.
+
+    Attributes:
+        options: the generation's options (sampling, n-gram range...).
+        k: the draft length for this generation (the most, for auto).
+        prompt_tokens: the prompt's token ids.
+        prompt_text: the prompt as text, computed when asked for (auto reads it for its priors).
+        draft: the draft model, if the pair has one.
+        history: the history index to draft from (None: history is off for this call).
+        history_alpha: auto's estimates of history's acceptance, kept by the pair across generations.
+        profile: the machine's cost profile, measured on first use (what auto decides by).
+        correction: what real rounds have shown about that profile, kept by the pair across generations.
+        head: the target's MTP head, opened on first call (None: the target has none).
+    """
+
+    options: GenerationOptions
+    k: int
+    prompt_tokens: np.ndarray
+    prompt_text: Callable[[], str]
+    draft: Optional[Model] = None
+    history: Optional[HistoryIndex] = None
+    history_alpha: Optional[dict[Any, Any]] = None
+    profile: Optional[Callable[[], CostProfile]] = None
+    correction: Optional[CostCorrection] = None
+    head: Optional[Callable[[], Any]] = None
 
 
 class Drafter:
@@ -269,3 +297,8 @@ def build_model_drafter(ctx: DraftingContext) -> ModelDrafter:
     if ctx.draft is None:
         raise ConfigError("Method 'draft' needs a draft model; load one (--draft) or use 'lookup'.")
     return ModelDrafter(ctx.draft, ctx.options.sampling)
+
+
+REGISTRY.attach(LOOKUP.name, build=build_lookup)
+REGISTRY.attach(DRAFT.name, build=build_model_drafter)
+REGISTRY.attach(MTP.name, build=build_mtp)

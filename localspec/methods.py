@@ -9,26 +9,21 @@ pair's drafter, auto's candidates, the stats' per-method counts, the bench's
 rows and chat's colours all read the registry, so adding a drafter is one
 module (the drafter and its builders) and one ``register`` call.
 
-This module imports nothing heavy (builders are named by module and attribute
-and imported when first called), so the command line can list the methods at
-start-up.
+This is the bottom of the drafting layers: it imports nothing of localspec
+but its errors, so the options can check a method's name and the command
+line can list the methods at start-up without loading numpy or llama.cpp.
+The built-in methods are declared here; the modules that define their
+drafters (``drafters``, ``history.drafter``, ``auto``) attach the builders and
+auto's candidates when they are imported (``Registry.attach``), as a
+plugin's module registers its own method.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Protocol
 
 from .errors import ConfigError
-
-if TYPE_CHECKING:
-    import numpy as np
-
-    from .backend import Model
-    from .costs import CostCorrection, CostProfile
-    from .history import HistoryIndex
-    from .options import GenerationOptions
 
 #: The most tokens drafted per round that auto considers (and calibrates for).
 AUTO_KMAX = 8
@@ -36,63 +31,33 @@ AUTO_KMAX = 8
 K_LIMIT = 16
 
 
-def plain_cost(profile: CostProfile, k: int) -> float:
+class Profile(Protocol):
+    """What a method's round cost reads from a cost profile (``costs.CostProfile`` has it), in seconds."""
+
+    verify: list[float]
+    draft_step: float
+    lookup: float
+    mtp_step: float
+
+
+def plain_cost(profile: Profile, k: int) -> float:
     """One target step."""
     return profile.verify[0]
 
 
-def search_cost(profile: CostProfile, k: int) -> float:
+def search_cost(profile: Profile, k: int) -> float:
     """Verifying k guessed tokens after a search (prompt lookup, history): no model runs to guess."""
     return profile.verify[k] + profile.lookup if k else profile.verify[0]
 
 
-def model_cost(profile: CostProfile, k: int) -> float:
+def model_cost(profile: Profile, k: int) -> float:
     """Verifying k tokens that a draft model produced in k steps."""
     return profile.verify[k] + k * profile.draft_step if k else profile.verify[0]
 
 
-def head_cost(profile: CostProfile, k: int) -> float:
+def head_cost(profile: Profile, k: int) -> float:
     """Verifying k tokens that the target's MTP head produced in k steps of its one layer."""
     return profile.verify[k] + k * profile.mtp_step if k else profile.verify[0]
-
-
-@dataclass
-class DraftingContext:
-    """What a method's builders may use for one generation.
-
-    Attributes:
-        options: the generation's options (sampling, n-gram range...).
-        k: the draft length for this generation (the most, for auto).
-        prompt_tokens: the prompt's token ids.
-        prompt_text: the prompt as text, computed when asked for (auto reads it for its priors).
-        draft: the draft model, if the pair has one.
-        history: the history index to draft from (None: history is off for this call).
-        history_alpha: auto's estimates of history's acceptance, kept by the pair across generations.
-        profile: the machine's cost profile, measured on first use (what auto decides by).
-        correction: what real rounds have shown about that profile, kept by the pair across generations.
-    """
-
-    options: GenerationOptions
-    k: int
-    prompt_tokens: np.ndarray
-    prompt_text: Callable[[], str]
-    draft: Optional[Model] = None
-    history: Optional[HistoryIndex] = None
-    history_alpha: Optional[dict[Any, Any]] = None
-    profile: Optional[Callable[[], CostProfile]] = None
-    correction: Optional[CostCorrection] = None
-    #: The target's MTP head, opened on first call (None: the target has none).
-    head: Optional[Callable[[], Any]] = None
-
-
-def lazy(module: str, attr: str) -> Callable[..., Any]:
-    """``module.attr``, imported when first called: the registry stays light."""
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return getattr(importlib.import_module(module), attr)(*args, **kwargs)
-
-    call.__qualname__ = f"{module}.{attr}"
-    return call
 
 
 @dataclass(frozen=True)
@@ -105,10 +70,12 @@ class Method:
         default_k: the draft length when none is given (0 for plain decoding).
         round_cost: seconds for one round with draft length k under a profile (``plain_cost``,
             ``search_cost``, ``model_cost`` or your own).
-        build: makes the drafter for a generation from a ``DraftingContext`` (None: plain decoding);
-            raises ConfigError when the method cannot run (no draft model, history off).
-        candidate: makes what auto offers each round from a ``DraftingContext``, or None when the
-            method cannot take part this time; absent for methods auto does not choose.
+        build: makes the drafter for a generation from a ``drafters.DraftingContext`` (None: plain
+            decoding, or not attached yet); raises ConfigError when the method cannot run (no draft
+            model, history off).
+        candidate: makes what auto offers each round (an ``auto.Candidate``) from a
+            ``DraftingContext``, or None when the method cannot take part this time; absent for
+            methods auto does not choose.
         colour: the colour of its accepted tokens in ``localspec chat --show-drafts``.
         needs_draft: it runs the draft model, so a pair without one cannot use it.
         needs_head: it runs the target's MTP head, so a target without one cannot use it.
@@ -121,9 +88,9 @@ class Method:
     name: str
     label: str
     default_k: int
-    round_cost: Callable[[CostProfile, int], float]
-    build: Optional[Callable[[DraftingContext], Any]] = None
-    candidate: Optional[Callable[[DraftingContext], Any]] = None
+    round_cost: Callable[[Profile, int], float]
+    build: Optional[Callable[[Any], Any]] = None
+    candidate: Optional[Callable[[Any], Any]] = None
     colour: Optional[str] = None
     needs_draft: bool = False
     needs_head: bool = False
@@ -150,6 +117,17 @@ class Registry:
             raise ConfigError(f"A drafting method named {method.name!r} is already registered.")
         self.methods[method.name] = method
         return method
+
+    def attach(self, name: str, build: Optional[Callable[[Any], Any]] = None,
+               candidate: Optional[Callable[[Any], Any]] = None) -> None:
+        """Give a declared method its builder and auto candidate (the module that defines them calls this).
+
+        The declared object itself gains them, so every module holding it sees the same method.
+        """
+        method = self.get(name)
+        for attr, value in (("build", build), ("candidate", candidate)):
+            if value is not None:
+                object.__setattr__(method, attr, value)  # frozen for everyone else: set once, here
 
     def unregister(self, name: str) -> None:
         """Remove a method (a plugin's, or a test's)."""
@@ -179,19 +157,13 @@ class Registry:
 
 AUTO = Method("auto", "lookup, history, the draft model, the MTP head or plain, and K, chosen each round", AUTO_KMAX,
               plain_cost,  # never charged itself: each of its rounds costs what the method it chose costs
-              build=lazy("localspec.auto", "build_auto"), uses_history=True, adaptive=True)
+              uses_history=True, adaptive=True)
 PLAIN = Method("plain", "plain decoding", 0, plain_cost)
-LOOKUP = Method("lookup", "prompt lookup", 8, search_cost, build=lazy("localspec.drafters", "build_lookup"),
-                candidate=lazy("localspec.auto", "lookup_candidate"), colour="cyan", bench_k=(2, 4, 8),
-                bench_k_quick=(2, 4))
-HISTORY = Method("history", "earlier generations", 8, search_cost, build=lazy("localspec.history", "build_history"),
-                 candidate=lazy("localspec.auto", "history_candidate"), colour="blue", uses_history=True)
-DRAFT = Method("draft", "the draft model", 4, model_cost, build=lazy("localspec.drafters", "build_model_drafter"),
-               candidate=lazy("localspec.auto", "model_candidate"), colour="green", needs_draft=True,
-               bench_k=(1, 2, 4, 8), bench_k_quick=(1, 2))
-
-MTP = Method("mtp", "the model's own MTP head", 3, head_cost, build=lazy("localspec.drafters", "build_mtp"),
-             candidate=lazy("localspec.auto", "mtp_candidate"), colour="magenta", needs_head=True, bench_k=(1, 2, 3),
+LOOKUP = Method("lookup", "prompt lookup", 8, search_cost, colour="cyan", bench_k=(2, 4, 8), bench_k_quick=(2, 4))
+HISTORY = Method("history", "earlier generations", 8, search_cost, colour="blue", uses_history=True)
+DRAFT = Method("draft", "the draft model", 4, model_cost, colour="green", needs_draft=True, bench_k=(1, 2, 4, 8),
+               bench_k_quick=(1, 2))
+MTP = Method("mtp", "the model's own MTP head", 3, head_cost, colour="magenta", needs_head=True, bench_k=(1, 2, 3),
              bench_k_quick=(2,))
 
 #: Every drafting method localspec knows. ``register`` adds one (a plugin's): the one deliberate piece of

@@ -26,9 +26,10 @@ import numpy as np
 from .auto import AcceptanceEstimate, AutoDrafter, build_auto, drafting_model_candidate, history_estimates
 from .backend import Model
 from .costs import CostProfile, round_cost
-from .drafters import Draft, Drafter, PromptLookupDrafter
-from .history import PROMPT_KEEP, HistoryDrafter, HistoryIndex
-from .methods import AUTO_KMAX, DRAFT, HISTORY, LOOKUP, PLAIN, DraftingContext
+from .drafters import Draft, Drafter, DraftingContext, PromptLookupDrafter
+from .history import PROMPT_KEEP, HistoryIndex
+from .history.drafter import HistoryDrafter
+from .methods import AUTO_KMAX, DRAFT, HISTORY, LOOKUP, PLAIN
 from .options import GenerationOptions
 
 

@@ -23,7 +23,7 @@ from localspec.auto import (
 from localspec.backend import Model
 from localspec.calibration import calibrate, calibration_key, others_running
 from localspec.costs import CostProfile, best_k, expected_tokens
-from localspec.methods import DraftingContext
+from localspec.drafters import DraftingContext
 from localspec.options import GenerationOptions
 
 REAL_OTHERS_RUNNING = others_running  # conftest's autouse fixture stands in for it in every test

@@ -18,7 +18,8 @@ from helpers import same_distribution, token_counts
 import localspec
 from localspec.cli import cli
 from localspec.costs import CostProfile
-from localspec.history import HistoryDrafter, HistoryIndex, HistoryStore, list_stores
+from localspec.history import HistoryIndex, HistoryStore, list_stores
+from localspec.history.drafter import HistoryDrafter
 from localspec.history.index import MAX_MATCH, MIN_AGREEMENT
 
 GPU = CostProfile.synthetic([1.0 + 0.02 * n for n in range(9)], 0.1, name="gpu-like")

@@ -11,7 +11,8 @@ import numpy as np
 from ..api import Pair
 from ..auto import history_estimates
 from ..engine import GenerationStats
-from ..history import HistoryDrafter, HistoryStore
+from ..history import HistoryStore
+from ..history.drafter import HistoryDrafter
 from ..methods import AUTO, HISTORY
 from ..options import GenerationOptions
 from .exactness import TIE_MARGIN, batch_noise, worst_verdict

@@ -9,12 +9,13 @@ majority of the matched occurrences agree.
 
 Three modules, one job each: ``store`` (the file: format, lock, CRC,
 compaction, set-aside copies), ``index`` (the in-memory suffix index) and
-``drafter`` (proposals from the index).
+``drafter`` (proposals from the index). The package itself holds the store
+and the index, below the drafters; ``localspec.history.drafter`` sits with
+the other drafters and is imported from there.
 """
 
 from __future__ import annotations
 
-from .drafter import HistoryDrafter, build_history
 from .index import HistoryIndex
 from .store import (
     PROMPT_KEEP,
@@ -28,5 +29,5 @@ from .store import (
     set_aside_copies,
 )
 
-__all__ = ["PROMPT_KEEP", "HistoryCounts", "HistoryDrafter", "HistoryIndex", "HistoryStore", "Record",
-           "build_history", "clear_stores", "history_dir", "list_stores", "model_id", "set_aside_copies"]
+__all__ = ["PROMPT_KEEP", "HistoryCounts", "HistoryIndex", "HistoryStore", "Record", "clear_stores", "history_dir",
+           "list_stores", "model_id", "set_aside_copies"]

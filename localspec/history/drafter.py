@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from ..drafters import EMPTY_DRAFT, Draft, Drafter
+from ..backend import Model
+from ..drafters import EMPTY_DRAFT, Draft, Drafter, DraftingContext
 from ..errors import ConfigError
+from ..methods import HISTORY, REGISTRY
 from .index import HistoryIndex
-
-if TYPE_CHECKING:
-    from ..backend import Model
-    from ..methods import DraftingContext
 
 
 class HistoryDrafter(Drafter):
@@ -54,3 +50,6 @@ def build_history(ctx: DraftingContext) -> HistoryDrafter:
         raise ConfigError("Method 'history' needs the history store, which is off for this call "
                           "(history=False, --no-history or LOCALSPEC_HISTORY=off).")
     return HistoryDrafter(ctx.history)
+
+
+REGISTRY.attach(HISTORY.name, build=build_history)
