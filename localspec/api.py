@@ -36,6 +36,7 @@ from .engine import Generation, GenerationStats, TokenEvent, check_prompt
 from .errors import ConfigError, ContextOverflowError
 from .history import PROMPT_KEEP, HistoryStore, history_dir
 from .methods import AUTO_KMAX, HISTORY, get_method
+from .naming import resolve_models
 from .nextn import MtpHead
 from .options import GenerationOptions, check_k
 
@@ -472,7 +473,7 @@ def load(
     target: PathLike,
     draft: Optional[PathLike] = None,
     *,
-    n_ctx: int = 4096,
+    n_ctx: Optional[int] = None,
     n_threads: Optional[int] = None,
     n_threads_batch: Optional[int] = None,
     n_gpu_layers: Optional[int] = None,
@@ -482,13 +483,19 @@ def load(
     defaults: Optional[GenerationOptions] = None,
     draft_k: Optional[int] = None,
     history: Optional[bool] = None,
+    notify: Optional[Callable[[str], None]] = None,
 ) -> Pair:
     """Load a target model and, optionally, a draft model of the same family.
 
     Args:
-        target: the target .gguf.
-        draft: the draft .gguf (same vocabulary); None for lookup/plain only.
-        n_ctx: context length for both models (0: the target's training context).
+        target: the target .gguf; or a registered pair's name (``"qwen2.5-coder-1.5b"``: its target and
+            draft); or a name from the model stores on this machine (``"ollama:qwen2.5-coder:7b"``,
+            ``"lmstudio:..."``, ``"hf:ORG/REPO/FILE.gguf"``), as ``localspec models --scan`` lists them.
+        draft: the draft .gguf or store name (same vocabulary); ``"auto"`` for the best draft on this
+            machine (said through ``notify``); ``"none"`` for no draft; None for a pair's own draft, or
+            none with a target file (lookup, history and plain only).
+        n_ctx: context length for both models (0: the target's training context; default: the pair's,
+            else 4096).
         n_threads: CPU threads for single-token steps, both models (default: the fastest, measured once).
         n_threads_batch: CPU threads for batches: verification and prompts (default: the fastest, measured
             with the steps; or ``n_threads`` when that is given).
@@ -498,15 +505,24 @@ def load(
         huge_pages: on a CPU build under Linux, ask for transparent huge pages for llama.cpp's buffers
             (see ``localspec.hugepages``); False leaves its pages as they are.
         defaults: generation options used where a call does not give them.
-        draft_k: suggested draft length for the draft model (see ``Pair``).
+        draft_k: suggested draft length for the draft model (see ``Pair``; default: the pair's).
         history: draft from the target's earlier generations and record new
             ones (default: on, unless the environment sets ``LOCALSPEC_HISTORY=off``).
             The store is opened on the first generation that uses it.
+        notify: where one-line notices go (default: stderr): which draft was found, measurements.
 
     Raises:
         ModelFileError: a file is missing, not a GGUF, or fails to load.
+        RegistryError: an unknown pair name, or a pair not downloaded yet (the message says how).
         VocabMismatchError: the draft's vocabulary differs from the target's.
     """
+    say = notify or _stderr
+    files = resolve_models(target, draft)
+    for notice in files.notices:
+        say(notice)
+    target, draft = files.target, files.draft
+    n_ctx = n_ctx if n_ctx is not None else files.n_ctx or 4096
+    draft_k = draft_k if draft_k is not None else files.draft_k
     # A recurrent target that can roll back keeps snapshots for auto's longest draft (longer ones checkpoint);
     # a draft model decodes one token at a time, which no rollback undoes, so it checkpoints instead.
     t = Model(target, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, n_gpu_layers=n_gpu_layers,
@@ -520,7 +536,7 @@ def load(
                       verbose=verbose)
         if history is None:
             history = history_enabled()
-        return Pair(t, d, defaults=defaults, draft_k=draft_k, history=history)
+        return Pair(t, d, defaults=defaults, draft_k=draft_k, history=history, notify=notify)
     except BaseException:
         t.close()
         if d is not None:

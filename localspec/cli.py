@@ -79,75 +79,29 @@ class ModelArgs:
         (``localspec models --scan``), said on stderr, unless ``method`` needs none.
         """
         from .api import load
+        from .naming import FIND_DRAFT, names_a_model
 
         if self.pair_name and self.target:
             raise click.UsageError("Give a pair name or --target/--draft, not both.")
-        if self.pair_name and not _names_a_model(self.pair_name):
-            from .hub import resolve
-            from .registry import get_pair
-
-            if self.draft not in (None, "none"):
-                raise click.UsageError("A pair brings its own draft; give --draft with --target, or --draft none.")
-            spec = get_pair(self.pair_name)
-            files = resolve(spec)
-            return load(files.target, None if self.draft == "none" else files.draft,
-                        n_ctx=spec.ctx if self.n_ctx is None else self.n_ctx,
-                        n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
-                        n_gpu_layers=self.n_gpu_layers, verbose=self.verbose,
-                        flash_attn=FLASH_ATTN[self.flash_attn], huge_pages=self.huge_pages, draft_k=spec.k)
         given = self.pair_name or self.target
         if not given:
             raise click.UsageError("Name a pair (see `localspec models`) or give --target (and --draft).")
-        target = _model_path(given)
-        if self.draft == "none":
-            draft = None
-        elif self.draft is not None:
-            draft = _model_path(self.draft)
-        else:
-            draft = _draft_on_disk(target) if method in (None, AUTO.name, DRAFT.name) else None
-        return load(target, draft, n_ctx=4096 if self.n_ctx is None else self.n_ctx,
-                    n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
-                    n_gpu_layers=self.n_gpu_layers, verbose=self.verbose,
-                    flash_attn=FLASH_ATTN[self.flash_attn], huge_pages=self.huge_pages)
-
-
-def _names_a_model(name: str) -> bool:
-    """A name that is a model file or one of the scan's names, not a pair's name."""
-    from .stores import is_store_name
-
-    return is_store_name(name) or name.endswith(".gguf") or Path(name).expanduser().is_file()
+        pair = not names_a_model(given)
+        if pair and self.draft not in (None, "none"):
+            raise click.UsageError("A pair brings its own draft; give --draft with --target, or --draft none.")
+        draft = self.draft
+        if draft is None and not pair and method in (None, AUTO.name, DRAFT.name):
+            draft = FIND_DRAFT
+        return load(given, draft, n_ctx=self.n_ctx, n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
+                    n_gpu_layers=self.n_gpu_layers, verbose=self.verbose, flash_attn=FLASH_ATTN[self.flash_attn],
+                    huge_pages=self.huge_pages, notify=lambda line: click.echo(line, err=True))
 
 
 def _model_path(ref: str) -> str:
     """A file path for a path or one of the scan's names (``ollama:NAME:TAG``, ``hf:ORG/REPO/FILE``...)."""
-    from .stores import is_store_name, resolve_name
+    from .naming import model_path
 
-    return str(resolve_name(ref)) if is_store_name(ref) else ref
-
-
-def _draft_on_disk(target: str) -> Optional[str]:
-    """The best draft for ``target`` among the models on this machine and beside it, said on stderr; or None."""
-    from .backend import check_gguf
-    from .stores import find_draft, scan
-
-    size = check_gguf(target).stat().st_size  # a missing or foreign target is reported as such
-    # Only files smaller than the target can draft for it, so only their headers are read; beside the
-    # target, only its own folder (not a whole home directory's tree).
-    found = scan(folders=[Path(target).expanduser().resolve().parent], max_depth=0, smaller_than=size).models
-    from .gguf_header import read_local
-
-    match = find_draft(target, found)
-    head = read_local(target).mtp_layers
-    if match is None:
-        with_head = "its own MTP head, " if head else ""
-        click.echo(f"localspec: no model on this machine can draft for {Path(target).name} (same vocabulary, "
-                   f"several times smaller; `localspec models --scan` lists what there is), so auto drafts "
-                   f"with {with_head}lookup and history only; --draft FILE gives one, `localspec pull NAME "
-                   "--target hf:ORG/REPO/FILE.gguf` finds one on the Hub", err=True)
-        return None
-    click.echo(f"localspec: drafting with {match.draft.name}: {match.reason} (--draft FILE or --draft none "
-               "overrides)" + ("; the target's own MTP head is a candidate too" if head else ""), err=True)
-    return str(match.draft.path)
+    return str(model_path(ref))
 
 
 _MODEL_KEYS = ("pair_name", "target", "draft", "n_ctx", "n_threads", "n_threads_batch", "n_gpu_layers", "flash_attn",
@@ -290,10 +244,11 @@ def chat(models: ModelArgs, options: GenerationOptions, system: Optional[str], s
     the default pair is offered for download.
     """
     from .chat import ChatSession, run_chat
+    from .naming import names_a_model
 
     if not models.pair_name and not models.target:
         models.pair_name = _choose_pair(yes)
-    elif models.pair_name and not _names_a_model(models.pair_name):
+    elif models.pair_name and not names_a_model(models.pair_name):
         _ensure_pulled(models.pair_name, yes)
     with models.open(options.method) as pair:
         run_chat(ChatSession(pair, system, options), show_drafts)
@@ -699,25 +654,18 @@ def export(pair_name: Optional[str], target: Optional[str], draft: Optional[str]
            target_repo: Optional[str], draft_repo: Optional[str]) -> None:
     """Print the command that serves this pair on vLLM or llama-server, for more than one user."""
     from . import export as ex
+    from .naming import resolve_models
     from .options import LOOKUP_NGRAM
 
-    hub_repos: list[Optional[str]] = [None, None]
-    pair_k, pair_ctx = None, 4096
     if pair_name and target:
         raise click.UsageError("Give a pair name or --target/--draft, not both.")
-    if pair_name and not _names_a_model(pair_name):
-        from .hub import resolve
-        from .registry import get_pair
-
-        spec = get_pair(pair_name)
-        files = resolve(spec)
-        target, draft, pair_k, pair_ctx = str(files.target), str(files.draft), spec.k, spec.ctx
-        hub_repos = [spec.target.repo, spec.draft.repo]
-    target = target or pair_name
-    if not target:
+    given = target or pair_name
+    if not given:
         raise click.UsageError("Name a pair (see `localspec models`) or give --target (and --draft).")
-    t = ex.served(Path(_model_path(target)), target_repo, hub_repos[0])
-    d = ex.served(Path(_model_path(draft)), draft_repo, hub_repos[1]) if draft else None
+    files = resolve_models(given, draft)
+    pair_k, pair_ctx = files.draft_k, files.n_ctx or 4096
+    t = ex.served(files.target, target_repo, files.repos[0])
+    d = ex.served(files.draft, draft_repo, files.repos[1]) if files.draft else None
     if method == "auto" and bench_file:
         method, bench_k, speedup = ex.load_bench(Path(bench_file))
         k = k or bench_k

@@ -716,3 +716,40 @@ def test_pair_names_from_a_scan_are_unique_and_added_once(stores_env: Path, tmp_
     assert "added same " in first.output and "added same-2 " in first.output
     again = CliRunner().invoke(cli, [*args, "--add"])
     assert "added" not in again.output and "same is registered already" in again.output
+
+
+# -- the same names through the Python API ---------------------------------------------------------------
+
+
+def test_load_takes_a_store_name_and_finds_the_draft_on_disk(stores_env: Path):
+    import localspec
+
+    notes: list[str] = []
+    with localspec.load("ollama:tiny:1.5b", "auto", notify=notes.append) as pair:
+        assert pair.draft is not None and pair.draft.path == stores.resolve_name("ollama:someone/tiny:0.5b")
+        r = pair.generate("the cat sat on the mat", max_tokens=12, method="draft", k=2)
+        plain = pair.generate("the cat sat on the mat", max_tokens=12, method="plain")
+        assert r.tokens == plain.tokens and r.stats.draft_model_tokens > 0
+    assert any("drafting with ollama:someone/tiny:0.5b: same vocabulary" in n for n in notes)
+    with localspec.load("ollama:tiny:1.5b") as pair:  # a model alone: no draft unless asked for
+        assert pair.draft is None
+
+
+def test_load_takes_a_registered_pair_name(stores_env: Path):
+    from click.testing import CliRunner
+
+    import localspec
+    from localspec.cli import cli
+    from localspec.hub import resolve
+    from localspec.registry import get_pair
+
+    assert CliRunner().invoke(cli, ["models", "--scan", "--add"]).exit_code == 0  # registers tiny-1.5b
+    files = resolve(get_pair("tiny-1.5b"))
+    with localspec.load("tiny-1.5b") as pair:
+        assert pair.target.path == files.target and pair.draft is not None and pair.draft.path == files.draft
+    with localspec.load("tiny-1.5b", "none") as pair:
+        assert pair.draft is None
+    with pytest.raises(localspec.ConfigError, match="brings its own draft"):
+        localspec.load("tiny-1.5b", "some-draft.gguf")
+    with pytest.raises(localspec.LocalspecError, match="No model pair named 'no-such-pair'"):
+        localspec.load("no-such-pair")
