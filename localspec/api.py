@@ -30,10 +30,12 @@ from .auto import AcceptanceEstimate, history_estimates
 from .backend import Model, read_vocab
 from .calibration import ThreadChoice, calibrate, choose_threads, forget
 from .compat import check_vocab
+from .constraint import Constraint
 from .costs import CostCorrection, CostProfile
 from .drafters import Drafter, DraftingContext
-from .engine import Generation, GenerationStats, TokenEvent, check_prompt
+from .engine import SOURCE_GRAMMAR, Generation, GenerationStats, TokenEvent, check_prompt
 from .errors import ConfigError, ContextOverflowError
+from .grammar import Matcher, tokenizer_for
 from .history import PROMPT_KEEP, HistoryStore, history_dir
 from .methods import AUTO_KMAX, HISTORY, get_method
 from .naming import resolve_models
@@ -74,10 +76,12 @@ class Result:
         how = s.method
         if s.auto:
             used = ", ".join(f"{m} {n}" for m, n in s.rounds_by_method.items() if n)
-            how = f"auto ({used} rounds)"
+            how = f"auto ({used} rounds)" if used else "auto"
         elif s.k:
             how += f" k={s.k}"
         acc = f", accepted {s.accepted}/{s.drafted} ({100 * s.acceptance_rate:.0f}%)" if s.drafted else ""
+        forced = s.accepted_by.get(SOURCE_GRAMMAR, 0)
+        acc += f", {forced} forced by the grammar" if forced else ""
         return (f"[{s.generated_tokens} tokens, {s.decode_tokens_per_second:.1f} tok/s, {how}{acc}, "
                 f"finish: {self.finish_reason}]")
 
@@ -173,6 +177,7 @@ class Pair:
         self.history_alpha = history_estimates()
         self._head: Optional[MtpHead] = None
         self._head_refused = False
+        self._grammar_tokenizer: Optional[Any] = None
 
     def head(self) -> MtpHead:
         """The target's MTP head, opened on first use (it keeps the target's hidden states from then on).
@@ -183,6 +188,16 @@ class Pair:
         if self._head is None:
             self._head = MtpHead(self.target)
         return self._head
+
+    def matcher(self, constraint: Constraint) -> Matcher:
+        """A fresh grammar state for one generation under ``constraint``, over the target's vocabulary.
+
+        Raises:
+            ConfigError: the constraint does not compile, or llguidance (the 'structured' extra) is missing.
+        """
+        if self._grammar_tokenizer is None:
+            self._grammar_tokenizer = tokenizer_for(self.target.vocab_pointer, self.target.eos)
+        return Matcher(constraint, self._grammar_tokenizer, self.target.n_vocab)
 
     def usable_head(self) -> Optional[MtpHead]:
         """The target's MTP head for auto and calibration: None when it has none, or when this build cannot
@@ -416,7 +431,7 @@ class Pair:
         drafter, k = self.drafter(opts, prompt_text, prompt_tokens)
         g = Generation(self.target, prompt_tokens, drafter=drafter, k=k, params=opts.sampling,
                        max_tokens=opts.max_tokens, rng=np.random.default_rng(opts.seed), stop=opts.stop,
-                       method=opts.method)
+                       method=opts.method, matcher=self.matcher(opts.grammar) if opts.grammar else None)
         store = self.history if opts.history else None
         return Stream(g, prompt_tokens, (lambda done: self._record(store, prompt_tokens, done)) if store else None)
 

@@ -482,6 +482,11 @@ class Model:
         self.check_token(token)
         return ll.llama_vocab_get_text(self._vocab, token) or b""
 
+    @property
+    def vocab_pointer(self) -> ll.llama_vocab_p:
+        """llama.cpp's vocabulary of this model (for a grammar engine that reads it; valid while the model is)."""
+        return self._vocab
+
     def vocab_info(self) -> VocabInfo:
         """This model's vocabulary (for compatibility checks)."""
         return _vocab_info(self.path, self._vocab)

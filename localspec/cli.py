@@ -200,14 +200,24 @@ def cli() -> None:
 @click.option("--system", default=None, help="System message to go with --message.")
 @click.option("--recalibrate", is_flag=True, help="Measure this machine's costs again for auto.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, finish_reason, stats.")
+@click.option("--json-schema", "json_schema", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="The reply is JSON valid against this schema file (needs the 'structured' extra).")
+@click.option("--json-object", is_flag=True, help="The reply is a JSON object (JSON mode).")
+@click.option("--regex", default=None, help="The reply matches this regular expression whole.")
+@click.option("--grammar", "grammar_file", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="The reply follows this grammar file: GBNF as llama.cpp writes it (.gbnf), else Lark.")
 @_friendly_errors
 def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str], message: Optional[str],
-             system: Optional[str], recalibrate: bool, as_json: bool) -> None:
+             system: Optional[str], recalibrate: bool, as_json: bool, json_schema: Optional[str], json_object: bool,
+             regex: Optional[str], grammar_file: Optional[str]) -> None:
     """Generate a continuation of --prompt, or a reply to --message."""
     if (prompt is None) == (message is None):
         raise click.UsageError("Give exactly one of --prompt (raw text) or --message (a chat turn).")
     if system is not None and message is None:
         raise click.UsageError("--system goes with --message, not with a raw --prompt.")
+    constraint = _constraint(json_schema, json_object, regex, grammar_file)
+    if constraint is not None:
+        options = options.replace(grammar=constraint)
     with models.open(options.method) as pair:
         if recalibrate:
             pair.calibrate(refresh=True)
@@ -226,6 +236,26 @@ def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str
             click.echo(ev.text, nl=False)
         click.echo()
         click.echo(stream.result.summary_line(), err=True)
+
+
+def _constraint(json_schema: Optional[str], json_object: bool, regex: Optional[str],
+                grammar_file: Optional[str]) -> Any:
+    """The one constraint the flags ask for (None: free text)."""
+    from .constraint import Constraint
+
+    given = [x for x in (json_schema, json_object or None, regex, grammar_file) if x is not None]
+    if len(given) > 1:
+        raise click.UsageError("Give at most one of --json-schema, --json-object, --regex and --grammar.")
+    if json_schema is not None:
+        return Constraint.json_schema(Path(json_schema).read_text(encoding="utf-8"))
+    if json_object:
+        return Constraint.json_object()
+    if regex is not None:
+        return Constraint.regex(regex)
+    if grammar_file is not None:
+        text = Path(grammar_file).read_text(encoding="utf-8")
+        return Constraint.gbnf(text) if grammar_file.endswith(".gbnf") else Constraint.lark(text)
+    return None
 
 
 @cli.command()

@@ -31,6 +31,7 @@ from .backend import Detokenizer, Model
 from .costs import RoundTiming
 from .drafters import EMPTY_DRAFT, AutoReport, Draft, Drafter
 from .errors import ConfigError, ContextOverflowError, GenerationCancelled, InterleavedGenerationError
+from .grammar import Matcher
 from .methods import PLAIN
 from .options import SamplingParams
 
@@ -39,6 +40,8 @@ SOURCE_TARGET = "target"  # a plain step of the target (or the first token, from
 SOURCE_DRAFT = "draft"  # a drafted token the target accepted
 SOURCE_CORRECTION = "correction"  # the target's token where a drafted one was rejected
 SOURCE_BONUS = "bonus"  # the target's extra token after a fully accepted draft
+#: The drafter named for tokens the grammar forced (exactly one way on), drafted at no cost.
+SOURCE_GRAMMAR = "grammar"
 
 
 @dataclass
@@ -198,6 +201,7 @@ def speculative_round(
     k: int,
     params: SamplingParams,
     rng: np.random.Generator,
+    matcher: Optional[Matcher] = None,
 ) -> Round:
     """One round: draft, verify, accept, truncate.
 
@@ -207,16 +211,24 @@ def speculative_round(
         drafter: None for a plain step.
         context: prompt and generated tokens so far.
         k: the most tokens to draft.
+        matcher: the grammar the output follows (None: none); it is advanced past the round's tokens.
     """
     n = len(context)
     helpers = drafter.models if drafter is not None else ()
     drafting_started = sum(m.busy_seconds for m in helpers)
-    # 1. draft
-    draft = drafter.propose(context, k, rng) if drafter is not None and k > 0 else EMPTY_DRAFT
+    # 1. draft: tokens the grammar forces cost nothing to guess; otherwise the drafter guesses.
+    forced = matcher.forced_tokens(k) if matcher is not None and drafter is not None and k > 0 else []
+    if forced:
+        draft = Draft(forced, None, SOURCE_GRAMMAR)
+    else:
+        draft = drafter.propose(context, k, rng) if drafter is not None and k > 0 else EMPTY_DRAFT
     drafting = sum(m.busy_seconds for m in helpers) - drafting_started
-    # A padded draft vocabulary can propose an id the target lacks: it is verified as a
-    # certain rejection (p = 0) and nothing after it can be kept, so the draft ends there.
+    # A padded draft vocabulary can propose an id the target lacks, and a drafter a token the grammar
+    # refuses: it is verified as a certain rejection (p = 0) and nothing after it can be kept, so the
+    # draft ends there.
     known = next((i for i, t in enumerate(draft.tokens) if t >= target.n_vocab), len(draft.tokens))
+    if matcher is not None:
+        known = min(known, matcher.valid_prefix(draft.tokens[:known]))
     if known < len(draft.tokens):
         draft = draft._replace(tokens=draft.tokens[: known + 1],
                                probs=None if draft.probs is None else draft.probs[: known + 1])
@@ -226,19 +238,39 @@ def speculative_round(
     if known and not target.can_undo(known):
         target.checkpoint()
     rows = target.eval([int(context[-1])] + draft.tokens[:known], logits="all")
+    if matcher is not None:  # each row masked by the grammar's state after the draft tokens before it
+        rows = masked_rows(rows, draft.tokens[:known], matcher)
     # 3. accept: a rejection at the unknown id resamples from the residual, never from p.
     if params.greedy:
         kept, nxt = accept_greedy(draft.tokens, rows)
     else:
         kept, nxt = accept_sampled(draft.tokens, draft.probs, ProbRows(rows, params), rng)
+    if matcher is not None:  # back to the kept tokens, then past the target's own (an end token ends it all)
+        matcher.rollback(known - kept)
+        if not target.is_eog(nxt):
+            matcher.consume([nxt])
     # 4. truncate: keep the context and the accepted draft tokens; the rejected tail goes (from a
     # checkpoint, the kept ones are evaluated again: that time counts as verifying).
     target.truncate(n + kept)
     verifying = target.busy_seconds - verify_started
     if drafter is not None:
-        drafter.observe(len(draft.tokens), kept)  # adaptive drafters learn from the outcome, and from the costs
+        if not forced:
+            drafter.observe(len(draft.tokens), kept)  # adaptive drafters learn from the outcome, and the costs
         drafter.observe_timing(RoundTiming(known + 1, verifying, draft.model_steps, drafting))
     return Round(draft, kept, nxt)
+
+
+def masked_rows(rows: np.ndarray, tokens: list[int], matcher: Matcher) -> np.ndarray:
+    """``rows`` (len(tokens) + 1 of them) with each masked by the grammar's state after ``tokens[:i]``.
+
+    The matcher ends past all of ``tokens`` (each one it allows).
+    """
+    out = np.empty(rows.shape, dtype=np.float32)
+    for i in range(len(rows)):
+        out[i] = matcher.mask(rows[i])
+        if i < len(tokens):
+            matcher.consume([tokens[i]])
+    return out
 
 
 class StopText:
@@ -292,6 +324,7 @@ class Generation:
         rng: source of randomness for sampling (default: a fresh unseeded one).
         stop: strings that end the generation (the text stops before the first one).
         method: the registered method the drafter stands for, named in the stats (default: the drafter's name).
+        matcher: a grammar the output follows (``constraint.Matcher``, fresh for this generation).
 
     Raises:
         ContextOverflowError: the prompt leaves no room in the context.
@@ -310,6 +343,7 @@ class Generation:
         rng: Optional[np.random.Generator] = None,
         stop: Sequence[str] = (),
         method: Optional[str] = None,
+        matcher: Optional[Matcher] = None,
     ):
         if max_tokens < 1:
             raise ConfigError(f"max_tokens must be at least 1, got {max_tokens}.")
@@ -333,6 +367,7 @@ class Generation:
         self.tokens: list[int] = []
         #: Text of a final incomplete UTF-8 sequence, set when generation ends.
         self.tail_text = ""
+        self.matcher = matcher
         self._prompt = np.asarray(prompt, dtype=np.int32)
         self._stop = StopText(stop)
         self._cancel = threading.Event()
@@ -406,8 +441,12 @@ class Generation:
                 return "interrupted"
             if drafter is not None:
                 drafter.prefill(prompt)  # a draft model processes the prompt now, not in round 1
+            if self.matcher is not None:
+                logits = self.matcher.mask(logits)
             first = int(np.argmax(logits)) if self.params.greedy else sample(probabilities(logits, self.params),
                                                                                 self.rng)
+            if self.matcher is not None and not target.is_eog(first):
+                self.matcher.consume([first])
             stats.prefill_seconds = time.perf_counter() - t_start
             busy0, t_mark = self._llama_busy(), time.perf_counter()  # decode timing starts here
             pending = [Emitted(first, SOURCE_TARGET)]
@@ -437,7 +476,8 @@ class Generation:
                 if self._cancel.is_set():
                     return "interrupted"
                 self._check_cache(context[:n])
-                rnd = speculative_round(target, drafter, context[:n], min(self.k, room), self.params, self.rng)
+                rnd = speculative_round(target, drafter, context[:n], min(self.k, room), self.params, self.rng,
+                                        self.matcher)
                 stats.count_round(rnd.draft, rnd.kept)
                 pending = rnd.emitted()
         finally:

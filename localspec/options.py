@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .constraint import Constraint
 from .errors import ConfigError, SamplingError
 from .methods import AUTO, AUTO_KMAX, K_LIMIT, REGISTRY
 
@@ -121,6 +122,8 @@ class GenerationOptions:
             first one begins (it is not included) and finish_reason is "stop".
         history: draft from this model's earlier generations and record
             this one (when the pair has a history store; see ``localspec.load``).
+        grammar: what the output must follow (``constraint.Constraint``: a JSON schema, JSON mode,
+            a regex, a Lark or GBNF grammar); None for free text. Every method stays exact under it.
     """
 
     max_tokens: int = _opt(256, "Most tokens to generate.", "--max-tokens", "-n")
@@ -137,6 +140,7 @@ class GenerationOptions:
     stop: tuple[str, ...] = _opt((), "Stop where this text appears, without it (repeatable).", "--stop")
     history: bool = _opt(True, "Draft from this model's earlier generations, and record this one.",
                          "--history/--no-history")
+    grammar: Optional[Constraint] = _opt(None, "What the output must follow (a JSON schema, a regex, a grammar).")
 
     def __post_init__(self) -> None:
         SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)  # checks the sampling values
@@ -154,6 +158,9 @@ class GenerationOptions:
             raise ConfigError(f"The lookup n-gram range must be (min, max) with 1 <= min <= max, got {ng!r}.")
         if not (isinstance(self.stop, tuple) and all(isinstance(x, str) and x for x in self.stop)):
             raise ConfigError(f"stop must be a list of non-empty strings, got {self.stop!r}.")
+        if self.grammar is not None and not isinstance(self.grammar, Constraint):
+            raise ConfigError(f"grammar must be a localspec Constraint (Constraint.json_schema(...), .regex(...), "
+                              f".lark(...), .gbnf(...)), got {type(self.grammar).__name__}.")
         if not isinstance(self.history, bool):
             raise ConfigError(f"history must be true or false, got {self.history!r}.")
         if len(self.stop) > MAX_STOPS:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from .constraint import Constraint
 from .errors import LocalspecError
 from .methods import HISTORY
 from .options import GenerationOptions
@@ -29,8 +30,13 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],), "function_call": ("none", "auto"),
     "parallel_tool_calls": (True, False), "logit_bias": ({},), "presence_penalty": (0,), "frequency_penalty": (0,),
     "repeat_penalty": (1,), "repetition_penalty": (1,), "ignore_eos": (False,), "typical_p": (1,),
-    "mirostat": (0,), "grammar": ("",), "json_schema": ({},), "audio": ({},), "modalities": (["text"],),
-    "prediction": ({},), "response_format": ({"type": "text"},),
+    "mirostat": (0,), "audio": ({},), "modalities": (["text"],), "prediction": ({},),
+}
+#: The fields that constrain the output, and the constraint each asks for: OpenAI's, then llama-server's.
+CONSTRAINT_FIELDS: dict[str, Callable[[Any], Optional[Constraint]]] = {
+    "response_format": Constraint.response_format,
+    "json_schema": lambda v: Constraint.json_schema(v) if v not in ({}, None) else None,
+    "grammar": lambda v: Constraint.gbnf(v) if isinstance(v, str) and v else None,
 }
 #: Fields of an earlier assistant message that clients send back as they got them; only their empty values.
 MESSAGE_EXTRAS = ("name", "refusal", "tool_calls", "function_call", "audio", "annotations")
@@ -214,6 +220,9 @@ def _options(req: _Body, defaults: GenerationOptions, limits: Limits) -> Generat
                        param="history" if given.get("history") is True else "method", code="history_off")
     if not limits.history:
         given["history"] = False
+    constraint = _constraint(req)
+    if constraint is not None:
+        given["grammar"] = constraint
     try:
         options = defaults.replace(**given)
     except LocalspecError as exc:
@@ -222,6 +231,27 @@ def _options(req: _Body, defaults: GenerationOptions, limits: Limits) -> Generat
     if limits.max_tokens is not None and options.max_tokens > limits.max_tokens:
         options = options.replace(max_tokens=limits.max_tokens)  # the operator's cap, as llama-server's n_predict
     return options
+
+
+def _constraint(req: _Body) -> Optional[Constraint]:
+    """The one constraint the request asks for (response_format, or llama-server's json_schema or grammar)."""
+    found: list[tuple[str, Constraint]] = []
+    for name, make in CONSTRAINT_FIELDS.items():
+        value = getattr(req, name)
+        if value is None:
+            continue
+        if name == "grammar" and not isinstance(value, str):
+            raise ApiError(400, "'grammar' must be a GBNF grammar as a string.", param=name, code="invalid_value")
+        try:
+            made = make(value)
+        except LocalspecError as exc:
+            raise ApiError(400, str(exc), param=name, code="invalid_value") from None
+        if made is not None:
+            found.append((name, made))
+    if len(found) > 1:
+        raise ApiError(400, f"Give one of {', '.join(CONSTRAINT_FIELDS)}, not {found[0][0]!r} and {found[1][0]!r}.",
+                       param=found[1][0], code="invalid_value")
+    return found[0][1] if found else None
 
 
 def _is_neutral(value: Any, neutral: tuple[Any, ...]) -> bool:

@@ -164,8 +164,8 @@ def test_bad_chat_requests_and_raw_http_errors(server, client):
     with pytest.raises(openai.BadRequestError, match="tools"):
         client.chat.completions.create(model="target", messages=MESSAGES, tools=[{"type": "function", "function": {
             "name": "f", "parameters": {"type": "object", "properties": {}}}}])
-    with pytest.raises(openai.BadRequestError, match="response_format"):
-        client.chat.completions.create(model="target", messages=MESSAGES, response_format={"type": "json_object"})
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):  # response_format is served now
+        client.chat.completions.create(model="target", messages=MESSAGES, logit_bias={"5": 1})
     with pytest.raises(openai.BadRequestError, match="messages"):
         client.chat.completions.create(model="target", messages=[])
     with pytest.raises(openai.BadRequestError) as err:

@@ -1,0 +1,110 @@
+"""One generation's grammar state: the token mask, draft validation, rollback and forced tokens.
+
+The running half of ``localspec.constraint``, over llguidance; see there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .constraint import Constraint, llguidance
+from .errors import ConfigError
+
+
+class Matcher:
+    """One generation's grammar state over a model's vocabulary.
+
+    Args:
+        constraint: what the output must follow.
+        tokenizer: the model's llguidance tokenizer (``tokenizer_for``).
+        n_vocab: the model's vocabulary size (the mask's width).
+
+    Raises:
+        ConfigError: the grammar does not compile (the message says why).
+    """
+
+    def __init__(self, constraint: Constraint, tokenizer: Any, n_vocab: int):
+        llg = llguidance()
+        try:
+            grammar = constraint.grammar()
+        except (ValueError, RuntimeError) as exc:
+            raise ConfigError(f"{constraint.describe(capital=True)} cannot be compiled: {_one_line(exc)}") from None
+        error = llg.LLMatcher.validate_grammar(grammar, tokenizer)
+        if error:
+            raise ConfigError(f"{constraint.describe(capital=True)} cannot be compiled: {_one_line(error)}")
+        self._m = llg.LLMatcher(tokenizer, grammar, log_level=0)
+        if self._m.is_error():
+            raise ConfigError(f"{constraint.describe(capital=True)} cannot be compiled: "
+                              f"{_one_line(self._m.get_error())}")
+        self.constraint = constraint
+        self.n_vocab = n_vocab
+        words = (n_vocab + 31) // 32
+        self._bits = np.full(words, -1, dtype=np.int32)
+        self._shifts = np.arange(32, dtype=np.uint32)
+        #: Tokens the grammar forced (no other token was allowed) and that were drafted for free.
+        self.forced = 0
+
+    def allowed(self) -> np.ndarray:
+        """A boolean mask over the vocabulary: the tokens the grammar allows next."""
+        self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        bits = (self._bits.view(np.uint32)[:, None] >> self._shifts) & 1
+        return bits.reshape(-1)[: self.n_vocab].astype(bool)
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        """A copy of a logits row with every token the grammar rejects next set to -inf.
+
+        Raises:
+            ConfigError: the grammar allows no token at all (it cannot be completed).
+        """
+        allowed = self.allowed()
+        if not allowed.any():
+            raise ConfigError(f"{self.constraint.describe(capital=True)} allows no token here "
+                              f"({self._m.get_error() or 'nothing can follow'}); check it can be completed.")
+        out = np.array(logits, dtype=np.float32, copy=True)
+        out[~allowed] = -np.inf
+        return out
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of ``tokens`` the grammar accepts in a row from here (nothing is consumed)."""
+        return int(self._m.validate_tokens(tokens)) if tokens else 0
+
+    def forced_tokens(self, k: int) -> list[int]:
+        """Up to ``k`` tokens the grammar forces from here (exactly one way on), as a free draft."""
+        return [int(t) for t in self._m.compute_ff_tokens()[:k]]
+
+    def consume(self, tokens: list[int]) -> None:
+        """Advance past ``tokens`` (each one the grammar allows)."""
+        if tokens and not self._m.consume_tokens(tokens):
+            raise ConfigError(f"The grammar refused a token it had allowed ({self._m.get_error()}).")
+
+    def rollback(self, n: int) -> None:
+        """Go back ``n`` consumed tokens (after a rejected guess)."""
+        if n > 0:
+            self._m.rollback(n)
+
+    @property
+    def done(self) -> bool:
+        """The grammar is complete: nothing but the end of generation may follow."""
+        return bool(self._m.is_stopped())
+
+
+def _one_line(error: object) -> str:
+    """An engine's error as one line: its own lines (source excerpts and carets dropped) joined."""
+    lines = [line.strip() for line in str(error).splitlines()]
+    kept = [line for line in lines if line and not set(line) <= {"^", " "} and not line[:1].isdigit()
+            and not line.startswith("(") or line.startswith("error:")]
+    return "; ".join(dict.fromkeys(kept)) or str(error).strip()
+
+
+def tokenizer_for(vocab: Any, eos: int) -> Any:
+    """llguidance's tokenizer for a llama.cpp vocabulary (costs about a second on a 150k vocabulary: cache it)."""
+    llguidance()
+    import warnings
+
+    from llguidance.llamacpp import lltokenizer_from_vocab
+
+    with warnings.catch_warnings():  # it reads token attributes through a name llama-cpp-python deprecated
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return lltokenizer_from_vocab(vocab, eos_token=eos)

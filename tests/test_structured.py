@@ -1,0 +1,180 @@
+"""Constrained decoding (llguidance): output that follows a JSON schema, JSON mode, a regex or a grammar,
+exactly as plain constrained decoding gives it, under every method."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import numpy as np
+import pytest
+from helpers import same_distribution, token_counts
+from tinyarch import write_tiny_qwen35
+
+import localspec
+from localspec.constraint import Constraint
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "animal": {"enum": ["cat", "dog", "bird"]},
+        "count": {"type": "integer", "minimum": 0, "maximum": 20},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["animal", "count", "ok"],
+    "additionalProperties": False,
+}
+REGEX = "(cat|dog|bird)s? (sat|ran) on the [a-z]{1,8}"
+LARK = 'start: "the " animal (" and the " animal)? "."\nanimal: "cat" | "dog" | "bird" | "fox"'
+GBNF = 'root ::= "the " animal (" and the " animal)? "."\nanimal ::= "cat" | "dog" | "bird" | "fox"'
+CONSTRAINTS = {
+    "schema": Constraint.json_schema(SCHEMA),
+    "json mode": Constraint.json_object(),
+    "regex": Constraint.regex(REGEX),
+    "lark": Constraint.lark(LARK),
+    "gbnf": Constraint.gbnf(GBNF),
+}
+PROMPT = "in the end, in the end, in the end, in the"
+METHODS = [("lookup", 3), ("draft", 2), ("draft", 6), ("auto", None)]
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    d = tmp_path_factory.mktemp("structured")
+    write_tiny_qwen35(d / "t.gguf", seed=0)
+    write_tiny_qwen35(d / "d.gguf", seed=0, noise=0.35)
+    with localspec.load(d / "t.gguf", d / "d.gguf", n_ctx=1024, history=False) as pair:
+        yield pair
+
+
+@pytest.mark.parametrize("name", list(CONSTRAINTS))
+def test_every_method_gives_plain_constrained_decodings_tokens(tiny_pair, hybrid, name):
+    constraint = CONSTRAINTS[name]
+    for pair in (tiny_pair, hybrid):
+        plain = pair.generate(PROMPT, max_tokens=60, method="plain", grammar=constraint)
+        assert plain.tokens
+        for method, k in METHODS:
+            r = pair.generate(PROMPT, max_tokens=60, method=method, k=k, grammar=constraint)
+            assert r.tokens == plain.tokens, f"{name}: {method} k={k} diverged from plain constrained decoding"
+            assert r.finish_reason == plain.finish_reason
+
+
+def test_a_json_schema_reply_validates_and_the_grammar_forced_tokens_are_free_drafts(tiny_pair):
+    r = tiny_pair.generate(PROMPT, max_tokens=80, method="lookup", k=4, grammar=CONSTRAINTS["schema"])
+    assert r.finish_reason == "stop"
+    jsonschema.validate(json.loads(r.text), SCHEMA)
+    # the keys, quotes and braces are forced: drafted without a drafter, and all kept
+    assert r.stats.drafted_by["grammar"] > 10 and r.stats.accepted_by["grammar"] == r.stats.drafted_by["grammar"]
+    plain = tiny_pair.generate(PROMPT, max_tokens=80, method="plain", grammar=CONSTRAINTS["schema"])
+    assert "grammar" not in plain.stats.drafted_by  # plain decoding stays plain: one step per token
+
+
+@pytest.mark.parametrize("name", ["regex", "lark", "gbnf"])
+def test_the_output_is_in_the_language(tiny_pair, name):
+    import re
+
+    r = tiny_pair.generate(PROMPT, max_tokens=80, method="draft", k=4, grammar=CONSTRAINTS[name])
+    assert r.finish_reason == "stop", r.text
+    if name == "regex":
+        assert re.fullmatch(REGEX, r.text)
+    else:
+        assert re.fullmatch(r"the (cat|dog|bird|fox)( and the (cat|dog|bird|fox))?\.", r.text)
+
+
+def test_a_grammar_cut_by_max_tokens_is_a_valid_prefix(tiny_pair):
+    r = tiny_pair.generate(PROMPT, max_tokens=5, method="draft", k=4, grammar=CONSTRAINTS["schema"])
+    assert r.finish_reason == "length" and len(r.tokens) == 5 and '{"animal":"'.startswith(r.text)
+
+
+@pytest.mark.parametrize("method,k", [("draft", 3), ("lookup", 3)])
+def test_sampled_speculation_keeps_the_plain_constrained_distribution(tiny_pair, method, k):
+    constraint = CONSTRAINTS["regex"]
+    seen: dict[int, set[int]] = {}
+    for seed in range(100):  # the positions after the first that the grammar leaves open
+        r = tiny_pair.generate(PROMPT, max_tokens=8, temperature=1.0, seed=seed, method="plain", grammar=constraint)
+        for i, t in enumerate(r.tokens[1:], start=1):
+            seen.setdefault(i, set()).add(t)
+    open_positions = [i for i, tokens in sorted(seen.items()) if len(tokens) > 1][:2]
+    assert open_positions
+    for position in open_positions:
+        plain = token_counts(tiny_pair, PROMPT, 2000, position, method="plain", grammar=constraint)
+        spec = token_counts(tiny_pair, PROMPT, 2000, position, method=method, k=k, grammar=constraint)
+        p = same_distribution(plain, spec)
+        assert p > 1e-3, f"{method} position {position}: chi-square p = {p:.2e}"
+
+
+def test_the_mask_is_the_grammar(tiny_pair):
+    m = tiny_pair.matcher(Constraint.regex("ab|ac"))
+    allowed = {tiny_pair.target.token_bytes(int(t)) for t in np.flatnonzero(m.allowed())}
+    assert allowed == {b"a"}
+    m.consume(tiny_pair.target.tokenize("a", add_special=False))
+    allowed = {tiny_pair.target.token_bytes(int(t)) for t in np.flatnonzero(m.allowed())}
+    assert allowed == {b"b", b"c"}
+    assert m.valid_prefix(tiny_pair.target.tokenize("bx", add_special=False)) == 1
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda: Constraint.json_schema('{"type": "object", '), "not valid JSON"),
+    (lambda: Constraint.json_schema([1, 2]), "is an object"),
+    (lambda: Constraint.regex("(unclosed"), "regex cannot be compiled"),
+    (lambda: Constraint.lark("start: nothing_defined"), "Lark grammar cannot be compiled"),
+    (lambda: Constraint.gbnf("root ::= missing"), "GBNF grammar cannot be compiled"),
+    (lambda: Constraint.json_schema({"type": "object", "properties": {"a": {"type": "nonsense"}}}),
+     "JSON schema cannot be compiled"),
+])
+def test_a_constraint_that_cannot_compile_is_one_sentence(tiny_pair, make, needle):
+    with pytest.raises(localspec.ConfigError, match=needle) as err:
+        tiny_pair.generate(PROMPT, max_tokens=4, grammar=make())
+    assert "Traceback" not in str(err.value)
+    assert tiny_pair.generate(PROMPT, max_tokens=4, method="plain").tokens  # the pair still works
+
+
+def test_response_format_shapes():
+    assert Constraint.response_format({"type": "text"}) is None
+    assert Constraint.response_format({"type": "json_object"}) == Constraint.json_object()
+    c = Constraint.response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}})
+    assert c == Constraint.json_schema(SCHEMA)
+    for bad in ({"type": "xml"}, {"type": "json_schema"}, "json"):
+        with pytest.raises(localspec.ConfigError, match="response_format"):
+            Constraint.response_format(bad)
+    with pytest.raises(localspec.ConfigError, match="must be a localspec Constraint"):
+        localspec.GenerationOptions(grammar="{}")
+
+
+def test_the_server_answers_response_format_and_llama_servers_grammar_with_the_openai_client(tiny_dir, tmp_path):
+    import openai
+    from serverproc import ServeProcess
+
+    server = ServeProcess(["-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf"), "--ctx", "1024"],
+                          tmp_path)
+    try:
+        client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=60)
+        fmt = {"type": "json_schema", "json_schema": {"name": "pet", "schema": SCHEMA}}
+        r = client.chat.completions.create(model="target", messages=[{"role": "user", "content": "A pet?"}],
+                                           max_tokens=80, temperature=0, response_format=fmt)
+        assert r.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
+        chunks = list(client.chat.completions.create(model="target", messages=[{"role": "user", "content": "A pet?"}],
+                                                     max_tokens=80, temperature=0, response_format=fmt, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+            r.choices[0].message.content  # streamed, the same reply
+        c = client.completions.create(model="target", prompt=PROMPT, max_tokens=40, temperature=0,
+                                      extra_body={"grammar": GBNF})
+        import re
+
+        assert re.fullmatch(r"the (cat|dog|bird|fox)( and the (cat|dog|bird|fox))?\.", c.choices[0].text)
+        bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}
+        with pytest.raises(openai.BadRequestError, match="JSON schema cannot be compiled"):
+            client.chat.completions.create(model="target", messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=8, response_format=bad)
+        with pytest.raises(openai.BadRequestError, match="response_format"):
+            client.chat.completions.create(model="target", messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=8, response_format={"type": "xml"})
+        with pytest.raises(openai.BadRequestError, match="Give one of"):
+            client.completions.create(model="target", prompt="hi", max_tokens=8,
+                                      extra_body={"grammar": GBNF, "response_format": {"type": "json_object"}})
+        again = client.chat.completions.create(model="target", messages=[{"role": "user", "content": "A pet?"}],
+                                               max_tokens=80, temperature=0, response_format=fmt)
+        assert again.choices[0].message.content == r.choices[0].message.content  # and it keeps serving
+    finally:
+        server.close()
