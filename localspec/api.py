@@ -536,7 +536,7 @@ def load(
     for notice in files.notices:
         say(notice)
     target, draft = files.target, files.draft
-    n_ctx = n_ctx if n_ctx is not None else files.n_ctx or 4096
+    n_ctx = n_ctx if n_ctx is not None else 4096 if files.n_ctx is None else files.n_ctx  # a pair's 0: its own
     draft_k = draft_k if draft_k is not None else files.draft_k
     # A recurrent target that can roll back keeps snapshots for auto's longest draft (longer ones checkpoint);
     # a draft model decodes one token at a time, which no rollback undoes, so it checkpoints instead.

@@ -20,7 +20,7 @@ import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
 import click
 
@@ -86,13 +86,16 @@ class ModelArgs:
         given = self.pair_name or self.target
         if not given:
             raise click.UsageError("Name a pair (see `localspec models`) or give --target (and --draft).")
-        pair = not names_a_model(given)
+        pair = self.pair_name is not None and not names_a_model(self.pair_name)  # --target is always a model
+        model: Union[str, Path] = given
+        if not pair and not names_a_model(given):
+            model = Path(given)  # a path (missing, or without a .gguf name): said so as a missing file
         if pair and self.draft not in (None, "none"):
             raise click.UsageError("A pair brings its own draft; give --draft with --target, or --draft none.")
         draft = self.draft
         if draft is None and not pair and method in (None, AUTO.name, DRAFT.name):
             draft = FIND_DRAFT
-        return load(given, draft, n_ctx=self.n_ctx, n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
+        return load(model, draft, n_ctx=self.n_ctx, n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
                     n_gpu_layers=self.n_gpu_layers, verbose=self.verbose, flash_attn=FLASH_ATTN[self.flash_attn],
                     huge_pages=self.huge_pages, notify=lambda line: click.echo(line, err=True))
 
@@ -693,7 +696,7 @@ def export(pair_name: Optional[str], target: Optional[str], draft: Optional[str]
     if not given:
         raise click.UsageError("Name a pair (see `localspec models`) or give --target (and --draft).")
     files = resolve_models(given, draft)
-    pair_k, pair_ctx = files.draft_k, files.n_ctx or 4096
+    pair_k, pair_ctx = files.draft_k, 4096 if files.n_ctx is None else files.n_ctx
     t = ex.served(files.target, target_repo, files.repos[0])
     d = ex.served(files.draft, draft_repo, files.repos[1]) if files.draft else None
     if method == "auto" and bench_file:

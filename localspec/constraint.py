@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from .errors import ConfigError
+from .errors import ConfigError, NotInstalledError
 
 #: The kinds of constraint, as ``Constraint.kind`` names them.
 KINDS = ("json_schema", "json_object", "regex", "lark", "gbnf")
@@ -36,8 +36,8 @@ def llguidance() -> Any:
     try:
         import llguidance
     except ImportError:
-        raise ConfigError("Structured output needs llguidance, localspec's optional 'structured' extra: "
-                          "pip install 'localspec[structured]' (or pip install llguidance).") from None
+        raise NotInstalledError("Structured output needs llguidance, localspec's optional 'structured' extra: "
+                                "pip install 'localspec[structured]' (or pip install llguidance).") from None
     return llguidance
 
 

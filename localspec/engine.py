@@ -85,6 +85,8 @@ class GenerationStats:
     #: Drafted and accepted tokens by drafter ("lookup", "history", "draft").
     drafted_by: dict[str, int] = field(default_factory=dict)
     accepted_by: dict[str, int] = field(default_factory=dict)
+    #: Rounds whose draft was only tokens the grammar forced (see ``SOURCE_GRAMMAR``): auto chose nothing in them.
+    grammar_rounds: int = 0
     #: Rounds in which the drafter proposed nothing (plain steps), and rounds with a rejected guess.
     empty_rounds: int = 0
     rejected_rounds: int = 0
@@ -109,6 +111,7 @@ class GenerationStats:
         self.empty_rounds += not draft.tokens
         self.rejected_rounds += kept < len(draft.tokens)
         self.draft_model_tokens += draft.model_steps
+        self.grammar_rounds += draft.by == SOURCE_GRAMMAR
         if draft.tokens:
             self.drafted_by[draft.by] = self.drafted_by.get(draft.by, 0) + len(draft.tokens)
         for i in range(len(draft.tokens)):
@@ -116,8 +119,12 @@ class GenerationStats:
 
     @property
     def rounds_by_method(self) -> dict[str, int]:
-        """Rounds per drafting method: auto's choices, or all rounds under the one method used."""
-        return dict(self.auto.rounds) if self.auto is not None else {self.method: self.rounds}
+        """Rounds per drafting method: auto's choices, or all rounds under the one method used (and the rounds
+        of tokens a grammar forced, under "grammar")."""
+        rounds = dict(self.auto.rounds) if self.auto is not None else {self.method: self.rounds - self.grammar_rounds}
+        if self.grammar_rounds:
+            rounds[SOURCE_GRAMMAR] = self.grammar_rounds
+        return rounds
 
     @property
     def acceptance_rate(self) -> float:

@@ -54,3 +54,7 @@ class GenerationCancelled(LocalspecError):
 
 class InterleavedGenerationError(LocalspecError):
     """Two generations were interleaved on the same models (they share one cache)."""
+
+
+class NotInstalledError(LocalspecError):
+    """An optional part of localspec (an extra such as 'structured') is not installed here."""

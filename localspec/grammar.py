@@ -43,12 +43,19 @@ class Matcher:
         words = (n_vocab + 31) // 32
         self._bits = np.full(words, -1, dtype=np.int32)
         self._shifts = np.arange(32, dtype=np.uint32)
-        #: Tokens the grammar forced (no other token was allowed) and that were drafted for free.
-        self.forced = 0
+        self.allowed()  # a grammar that fails at once (an empty language, a loop of references) fails here
 
     def allowed(self) -> np.ndarray:
-        """A boolean mask over the vocabulary: the tokens the grammar allows next."""
+        """A boolean mask over the vocabulary: the tokens the grammar allows next.
+
+        Raises:
+            ConfigError: the grammar is in llguidance's error state (it then allows only the end token,
+                which would end the reply early as if it were complete).
+        """
         self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        if self._m.is_error():
+            raise ConfigError(f"{self.constraint.describe(capital=True)} cannot be followed: "
+                              f"{_one_line(self._m.get_error())}")
         bits = (self._bits.view(np.uint32)[:, None] >> self._shifts) & 1
         return bits.reshape(-1)[: self.n_vocab].astype(bool)
 

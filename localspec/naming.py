@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from .backend import check_gguf
-from .errors import ConfigError
+from .errors import ConfigError, RegistryError
 from .gguf_header import read_local
 
 PathLike = Union[str, os.PathLike]
@@ -50,7 +50,7 @@ def names_a_model(name: str) -> bool:
     """A name that is a model file or one of the stores' names, not a pair's name."""
     from .stores import is_store_name
 
-    return (is_store_name(name) or name.endswith(".gguf") or "/" in name or os.sep in name
+    return (is_store_name(name) or name.lower().endswith(".gguf") or "/" in name or os.sep in name
             or name.startswith(("~", ".")) or Path(name).expanduser().is_file())
 
 
@@ -82,7 +82,10 @@ def resolve_models(target: PathLike, draft: Optional[PathLike] = None) -> Resolv
         if draft not in (None, NO_DRAFT):
             raise ConfigError(f"Pair {target!r} brings its own draft; give a draft with a target file, "
                               "or draft='none'.")
-        spec = get_pair(target)
+        try:
+            spec = get_pair(target)
+        except RegistryError as exc:
+            raise RegistryError(f"{exc} Nor is {target!r} a model file here; give its path.") from None
         files = resolve(spec)
         return Resolved(files.target, None if draft == NO_DRAFT else files.draft, spec.ctx, spec.k,
                         repos=(spec.target.repo, spec.draft.repo))

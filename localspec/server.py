@@ -44,7 +44,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from .api import Pair, Result, Stream
-from .errors import ConfigError, ContextOverflowError, LocalspecError, SamplingError, TokenIdError
+from .errors import ConfigError, ContextOverflowError, LocalspecError, NotInstalledError, SamplingError, TokenIdError
 from .options import GenerationOptions
 from .server_http import LOOPBACK_NAMES, ApiError, Guard
 from .server_requests import ChatRequest, Limits, parse_body, parse_request
@@ -60,6 +60,8 @@ def _library_error(exc: LocalspecError, chat: bool) -> ApiError:
         return ApiError(400, str(exc), code="invalid_token_id", param="prompt")
     if isinstance(exc, (ConfigError, SamplingError)):
         return ApiError(400, str(exc), code="invalid_value")
+    if isinstance(exc, NotInstalledError):  # the server lacks a part, not the request
+        return ApiError(501, str(exc), type="server_error", code="not_installed")
     return ApiError(500, str(exc), type="server_error")
 
 

@@ -178,3 +178,18 @@ def test_the_server_answers_response_format_and_llama_servers_grammar_with_the_o
         assert again.choices[0].message.content == r.choices[0].message.content  # and it keeps serving
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Constraint.json_schema({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}),
+    lambda: Constraint.regex("[^\\x00-\\U0010FFFF]"),  # an empty language
+])
+def test_a_grammar_that_fails_inside_the_engine_is_an_error_not_an_empty_reply(tiny_pair, make):
+    with pytest.raises(localspec.ConfigError, match="cannot be"):
+        tiny_pair.generate(PROMPT, max_tokens=8, grammar=make())
+
+
+def test_forced_rounds_are_counted_as_grammar_rounds(tiny_pair):
+    r = tiny_pair.generate(PROMPT, max_tokens=80, method="lookup", k=4, grammar=CONSTRAINTS["schema"])
+    by_method = r.stats.rounds_by_method
+    assert by_method["grammar"] == r.stats.grammar_rounds > 0 and sum(by_method.values()) == r.stats.rounds
