@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Generator, NamedTuple, Optional, Sequence
+from typing import Callable, Generator, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -230,6 +230,11 @@ def speculative_round(
     else:
         draft = drafter.propose(context, k, rng) if drafter is not None and k > 0 else EMPTY_DRAFT
     drafting = sum(m.busy_seconds for m in helpers) - drafting_started
+    if matcher is not None:  # nothing after an end token is ever emitted, nor known to the grammar
+        end = next((i for i, t in enumerate(draft.tokens) if target.is_eog(t)), None)
+        if end is not None and end + 1 < len(draft.tokens):
+            draft = draft._replace(tokens=draft.tokens[: end + 1],
+                                   probs=None if draft.probs is None else draft.probs[: end + 1])
     # A padded draft vocabulary can propose an id the target lacks, and a drafter a token the grammar
     # refuses: it is verified as a certain rejection (p = 0) and nothing after it can be kept, so the
     # draft ends there.
@@ -245,16 +250,17 @@ def speculative_round(
     if known and not target.can_undo(known):
         target.checkpoint()
     rows = target.eval([int(context[-1])] + draft.tokens[:known], logits="all")
+    consumed = 0
     if matcher is not None:  # each row masked by the grammar's state after the draft tokens before it
-        rows = masked_rows(rows, draft.tokens[:known], matcher)
+        rows, consumed = masked_rows(rows, draft.tokens[:known], matcher, target.is_eog)
     # 3. accept: a rejection at the unknown id resamples from the residual, never from p.
     if params.greedy:
         kept, nxt = accept_greedy(draft.tokens, rows)
     else:
         kept, nxt = accept_sampled(draft.tokens, draft.probs, ProbRows(rows, params), rng)
-    if matcher is not None:  # back to the kept tokens, then past the target's own (an end token ends it all)
-        matcher.rollback(known - kept)
-        if not target.is_eog(nxt):
+    if matcher is not None and kept <= consumed:  # back to the kept tokens, then past the target's own
+        matcher.rollback(consumed - kept)
+        if not target.is_eog(nxt):  # an end token (kept or the target's) ends the generation and the grammar
             matcher.consume([nxt])
     # 4. truncate: keep the context and the accepted draft tokens; the rejected tail goes (from a
     # checkpoint, the kept ones are evaluated again: that time counts as verifying).
@@ -267,17 +273,23 @@ def speculative_round(
     return Round(draft, kept, nxt)
 
 
-def masked_rows(rows: np.ndarray, tokens: list[int], matcher: Matcher) -> np.ndarray:
-    """``rows`` (len(tokens) + 1 of them) with each masked by the grammar's state after ``tokens[:i]``.
+def masked_rows(rows: np.ndarray, tokens: list[int], matcher: Matcher,
+                is_eog: Callable[[int], bool]) -> tuple[np.ndarray, int]:
+    """``rows`` (len(tokens) + 1 of them) with each masked by the grammar's state after ``tokens[:i]``, and
+    how many of ``tokens`` the matcher consumed.
 
-    The matcher ends past all of ``tokens`` (each one it allows).
+    The matcher ends past every one of ``tokens`` (each one it allows) up to an end token, which it is not
+    given: the row after one is never used (the generation ends there), so it stays as it is.
     """
-    out = np.empty(rows.shape, dtype=np.float32)
+    out = np.array(rows, dtype=np.float32, copy=True)
+    consumed = 0
     for i in range(len(rows)):
-        out[i] = matcher.mask(rows[i])
-        if i < len(tokens):
+        if consumed == i:
+            out[i] = matcher.mask(rows[i])
+        if i < len(tokens) and consumed == i and not is_eog(tokens[i]):
             matcher.consume([tokens[i]])
-    return out
+            consumed += 1
+    return out, consumed
 
 
 class StopText:

@@ -40,6 +40,7 @@ class Matcher:
                               f"{_one_line(self._m.get_error())}")
         self.constraint = constraint
         self.n_vocab = n_vocab
+        self._eos = int(tokenizer.eos_token)
         words = (n_vocab + 31) // 32
         self._bits = np.full(words, -1, dtype=np.int32)
         self._shifts = np.arange(32, dtype=np.uint32)
@@ -74,8 +75,17 @@ class Matcher:
         return out
 
     def valid_prefix(self, tokens: list[int]) -> int:
-        """How many of ``tokens`` the grammar accepts in a row from here (nothing is consumed)."""
-        return int(self._m.validate_tokens(tokens)) if tokens else 0
+        """How many of ``tokens`` the grammar accepts in a row from here (nothing is consumed).
+
+        An end token counts where the grammar is complete (llguidance's own check leaves it out).
+        """
+        n = int(self._m.validate_tokens(tokens)) if tokens else 0
+        if n < len(tokens) and tokens[n] == self._eos:
+            self.consume(tokens[:n])
+            complete = self._m.is_accepting() or self._m.is_stopped()
+            self.rollback(n)
+            n += complete
+        return n
 
     def forced_tokens(self, k: int) -> list[int]:
         """Up to ``k`` tokens the grammar forces from here (exactly one way on), as a free draft."""

@@ -193,3 +193,29 @@ def test_forced_rounds_are_counted_as_grammar_rounds(tiny_pair):
     r = tiny_pair.generate(PROMPT, max_tokens=80, method="lookup", k=4, grammar=CONSTRAINTS["schema"])
     by_method = r.stats.rounds_by_method
     assert by_method["grammar"] == r.stats.grammar_rounds > 0 and sum(by_method.values()) == r.stats.rounds
+
+
+def test_an_end_token_inside_a_draft_under_a_finished_grammar_ends_the_reply_exactly(tiny_pair):
+    from localspec.drafters import Draft, Drafter
+    from localspec.engine import Generation
+    from localspec.options import SamplingParams
+
+    eos = tiny_pair.target.eos
+
+    class EndThenMore(Drafter):  # guesses the end token, then text after it (a lookup that copies a template)
+        name = "lookup"
+
+        def propose(self, context, k, rng):
+            return Draft([eos, 97, 98][:k], None, "lookup")
+
+    constraint = Constraint.regex("(cat|dog)s?")
+    plain = tiny_pair.generate(PROMPT, max_tokens=20, method="plain", grammar=constraint)
+    prompt = tiny_pair.tokenize(PROMPT)
+    for params in (SamplingParams(), SamplingParams(temperature=1.0)):
+        g = Generation(tiny_pair.target, prompt, drafter=EndThenMore(), k=3, params=params, max_tokens=20,
+                       rng=np.random.default_rng(0), matcher=tiny_pair.matcher(constraint))
+        tokens = [ev.token for ev in g]
+        assert g.finish_reason == "stop"
+        if params.greedy:
+            assert tokens == plain.tokens
+        assert tiny_pair.target.detokenize(tokens) in ("cat", "cats", "dog", "dogs")
