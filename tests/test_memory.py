@@ -363,3 +363,37 @@ def pair_text(path: Path, tokens: list[int]) -> str:
     """The text of ``tokens`` in ``path``'s vocabulary."""
     with Model(path, n_ctx=64) as m:
         return m.detokenize(tokens)
+
+
+def test_chat_in_a_terminal_on_a_hybrid_model_gives_plain_decodings_replies(arch_dir, tmp_path):
+    import json
+    import os
+    import sys
+
+    pexpect = pytest.importorskip("pexpect")
+    saved = tmp_path / "conv.json"
+    env = dict(os.environ, LOCALSPEC_HOME=str(tmp_path / "home"), TERM="xterm", COLUMNS="100", LINES="40",
+               PROMPT_TOOLKIT_NO_CPR="1")
+    child = pexpect.spawn(sys.executable, ["-m", "localspec", "chat", "-t", str(arch_dir / "qwen35.gguf"), "-d",
+                                           str(arch_dir / "qwen35-draft.gguf"), "-n", "12", "--method", "draft"],
+                          env=env, encoding="utf-8", timeout=60, dimensions=(40, 100))
+    try:
+        for turn in ("in the end, in the end", "and then?", "in the end"):
+            child.expect(">>>")
+            child.send(turn + "\r")
+            child.expect(r"\[\d+ tokens")
+        child.expect(">>>")
+        child.send(f"/save {saved}\r")
+        child.expect("saved 6 messages")
+        child.expect(">>>")
+        child.send("/exit\r")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    messages = json.loads(saved.read_text())["messages"]
+    assert sum(len(m["content"]) for m in messages[1::2]) > 10  # the replies say something
+    with localspec.load(arch_dir / "qwen35.gguf", history=False) as fresh:
+        for i in range(1, len(messages), 2):  # each reply, against plain decoding of its whole conversation
+            want = fresh.chat(messages[:i], max_tokens=12, method="plain")
+            fresh.reset()
+            assert messages[i]["content"] == want.text, f"reply {i // 2 + 1} of the chat differs"
