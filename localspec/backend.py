@@ -671,15 +671,12 @@ class Model:
 
     def open_context(self, ctx_type: int) -> Optional[ll.llama_context_p]:
         """A second llama.cpp context over these weights, with this one's settings (the caller frees it)."""
-        cparams = self._cparams
+        cparams = ll.llama_context_params.from_buffer_copy(self._cparams)
         cparams.ctx_type = ctx_type
         cparams.n_rs_seq = 0
         cparams.n_threads, cparams.n_threads_batch = self.n_threads, self.n_threads_batch
-        try:
-            with self._log:
-                return ll.llama_init_from_model(self._model, cparams)
-        finally:
-            cparams.ctx_type = ll.LLAMA_CONTEXT_TYPE_DEFAULT
+        with self._log:
+            return ll.llama_init_from_model(self._model, cparams)
 
     def can_undo(self, removed: int) -> bool:
         """Whether, after evaluating ``removed + 1`` tokens, removing up to ``removed`` needs no checkpoint
@@ -772,9 +769,7 @@ class Model:
 
     def common_prefix(self, tokens: np.ndarray) -> int:
         """Length of the longest common prefix of the cache and ``tokens``."""
-        m = min(self._n, len(tokens))
-        diff = np.flatnonzero(self._tokens[:m] != tokens[:m])
-        return int(diff[0]) if diff.size else m
+        return common_prefix(self._tokens[: self._n], tokens)
 
     def sync(self, tokens: Tokens, abort: Optional[threading.Event] = None) -> np.ndarray:
         """Make the cache hold exactly ``tokens`` and return the last token's logits.
@@ -802,18 +797,26 @@ class Model:
         if not self._dirty:
             return
         self._dirty = False
-        held = int(ll.llama_memory_seq_pos_max(self._mem, 0)) + 1
-        m = int(self._batch.n_tokens) if self._batch is not None else 0  # the chunk that was being decoded
         if self.memory.kind != memory.FULL:
             # A recurrent state cannot tell a finished decode from an aborted one, and llama.cpp's own
             # clean-up after a failure may have "rolled back" to a snapshot that was never written.
             self._rewind(self._n, replay=True)
-        elif not failed and m and held == self._n + m and self._b_pos[0] == self._n:
+            return
+        held = int(ll.llama_memory_seq_pos_max(self._mem, 0)) + 1
+        m = int(self._batch.n_tokens) if self._batch is not None else 0  # the chunk that was being decoded
+        if not failed and m and held == self._n + m and self._b_pos[0] == self._n:
             self._keep_hidden_rows(m)  # it finished (llama.cpp removes a failed chunk itself): adopt it
             self._tokens[self._n : held] = self._b_token[:m]
             self._n = held
         elif held > self._n:
             ll.llama_memory_seq_rm(self._mem, 0, self._n, -1)
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two token arrays."""
+    m = min(len(a), len(b))
+    diff = np.flatnonzero(a[:m] != b[:m])
+    return int(diff[0]) if diff.size else m
 
 
 class Detokenizer:

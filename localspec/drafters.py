@@ -42,6 +42,10 @@ class Draft(NamedTuple):
     by: str = ""
     model_steps: int = 0
 
+    def cut(self, n: int) -> Draft:
+        """The first ``n`` tokens of this draft (and their probability rows)."""
+        return self._replace(tokens=self.tokens[:n], probs=None if self.probs is None else self.probs[:n])
+
 
 EMPTY_DRAFT = Draft([], None)
 
@@ -190,7 +194,6 @@ class ModelDrafter(Drafter):
         self.model.truncate(self.model.common_prefix(context))
 
 
-
 class PromptLookupDrafter(Drafter):
     """Copies what followed the first earlier match of the context's longest matching last n-gram.
 
@@ -242,7 +245,6 @@ class PromptLookupDrafter(Drafter):
         return Draft([int(t) for t in context[best + 1 : best + 1 + k]], None, "lookup")
 
 
-
 class MtpDrafter(Drafter):
     """Drafts with the target's own MTP head (``nextn.MtpHead``): no draft model, no search.
 
@@ -276,7 +278,6 @@ class MtpDrafter(Drafter):
 
         tokens, rows = self.head.draft(int(context[-1]), k, choose)
         return Draft(tokens, np.stack(rows) if rows else None, "mtp")
-
 
 
 def build_mtp(ctx: DraftingContext) -> MtpDrafter:

@@ -232,18 +232,15 @@ def speculative_round(
     drafting = sum(m.busy_seconds for m in helpers) - drafting_started
     if matcher is not None:  # nothing after an end token is ever emitted, nor known to the grammar
         end = next((i for i, t in enumerate(draft.tokens) if target.is_eog(t)), None)
-        if end is not None and end + 1 < len(draft.tokens):
-            draft = draft._replace(tokens=draft.tokens[: end + 1],
-                                   probs=None if draft.probs is None else draft.probs[: end + 1])
+        if end is not None:
+            draft = draft.cut(end + 1)
     # A padded draft vocabulary can propose an id the target lacks, and a drafter a token the grammar
     # refuses: it is verified as a certain rejection (p = 0) and nothing after it can be kept, so the
     # draft ends there.
     known = next((i for i, t in enumerate(draft.tokens) if t >= target.n_vocab), len(draft.tokens))
     if matcher is not None:
         known = min(known, matcher.valid_prefix(draft.tokens[:known]))
-    if known < len(draft.tokens):
-        draft = draft._replace(tokens=draft.tokens[: known + 1],
-                               probs=None if draft.probs is None else draft.probs[: known + 1])
+    draft = draft.cut(known + 1)
     # 2. verify: row i is the target's prediction after context + draft[:i]. A memory that cannot
     # remove that many of a decode's tokens (a recurrent state) saves its state first.
     verify_started = target.busy_seconds

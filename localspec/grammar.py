@@ -41,9 +41,7 @@ class Matcher:
         self.constraint = constraint
         self.n_vocab = n_vocab
         self._eos = int(tokenizer.eos_token)
-        words = (n_vocab + 31) // 32
-        self._bits = np.full(words, -1, dtype=np.int32)
-        self._shifts = np.arange(32, dtype=np.uint32)
+        self._bits = np.full((n_vocab + 31) // 32, -1, dtype=np.int32)  # llguidance's mask: a bit per token
         self.allowed()  # a grammar that fails at once (an empty language, a loop of references) fails here
 
     def allowed(self) -> np.ndarray:
@@ -57,8 +55,9 @@ class Matcher:
         if self._m.is_error():
             raise ConfigError(f"{self.constraint.describe(capital=True)} cannot be followed: "
                               f"{_one_line(self._m.get_error())}")
-        bits = (self._bits.view(np.uint32)[:, None] >> self._shifts) & 1
-        return bits.reshape(-1)[: self.n_vocab].astype(bool)
+        # as little-endian words (a no-op here), byte b's bit j is token 8b + j
+        words = self._bits.astype("<u4", copy=False)
+        return np.unpackbits(words.view(np.uint8), bitorder="little")[: self.n_vocab].view(bool)
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """A copy of a logits row with every token the grammar rejects next set to -inf.
@@ -100,11 +99,6 @@ class Matcher:
         """Go back ``n`` consumed tokens (after a rejected guess)."""
         if n > 0:
             self._m.rollback(n)
-
-    @property
-    def done(self) -> bool:
-        """The grammar is complete: nothing but the end of generation may follow."""
-        return bool(self._m.is_stopped())
 
 
 def _one_line(error: object) -> str:

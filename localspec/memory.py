@@ -22,6 +22,7 @@ purely recurrent model's memory); the attention part is cut back as usual.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,18 +43,19 @@ class MemoryInfo:
     Attributes:
         kind: ``FULL``, ``ROLLBACK`` or ``CHECKPOINT``.
         rollback_tokens: for ``ROLLBACK``, the most trailing positions of a decode that can be removed.
-        recurrent: the model keeps a recurrent state (purely recurrent or hybrid).
-        hybrid: attention layers and recurrent layers.
+        hybrid: attention layers and recurrent layers (not ``FULL``: some recurrent state).
         state_bytes: bytes of one checkpoint (0 for ``FULL``, which needs none).
-        snapshot_bytes: bytes llama.cpp holds for the ``rollback_tokens`` snapshots (0 without them).
     """
 
     kind: str
     rollback_tokens: int = 0
-    recurrent: bool = False
     hybrid: bool = False
     state_bytes: int = 0
-    snapshot_bytes: int = 0
+
+    @property
+    def snapshot_bytes(self) -> int:
+        """Bytes llama.cpp holds for the ``rollback_tokens`` snapshots (0 without them)."""
+        return self.state_bytes * self.rollback_tokens
 
     def covers(self, removed: int) -> bool:
         """Whether removing up to ``removed`` of a decode's trailing positions needs no checkpoint."""
@@ -82,16 +84,14 @@ def inspect(model: Any, ctx: Any) -> MemoryInfo:
         return MemoryInfo(FULL)
     n_rs = int(ll.llama_n_rs_seq(ctx))
     kind = ROLLBACK if n_rs > 0 else CHECKPOINT
-    return MemoryInfo(kind, n_rs, recurrent or hybrid, hybrid)
+    return MemoryInfo(kind, n_rs, hybrid)
 
 
 def with_state_size(info: MemoryInfo, ctx: Any) -> MemoryInfo:
     """``info`` with the size of a checkpoint of the current state filled in (once the state holds a token)."""
     if info.kind == FULL:
         return info
-    size = int(ll.llama_state_seq_get_size_ext(ctx, 0, _PARTIAL))
-    return MemoryInfo(info.kind, info.rollback_tokens, info.recurrent, info.hybrid, size,
-                      size * info.rollback_tokens)
+    return dataclasses.replace(info, state_bytes=int(ll.llama_state_seq_get_size_ext(ctx, 0, _PARTIAL)))
 
 
 @dataclass
@@ -100,10 +100,6 @@ class Checkpoint:
 
     position: int
     data: ctypes.Array
-
-    @property
-    def nbytes(self) -> int:
-        return len(self.data)
 
 
 def save(ctx: Any, position: int) -> Checkpoint:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 import llama_cpp as ll
 import numpy as np
 
-from .backend import Model
+from .backend import Model, common_prefix
 from .errors import BackendError, ConfigError
 
 
@@ -72,7 +72,8 @@ class MtpHead:
             self._batch.n_seq_id[i] = 1
             self._batch.seq_id[i][0] = 0
         self._b_embd = np.ctypeslib.as_array(self._batch.embd, shape=(self.n_batch, self.n_embd))
-        self._tokens: list[int] = []  # the token at each position the head's cache holds
+        self._tokens = np.zeros(target.n_ctx, dtype=np.int32)  # the token at each position the head's cache holds
+        self._n = 0
         #: Seconds inside llama.cpp for the head (its decode time is not Python overhead).
         self.busy_seconds = 0.0
         self.rewinds = 0
@@ -116,11 +117,18 @@ class MtpHead:
         if not last_logits:
             ll.llama_synchronize(self._ctx)
         self.busy_seconds += time.perf_counter() - t0
-        if rc != 0:
+        if rc != 0:  # whatever llama.cpp kept of the failed rows goes
             ll.llama_memory_seq_rm(self._mem, 0, start, -1)
-            del self._tokens[start:]
+            self._n = min(self._n, start)
             raise BackendError(f"llama.cpp failed ({rc}) to decode the MTP head of {self.path.name}.")
-        self._tokens[start:] = [int(t) for t in tokens]
+        self._tokens[start : start + m] = tokens
+        self._n = start + m
+
+    def _cut(self, n: int) -> None:
+        """Keep the head's first ``n`` rows (an attention cache: it cuts back anywhere)."""
+        if n < self._n:
+            ll.llama_memory_seq_rm(self._mem, 0, n, -1)
+            self._n = n
 
     def _hidden_before(self, positions: np.ndarray) -> np.ndarray:
         """The target's hidden state after position p - 1 for each p (zeros before the first)."""
@@ -132,11 +140,8 @@ class MtpHead:
         """Give the head a row for every position the target holds that it lacks (in batches)."""
         held = self.target.tokens
         n = len(held)
-        m = min(len(self._tokens), n)
-        same = next((i for i in range(m) if self._tokens[i] != held[i]), m)
-        if same < len(self._tokens):
-            ll.llama_memory_seq_rm(self._mem, 0, same, -1)  # an attention cache: cut back anywhere
-            del self._tokens[same:]
+        same = common_prefix(self._tokens[: self._n], held)
+        self._cut(same)
         for start in range(same, n, self.n_batch):
             end = min(n, start + self.n_batch)
             pos = np.arange(start, end)
@@ -159,31 +164,20 @@ class MtpHead:
         tokens: list[int] = []
         rows: list[np.ndarray] = []
         try:
-            self._draft_rows(token, pos, hidden, k, choose, tokens, rows)
+            for i in range(k):  # one (token, hidden) row at a time, the head's own hidden state fed back
+                self._decode(np.array([token]), pos + i, hidden, True)
+                logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, -1), shape=(self.n_vocab,))
+                token, q = choose(logits)
+                if q is not None:
+                    rows.append(q)
+                tokens.append(token)
+                if self.target.is_eog(token):
+                    break
+                out = self._ext.llama_get_embeddings_nextn_ith(self._ctx, -1)
+                if not out:
+                    raise BackendError(f"llama.cpp gave no hidden state from the MTP head of {self.path.name}.")
+                hidden = np.ctypeslib.as_array(out, shape=(1, self.n_embd)).copy()
         finally:  # the row of ``last`` is the one the target's verification would add: keep it, drop the guesses
-            ll.llama_memory_seq_rm(self._mem, 0, pos + 1, -1)
-            del self._tokens[pos + 1:]
+            self._cut(pos + 1)
         return tokens, rows
 
-    def _draft_rows(self, token: int, pos: int, hidden: np.ndarray, k: int,
-                    choose: Callable[[np.ndarray], tuple[int, Optional[np.ndarray]]],
-                    tokens: list[int], rows: list[np.ndarray]) -> None:
-        """Decode (token, hidden) rows from ``pos`` on, appending each chosen token (and its q) to the lists."""
-        for i in range(k):
-            self._decode(np.array([token]), pos + i, hidden, True)
-            logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, -1), shape=(self.n_vocab,))
-            token, q = choose(logits)
-            if q is not None:
-                rows.append(q)
-            tokens.append(token)
-            if self.target.is_eog(token):
-                break
-            out = self._ext.llama_get_embeddings_nextn_ith(self._ctx, -1)
-            if not out:
-                raise BackendError(f"llama.cpp gave no hidden state from the MTP head of {self.path.name}.")
-            hidden = np.ctypeslib.as_array(out, shape=(1, self.n_embd)).copy()  # the head's own, fed back
-
-
-def open_head(target: Model) -> Optional[MtpHead]:
-    """The target's MTP head, or None when its GGUF has none."""
-    return MtpHead(target) if target.n_nextn else None

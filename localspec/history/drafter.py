@@ -43,7 +43,6 @@ class HistoryDrafter(Drafter):
         return Draft(tokens, None, "history")
 
 
-
 def build_history(ctx: DraftingContext) -> HistoryDrafter:
     """Method "history": what followed the same text in this model's earlier generations."""
     if ctx.history is None:
