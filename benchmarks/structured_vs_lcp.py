@@ -1,5 +1,5 @@
 """JSON-Schema extraction on the real pair: localspec plain, plain and auto under the schema, against
-llama-cpp-python's own ``response_format`` decoding at the same thread budget.
+llama-cpp-python's own plain and ``response_format`` decoding at the same thread budget.
 
 Greedy decode rates (tokens after the first over the time after the first),
 repetitions interleaved in a rotating order, medians. The README's
@@ -41,7 +41,8 @@ DOCS = [
     "Customer: John Smith, john.smith@example.org, lives in Leeds. He bought 4 notebooks and 2 pens; the total "
     "was 23.75.",
 ]
-ROWS = ("llama-cpp-python response_format", "localspec plain", "localspec plain + schema", "localspec auto + schema")
+ROWS = ("llama-cpp-python response_format", "llama-cpp-python plain", "localspec plain", "localspec plain + schema",
+        "localspec auto + schema")
 
 
 def messages(doc: str) -> list[dict[str, str]]:
@@ -49,12 +50,13 @@ def messages(doc: str) -> list[dict[str, str]]:
                                         "quantity) and total.\n\n" + doc}]
 
 
-def peer_rate(llama: Llama, doc: str, max_tokens: int) -> float:
-    """llama-cpp-python's decode rate under the schema, timed from its first streamed token."""
+def peer_rate(llama: Llama, doc: str, max_tokens: int, schema: bool) -> float:
+    """llama-cpp-python's decode rate (under the schema, or plain), timed from its first streamed token."""
     llama.reset()
     first, n = None, 0
-    for chunk in llama.create_chat_completion(messages(doc), response_format={"type": "json_object", "schema": SCHEMA},
-                                              temperature=0, max_tokens=max_tokens, stream=True):
+    fmt = {"type": "json_object", "schema": SCHEMA} if schema else None
+    for chunk in llama.create_chat_completion(messages(doc), response_format=fmt, temperature=0,
+                                              max_tokens=max_tokens, stream=True):
         if chunk["choices"][0]["delta"].get("content"):  # type: ignore[index, union-attr]
             n += 1
             first = first or time.perf_counter()
@@ -80,7 +82,7 @@ def main() -> None:
         for i, doc in enumerate(DOCS):
             for row in ROWS[rep % len(ROWS):] + ROWS[: rep % len(ROWS)]:  # a rotating order
                 if row.startswith("llama"):
-                    rates[row].append(peer_rate(peer, doc, args.max_tokens))
+                    rates[row].append(peer_rate(peer, doc, args.max_tokens, "response_format" in row))
                     continue
                 pair.reset()
                 r = pair.chat(messages(doc), max_tokens=args.max_tokens, method="auto" if "auto" in row else "plain",
