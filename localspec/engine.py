@@ -95,12 +95,20 @@ class GenerationStats:
     accepted_at: list[int] = field(default_factory=list)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
-    #: Part of decode_seconds spent inside llama.cpp (target and draft decode calls).
+    #: Part of decode_seconds spent inside llama.cpp (target and draft decode calls), and its two parts:
+    #: the target's decode calls (verification, and replays after a rewind) and the drafter's models'.
     llama_seconds: float = 0.0
+    target_seconds: float = 0.0
+    draft_seconds: float = 0.0
     #: Times a model's memory (a recurrent state) went back to a checkpoint or to the start, and the tokens
     #: it evaluated again for that (see ``Model.truncate``); 0 for attention caches.
     rewinds: int = 0
     replayed_tokens: int = 0
+    #: Rounds by what drafted them ("plain" for a round that drafted nothing, "grammar" for forced tokens):
+    #: how many, the tokens they decided (kept draft and the target's own, an end token included), and their
+    #: time in seconds, whole and the parts the target's and the drafter's models spent in llama.cpp. A round
+    #: is timed from the draft to the truncation; emitting its tokens is not in it (that costs all alike).
+    round_time_by: dict[str, dict[str, float]] = field(default_factory=dict)
     #: For method "auto": rounds per method, the choices it made and the estimates behind them.
     auto: Optional[AutoReport] = None
 
@@ -116,6 +124,16 @@ class GenerationStats:
             self.drafted_by[draft.by] = self.drafted_by.get(draft.by, 0) + len(draft.tokens)
         for i in range(len(draft.tokens)):
             self.proposed_at[i] += 1
+
+    def time_round(self, by: str, tokens: int, seconds: float, target_seconds: float, draft_seconds: float) -> None:
+        """Add one round, the ``tokens`` it added and its time to ``round_time_by`` under ``by``."""
+        t = self.round_time_by.setdefault(by, {"rounds": 0, "tokens": 0, "seconds": 0.0, "target": 0.0,
+                                               "draft": 0.0})
+        t["rounds"] += 1
+        t["tokens"] += tokens
+        t["seconds"] += seconds
+        t["target"] += target_seconds
+        t["draft"] += draft_seconds
 
     @property
     def rounds_by_method(self) -> dict[str, int]:
@@ -445,7 +463,7 @@ class Generation:
         n = len(prompt)
         context[:n] = prompt
         t_start = time.perf_counter()
-        busy0 = self._llama_busy()
+        busy0, target0 = self._llama_busy(), target.busy_seconds
         rewound0 = self._rewound()
         t_mark: Optional[float] = None  # start of decode time not yet counted; None while the consumer runs
         stop = self._stop
@@ -464,7 +482,7 @@ class Generation:
             if self.matcher is not None and not target.is_eog(first):
                 self.matcher.consume([first])
             stats.prefill_seconds = time.perf_counter() - t_start
-            busy0, t_mark = self._llama_busy(), time.perf_counter()  # decode timing starts here
+            busy0, target0, t_mark = self._llama_busy(), target.busy_seconds, time.perf_counter()  # decode starts
             pending = [Emitted(first, SOURCE_TARGET)]
             while True:
                 # emit: stop at an end-of-generation token (never shown) or at max_tokens.
@@ -492,8 +510,13 @@ class Generation:
                 if self._cancel.is_set():
                     return "interrupted"
                 self._check_cache(context[:n])
+                t_round, busy_round, target_round = time.perf_counter(), self._llama_busy(), target.busy_seconds
                 rnd = speculative_round(target, drafter, context[:n], min(self.k, room), self.params, self.rng,
                                         self.matcher)
+                busy = self._llama_busy() - busy_round
+                target_busy = target.busy_seconds - target_round
+                stats.time_round(rnd.draft.by if rnd.draft.tokens else PLAIN.name, rnd.kept + 1,
+                                 time.perf_counter() - t_round, target_busy, busy - target_busy)
                 stats.count_round(rnd.draft, rnd.kept)
                 pending = rnd.emitted()
         finally:
@@ -507,6 +530,8 @@ class Generation:
             if t_mark is not None:  # the round that found EOS (or failed) after the last yield
                 stats.decode_seconds += time.perf_counter() - t_mark
             stats.llama_seconds = self._llama_busy() - busy0
+            stats.target_seconds = target.busy_seconds - target0
+            stats.draft_seconds = stats.llama_seconds - stats.target_seconds
             stats.rewinds, stats.replayed_tokens = (a - b for a, b in zip(self._rewound(), rewound0, strict=True))
             tail = stop.feed(detok.flush())  # an incomplete character could still complete a stop string
             self.tail_text = tail if stop.stopped else tail + stop.flush()

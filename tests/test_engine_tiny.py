@@ -206,6 +206,20 @@ def test_stats_are_consistent(tiny_pair):
     # every round emits its kept tokens plus one, except a last round cut short by max_tokens
     assert s.rounds + s.accepted - s.k <= s.generated_tokens - 1 <= s.rounds + s.accepted
     assert s.prefill_seconds > 0 and s.decode_seconds > 0 and 0 < s.llama_seconds < s.decode_seconds + s.prefill_seconds
+    # the decode time splits into the target's calls, the draft model's and the rest; rounds by kind add up
+    assert s.target_seconds > 0 and s.draft_seconds > 0
+    assert s.target_seconds + s.draft_seconds == pytest.approx(s.llama_seconds)
+    kinds = s.round_time_by
+    assert set(kinds) <= {"plain", "draft"} and "draft" in kinds
+    assert sum(t["rounds"] for t in kinds.values()) == s.rounds
+    # each round decided its kept draft and one token; a last round cut short by max_tokens emitted fewer
+    assert s.rounds + s.accepted <= sum(t["tokens"] for t in kinds.values()) <= s.rounds + s.accepted + s.k
+    assert sum(t["target"] + t["draft"] for t in kinds.values()) <= s.llama_seconds + 1e-9
+    assert all(t["target"] + t["draft"] <= t["seconds"] for t in kinds.values())
+    assert sum(t["seconds"] for t in kinds.values()) <= s.decode_seconds
+    plain = tiny_pair.generate(PROMPTS[0], max_tokens=20, method="plain").stats
+    assert plain.draft_seconds == 0 and set(plain.round_time_by) == {"plain"}
+    assert plain.round_time_by["plain"]["tokens"] == plain.rounds
     d = r.to_dict()
     assert set(d) == {"text", "tokens", "finish_reason", "stats"}
     for key in ("method", "k", "rounds", "drafted", "accepted", "prefill_seconds", "decode_seconds",
