@@ -839,7 +839,14 @@ def calibrate(models: ModelArgs, recalibrate: bool, as_json: bool) -> None:
               help="JSONL prompt suite ({\"category\", \"prompt\" | \"messages\"} per line); default: built-in.")
 @click.option("--category", "categories", multiple=True, help="Only these categories (repeatable).")
 @click.option("--quick", is_flag=True, help="One prompt per kind of text, few K: a few minutes on a small CPU.")
-@click.option("--reps", type=click.IntRange(min=1), default=None, help="Repetitions per method (default 3, quick 2).")
+@click.option("--reps", type=click.IntRange(min=1), default=None,
+              help="Repetitions per method (default 3, quick 2); with --width, the least.")
+@click.option("--width", type=click.FloatRange(min=0.001, max=1.0), default=None,
+              help="Keep adding repetitions to a prompt until every ratio's 95% interval is narrower than this "
+                   "share of it (0.04: about +-2%), or --budget runs out.")
+@click.option("--budget", "budget_minutes", type=click.FloatRange(min=0.1), default=None,
+              help="With --width: minutes for the repetitions past the first ones, shared out over the prompts "
+                   "(default 60; at most 40 repetitions a prompt).")
 @click.option("--max-tokens", "-n", type=click.IntRange(min=2), default=None,
               help="Tokens per generation (default 128, quick 64).")
 @click.option("--k-lookup", "k_lookup", type=str, default=None,
@@ -864,7 +871,8 @@ def calibrate(models: ModelArgs, recalibrate: bool, as_json: bool) -> None:
               help="Write a PNG of speedup against K per category (needs matplotlib).")
 @_friendly_errors
 def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], quick: bool, reps: Optional[int],
-          max_tokens: Optional[int], k_lookup: Optional[str], k_draft: Optional[str], k_lcp_lookup: Optional[str],
+          width: Optional[float], budget_minutes: Optional[float], max_tokens: Optional[int], k_lookup: Optional[str],
+          k_draft: Optional[str], k_lcp_lookup: Optional[str],
           no_auto: bool, no_peers: bool,
           history_check: bool, related: bool, sampled: bool, sampled_temperature: float, sampled_top_p: float,
           json_path: Optional[str], plot_path: Optional[str]) -> None:
@@ -874,9 +882,11 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
     otherwise run) and against localspec's plain path. Exits with status 1 if any
     greedy run differs from plain decoding other than at a numeric tie.
     """
-    from .bench import default_methods, load_suite, render_table, run_bench, write_json, write_plot
+    from .bench import Precision, default_methods, load_suite, render_table, run_bench, write_json, write_plot
     from .bench.peers import PEER_LOOKUP
 
+    if budget_minutes is not None and width is None:
+        raise click.UsageError("--budget sets the time for --width's extra repetitions; give --width too.")
     if related:
         _bench_related(models, suite, reps, max_tokens, json_path)
         return
@@ -891,14 +901,22 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
         reps = reps or (2 if quick else 3)
         max_tokens = max_tokens or (64 if quick else 128)
         temperatures = (0.0, sampled_temperature) if sampled else (0.0,)
-        total = len(prompts) * len(methods) * reps * len(temperatures)
-        click.echo(f"bench: {len(prompts)} prompts x {len(methods)} methods x {reps} reps"
-                   f"{' x 2 temperatures' if sampled else ''}, {max_tokens} tokens each", err=True)
+        precision = Precision(width, 60 * (budget_minutes or 60.0)) if width is not None else None
+        most = max(reps, precision.max_reps) if precision else reps
+        total = len(prompts) * len(methods) * most * len(temperatures)
+        click.echo(f"bench: {len(prompts)} prompts x {len(methods)} methods x "
+                   + (f"{reps} reps or more, until every interval is narrower than {width:.0%} or "
+                      f"{budget_minutes:g} minutes are spent" if precision else f"{reps} reps")
+                   + f"{' x 2 temperatures' if sampled else ''}, {max_tokens} tokens each", err=True)
         pair.calibrate()
         with click.progressbar(length=total, label="running", file=sys.stderr) as bar:
+            def prompt_done(name: str, n: int, widest: float) -> None:
+                if precision is not None:  # the bar's length assumed every prompt might need max_reps
+                    click.echo(f"\n{name}: {n} repetitions, widest 95% interval {widest:.1%}", err=True)
+
             report = run_bench(pair, prompts, methods, reps=reps, max_tokens=max_tokens,
                                temperatures=temperatures, top_p=sampled_top_p, progress=lambda _: bar.update(1),
-                               checksums=json_path is not None)
+                               checksums=json_path is not None, precision=precision, on_prompt=prompt_done)
         click.echo(render_table(report))
         if json_path:
             write_json(report, Path(json_path))

@@ -9,7 +9,8 @@ so prefill is timed the same way for all, and decode is timed separately.
 A method's speedup is a reference's decode time over the method's, per token,
 taken from the same repetition: the headline reference is llama-cpp-python's
 plain decoding (what a user would otherwise run), the second one localspec's
-own plain path. The table shows medians and the spread.
+own plain path. The table shows medians and 95% intervals; a run given a
+``Precision`` keeps adding repetitions until those intervals are narrow.
 
 Greedy runs are also checked for exactness against both plain decodings:
 identical tokens, a divergence where plain's own top-two logits were a
@@ -24,9 +25,10 @@ from .plot import write_plot
 from .records import BenchReport, RelatedReport, RelatedRow, Row, Run
 from .related import run_related
 from .render import render_related, render_table, write_json
-from .runner import run_bench
+from .runner import Precision, run_bench
 from .suite import BenchPrompt, MethodSpec, default_methods, load_related, load_suite, schedule
 
-__all__ = ["TIE_MARGIN", "BenchPrompt", "BenchReport", "MethodSpec", "RelatedReport", "RelatedRow", "Row", "Run",
-           "batch_noise", "classify", "default_methods", "load_related", "load_suite", "machine_info", "margin_at",
-           "render_related", "render_table", "run_bench", "run_related", "schedule", "write_json", "write_plot"]
+__all__ = ["TIE_MARGIN", "BenchPrompt", "BenchReport", "MethodSpec", "Precision", "RelatedReport", "RelatedRow", "Row",
+           "Run", "batch_noise", "classify", "default_methods", "load_related", "load_suite", "machine_info",
+           "margin_at", "render_related", "render_table", "run_bench", "run_related", "schedule", "write_json",
+           "write_plot"]

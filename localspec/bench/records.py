@@ -63,6 +63,21 @@ class Row:
     round_ms_predicted_here: Optional[float] = None
     #: False for the "auto -history" row (auto without a history store).
     history: bool = True
+    #: 95% intervals of the geometric mean ratio over repetitions (see ``intervals``), against localspec plain
+    #: and against llama-cpp-python plain; None for the reference itself or with fewer than three repetitions.
+    speedup_interval: Optional[tuple[float, float]] = None
+    speedup_peer_interval: Optional[tuple[float, float]] = None
+    #: Adaptive rows: against the fastest llama-cpp-python row on the same prompt (median of repetitions,
+    #: its interval, and which row that was).
+    vs_fastest_peer: Optional[float] = None
+    vs_fastest_peer_interval: Optional[tuple[float, float]] = None
+    fastest_peer: Optional[str] = None
+    #: Mean decode time per round in ms, split into the target's llama.cpp calls, the drafter's models'
+    #: and the rest (Python and numpy), over all repetitions; None for the peers.
+    round_split_ms: Optional[dict[str, float]] = None
+    #: Per kind of round (what drafted it, or "plain"), over all repetitions: rounds, and ms per round
+    #: whole and in the target's and the drafter's llama.cpp calls (see ``GenerationStats.round_time_by``).
+    round_time_by: Optional[dict[str, dict[str, float]]] = None
 
     @property
     def label(self) -> str:

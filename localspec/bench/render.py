@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
+from typing import Optional
 
-from ..methods import REGISTRY
+from ..methods import PLAIN, REGISTRY
 from .exactness import TIE_MARGIN
 from .peers import PEER_METHODS, PEER_PLAIN
 from .records import BenchReport, RelatedReport
+from .summary import adaptive
 
 
 def render_table(report: BenchReport) -> str:
@@ -25,21 +27,28 @@ def render_table(report: BenchReport) -> str:
            f"(divergences below a {p.get('tie_margin', TIE_MARGIN):.3f} top-two margin count as ties)", ""]
     peers = any(r.speedup_peer is not None for r in report.rows)
     out.append("round ms: mean decode time per round, measured/predicted by the cost profile from the rounds' "
-               "draft lengths (in brackets: predicted with this run's plain step in place of the calibrated one).")
+               "draft lengths (in brackets: predicted with this run's plain step in place of the calibrated one); "
+               "split: its target + draft model + Python parts.")
+    out.append("Ratios are medians over repetitions; the ranges after them are 95% intervals of the (geometric) "
+               "mean ratio (t on the log ratios of paired repetitions), or min-max with fewer than three.")
     if peers:
         out.append("lcp = llama-cpp-python's own Llama (plain, and its prompt-lookup draft), same file and threads; "
                    "'vs lcp' is the headline speedup, 'vs plain' is against localspec's plain path.")
-    header = (f"{'prompt':<15} {'temp':>4} {'method':<15} {'tok/s':>6} {'vs lcp':>6} {'(min-max)':>11} "
-              f"{'vs plain':>8} {'pred':>5} {'accept':>6} {'tok/rnd':>7} {'round ms':>15}  "
-              "exactness (vs plain / vs lcp)")
+    header = (f"{'prompt':<15} {'temp':>4} {'method':<15} {'tok/s':>6} {'vs lcp':>6} {'(range)':>11} "
+              f"{'vs plain':>8} {'(range)':>11} {'pred':>5} {'accept':>6} {'tok/rnd':>7} {'round ms':>15} "
+              f"{'split':>14}  exactness (vs plain / vs lcp)")
     out += [header, "-" * len(header)]
     last_prompt = None
     for row in report.rows:
         name = row.prompt if row.prompt != last_prompt else ""
         last_prompt = row.prompt
         vs_peer = f"{row.speedup_peer:.2f}x" if row.speedup_peer is not None else "-"
-        spread = (f"({row.speedup_peer_min:.2f}-{row.speedup_peer_max:.2f})"
-                  if row.speedup_peer_min is not None and row.method != PEER_PLAIN else "")
+        spread = _range(row.speedup_peer_interval, row.speedup_peer_min, row.speedup_peer_max,
+                        row.method != PEER_PLAIN)
+        spread_plain = _range(row.speedup_interval, row.speedup_min, row.speedup_max,
+                              row.method != PLAIN.name)
+        split = ("+".join(f"{row.round_split_ms[part]:.1f}" for part in ("target", "draft", "python"))
+                 if row.round_split_ms else "-")
         pred = f"{row.predicted_speedup:.2f}" if row.predicted_speedup is not None else "-"
         acc = f"{100 * row.acceptance:.0f}%" if getattr(REGISTRY.find(row.method), "build", None) else "-"
         tpr = f"{row.tokens_per_round:.2f}" if row.method not in PEER_METHODS else "-"
@@ -53,8 +62,8 @@ def render_table(report: BenchReport) -> str:
         if row.auto_rounds:
             verdict += "  [" + " ".join(f"{m}:{n}" for m, n in row.auto_rounds.items() if n) + "]"
         out.append(f"{name:<15} {row.temperature:>4.1f} {row.label:<15} "
-                   f"{row.decode_tps:>6.1f} {vs_peer:>6} {spread:>11} {row.speedup:>7.2f}x {pred:>5} {acc:>6} "
-                   f"{tpr:>7} {rms:>15}  {verdict}")
+                   f"{row.decode_tps:>6.1f} {vs_peer:>6} {spread:>11} {row.speedup:>7.2f}x {spread_plain:>11} "
+                   f"{pred:>5} {acc:>6} {tpr:>7} {rms:>15} {split:>14}  {verdict}")
     for title, attr in ((("median speedup over llama-cpp-python plain across prompts:", "speedup_peer"),) if peers
                         else ()) + (("median speedup over localspec plain across prompts:", "speedup"),):
         out += ["", title]
@@ -65,6 +74,7 @@ def render_table(report: BenchReport) -> str:
                 out.append(f"  {label:<15} {statistics.median(values):.2f}x  (worst {min(values):.2f}x, "
                            f"best {max(values):.2f}x)")
     out += _against_best_peer(report)
+    out += _round_kinds(report)
     if report.mismatches:
         out.append(f"\n{report.mismatches} MISMATCH(ES) against plain decoding: this is a bug, please report it.")
     return "\n".join(out)
@@ -73,23 +83,53 @@ def render_table(report: BenchReport) -> str:
 def _against_best_peer(report: BenchReport) -> list[str]:
     """Auto against the fastest llama-cpp-python row of each prompt: what auto promises never to lose to."""
     out: list[str] = []
-    adaptive = [r for r in report.rows if getattr(REGISTRY.find(r.method), "adaptive", False)
-                and r.speedup_peer is not None]
+    adaptive = [r for r in report.rows if r.vs_fastest_peer is not None]
     for label in dict.fromkeys(r.label for r in adaptive):
-        ratios = []
-        for row in (r for r in adaptive if r.label == label):
-            peers = [r for r in report.rows if r.method in PEER_METHODS and r.prompt == row.prompt
-                     and r.temperature == row.temperature and r.speedup_peer]
-            if peers and row.speedup_peer is not None:
-                best = max(peers, key=lambda r: r.speedup_peer or 0.0)
-                ratios.append((row.prompt, row.temperature, row.speedup_peer / (best.speedup_peer or 1.0),
-                               best.label))
-        if ratios:
-            out += ["", f"{label} against the fastest llama-cpp-python row of each prompt (medians of repetitions):"]
-            out += [f"  {p:<15} {t:>4.1f} {x:.2f}x  (fastest: {b})" for p, t, x, b in ratios]
-            values = [x for _, _, x, _ in ratios]
-            out.append(f"  median {statistics.median(values):.2f}x, worst {min(values):.2f}x")
+        mine = [r for r in adaptive if r.label == label]
+        out += ["", f"{label} against the fastest llama-cpp-python row of each prompt (median of repetitions, "
+                    "95% interval):"]
+        out += [f"  {r.prompt:<15} {r.temperature:>4.1f} {r.vs_fastest_peer:.2f}x "
+                f"{_range(r.vs_fastest_peer_interval, None, None):>11}  (fastest: {r.fastest_peer})"
+                for r in mine]
+        values = [r.vs_fastest_peer or 0.0 for r in mine]
+        lows = [r.vs_fastest_peer_interval[0] for r in mine if r.vs_fastest_peer_interval]
+        out.append(f"  median {statistics.median(values):.2f}x, worst {min(values):.2f}x"
+                   + (f"; lowest interval bound {min(lows):.2f}x" if lows else ""))
     return out
+
+
+def _round_kinds(report: BenchReport) -> list[str]:
+    """Where an adaptive row's time goes, by kind of round, beside plain's rounds on the same prompt."""
+    out: list[str] = []
+    for row in report.rows:
+        if not adaptive(row.method) or not row.round_time_by:
+            continue
+        plain = next((r for r in report.rows if r.method == PLAIN.name and r.prompt == row.prompt
+                      and r.temperature == row.temperature), None)
+        if not out:
+            out += ["", "Rounds by kind: how many, tokens per round, ms per token, and ms per round (whole = target + "
+                        "draft model + the rest, which is Python), beside localspec plain's rounds on the same prompt:"]
+        kinds = [("plain rounds", (plain.round_time_by or {}).get(PLAIN.name))] if plain is not None else []
+        kinds += [(f"{row.label}: {kind}", t) for kind, t in row.round_time_by.items()]
+        out.append(f"  {row.prompt:<15} {row.temperature:>4.1f} "
+                   + "; ".join(_round_kind(name, t) for name, t in kinds if t))
+    return out
+
+
+def _round_kind(name: str, t: dict[str, float]) -> str:
+    rest = t["ms"] - t["target_ms"] - t["draft_ms"]
+    return (f"{name} x{t['rounds']:.0f}, {t['tokens_per_round']:.2f} tok, {t['ms'] / t['tokens_per_round']:.1f} "
+            f"ms/tok: {t['ms']:.1f} = {t['target_ms']:.1f} + {t['draft_ms']:.1f} + {rest:.2f}")
+
+
+def _range(interval: Optional[tuple[float, float]], low: Optional[float], high: Optional[float],
+           shown: bool = True) -> str:
+    """A ratio's 95% interval, or its min-max where there are too few repetitions for one."""
+    if not shown:
+        return ""
+    if interval is not None:
+        return f"({interval[0]:.2f}-{interval[1]:.2f})"
+    return f"({low:.2f}-{high:.2f})" if low is not None and high is not None else ""
 
 
 def _what_the_curve_allows(verify: list[float]) -> list[str]:

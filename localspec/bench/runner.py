@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
@@ -17,8 +20,29 @@ from .exactness import TIE_MARGIN, batch_noise
 from .machine import machine_info
 from .peers import PEER_METHODS, PeerRunner
 from .records import BenchReport, Run
-from .suite import BenchPrompt, MethodSpec, schedule
-from .summary import summarise
+from .suite import BenchPrompt, MethodSpec, rotation
+from .summary import summarise, widest_interval
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Run more repetitions until the ratios are known this well, or the time is spent.
+
+    Attributes:
+        width: stop a prompt once every one of its ratios has a 95% interval narrower than this share of
+            the ratio (0.04: about plus or minus 2%).
+        budget_seconds: wall-clock time for the repetitions beyond the least number; each prompt may start
+            another rotation until its share of it, and what an earlier prompt left over, is spent.
+        max_reps: repetitions per prompt at most.
+    """
+
+    width: float
+    budget_seconds: float
+    max_reps: int = 40
+
+    #: Repetitions before the width is first judged: an interval from two or three is itself too unsure
+    #: (stopping whenever one happens to look narrow would make the intervals too narrow).
+    min_reps = 5
 
 
 def run_bench(
@@ -32,6 +56,8 @@ def run_bench(
     top_p: float = 1.0,
     progress: Optional[Callable[[str], None]] = None,
     checksums: bool = True,
+    precision: Optional[Precision] = None,
+    on_prompt: Optional[Callable[[str, int, float], None]] = None,
 ) -> BenchReport:
     """Measure every method on every prompt; see the module docstring.
 
@@ -45,6 +71,9 @@ def run_bench(
         top_p: nucleus mass for the sampled runs (localspec's and the peers').
         progress: called once per generation with a short description.
         checksums: hash the model files for the report.
+        precision: with it, more repetitions follow the first ``reps`` (at least ``Precision.min_reps``),
+            one rotation of every method at a time, until each prompt's intervals are narrow enough.
+        on_prompt: called after each prompt with its name, its repetitions and its widest interval.
     """
     if not methods or methods[0].method != PLAIN.name:
         raise ConfigError("The first bench method must be plain: it is the reference for speedups.")
@@ -57,27 +86,29 @@ def run_bench(
                                   "step_seconds": profile.verify[0], "batch_noise": noise,
                                   "tie_margin": max(TIE_MARGIN, 2 * noise)},
                          settings={"reps": reps, "max_tokens": max_tokens, "temperatures": list(temperatures),
+                                   "precision": None if precision is None else dataclasses.asdict(precision),
                                    "top_p": top_p, "methods": [m.label for m in methods]})
     runs: list[Run] = []
     peers = PeerRunner(pair.target) if any(m.method in PEER_METHODS for m in methods) else None
     if peers is not None:
         report.settings["peer"] = {"library": "llama-cpp-python Llama.generate", **peers.settings}
     # Auto runs with an empty history store of its own, emptied before each run: no repetition learns
-    # from another.
+    # from another's output. The pair's cost correction does carry over, as it does for a user: auto is
+    # measured as it runs after a few generations on this machine.
+    started = time.monotonic()
+    shares = len(temperatures) * len(prompts)  # the budget is shared out per prompt and temperature
     try:
         with scratch_stores(pair, "empty") as (empty,):
-            for temperature in temperatures:
-                for pi, rep, spec in schedule(len(prompts), methods, reps):
-                    bp = prompts[pi]
-                    tokens = prompt_ids[bp.name]
-                    if rep == 0 and (spec == methods[0] or pi == 0):  # warm-up: plain per prompt, the rest once
-                        generate(pair, peers, tokens, spec, temperature, 0, min(16, max_tokens), top_p)
-                    empty.clear()
-                    out, stats = generate(pair, peers, tokens, spec, temperature, rep, max_tokens, top_p)
-                    runs.append(Run(bp.name, bp.category, spec.method, spec.k, rep, temperature, out,
-                                    stats.to_dict(), spec.history))
-                    if progress:
-                        progress(f"{bp.name} {spec.label}")
+            session = _Session(pair, peers, empty, methods, max_tokens, top_p, progress)
+            for ti, temperature in enumerate(temperatures):
+                for pi, bp in enumerate(prompts):
+                    deadline = started + (precision.budget_seconds * (ti * len(prompts) + pi + 1) / shares
+                                          if precision is not None else 0.0)
+                    mine = session.measure(bp, prompt_ids[bp.name], temperature, reps, precision, deadline,
+                                           warm_all=pi == 0)
+                    runs += mine
+                    if on_prompt:
+                        on_prompt(bp.name, 1 + max(r.rep for r in mine), widest_interval(mine))
     finally:
         if peers is not None:
             peers.close()
@@ -85,6 +116,41 @@ def run_bench(
     report.mismatches = sum(row.exactness == "MISMATCH" or row.exactness_peer == "MISMATCH" for row in report.rows)
     report.machine = machine_info(pair, checksums)
     return report
+
+
+@dataclass
+class _Session:
+    """What every prompt's repetitions share: the models, the peer, auto's empty store, the settings."""
+
+    pair: Pair
+    peers: Optional[PeerRunner]
+    empty: HistoryStore
+    methods: Sequence[MethodSpec]
+    max_tokens: int
+    top_p: float
+    progress: Optional[Callable[[str], None]]
+
+    def measure(self, bp: BenchPrompt, tokens: list[int], temperature: float, reps: int,
+                precision: Optional[Precision], deadline: float, warm_all: bool) -> list[Run]:
+        """One prompt's runs: ``reps`` rotations of the methods, then more while ``precision`` asks for them."""
+        runs: list[Run] = []
+        rep = 0
+        least = reps if precision is None else max(reps, min(precision.min_reps, precision.max_reps))
+        while rep < least or (precision is not None and rep < precision.max_reps and time.monotonic() < deadline
+                              and widest_interval(runs) > precision.width):
+            for spec in rotation(self.methods, rep):
+                if rep == 0 and (spec == self.methods[0] or warm_all):  # warm-up: plain per prompt, the rest once
+                    generate(self.pair, self.peers, tokens, spec, temperature, 0, min(16, self.max_tokens),
+                             self.top_p)
+                self.empty.clear()
+                out, stats = generate(self.pair, self.peers, tokens, spec, temperature, rep, self.max_tokens,
+                                      self.top_p)
+                runs.append(Run(bp.name, bp.category, spec.method, spec.k, rep, temperature, out, stats.to_dict(),
+                                spec.history))
+                if self.progress:
+                    self.progress(f"{bp.name} {spec.label}")
+            rep += 1
+        return runs
 
 
 def prompt_tokens(pair: Pair, bp: BenchPrompt) -> list[int]:

@@ -132,7 +132,13 @@ def default_methods(has_draft: bool, quick: bool, ks: Optional[Mapping[str, Sequ
 
 
 def schedule(n_prompts: int, methods: Sequence[MethodSpec], reps: int) -> list[tuple[int, int, MethodSpec]]:
-    """(prompt index, repetition, method) in run order: per prompt, repetitions of all methods in turn.
+    """(prompt index, repetition, method) in run order: per prompt, repetitions of all methods in turn
+    (each repetition in the order ``rotation`` gives it)."""
+    return [(p, r, spec) for p in range(n_prompts) for r in range(reps) for spec in rotation(methods, r)]
+
+
+def rotation(methods: Sequence[MethodSpec], rep: int) -> list[MethodSpec]:
+    """The methods in the order repetition ``rep`` runs them.
 
     The order changes from one repetition to the next (the rows of a Williams square: over as many
     repetitions as methods, each method runs once in each place, after as many different methods as
@@ -142,8 +148,5 @@ def schedule(n_prompts: int, methods: Sequence[MethodSpec], reps: int) -> list[t
     """
     m = len(methods)
     base = [0] + [j for i in range(1, m // 2 + 1) for j in (i, m - i)][: m - 1]  # 0, 1, m-1, 2, m-2, ...
-    order = []
-    for r in range(reps):
-        row = [methods[(b + r) % m] for b in base]
-        order.append(row[::-1] if m % 2 and (r // m) % 2 else row)  # odd m: the reversed rows complete the square
-    return [(p, r, spec) for p in range(n_prompts) for r in range(reps) for spec in order[r]]
+    row = [methods[(b + rep) % m] for b in base]
+    return row[::-1] if m % 2 and (rep // m) % 2 else row  # odd m: the reversed rows complete the square
