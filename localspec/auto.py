@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from .backend import Model
-from .costs import CostCorrection, CostProfile, RoundTiming, best_k
+from .costs import MIN_GAIN, CostCorrection, CostProfile, RoundTiming, best_k, expected_tokens, round_cost
 from .drafters import (
     EMPTY_DRAFT,
     AutoChange,
@@ -114,6 +114,16 @@ class Choice:
 
 
 PLAIN_CHOICE = Choice(1.0, PLAIN.name, 0, 0.0)
+
+
+@dataclass
+class _Bet:
+    """A drafting round under way: what it was chosen for, and the tokens it gave once verified."""
+
+    method: str
+    predicted_tokens: float
+    predicted_steps: float
+    tokens: int = 0
 
 #: Rounds of two tokens that must have been timed before the profile's cost for them is taken on trust:
 #: until then auto explores drafting now and then even where the profile says it cannot pay.
@@ -219,8 +229,13 @@ class AutoDrafter(Drafter):
         self._by_name = {c.name: c for c in self.candidates}
         self._round = 0
         self._last_choice: Optional[tuple[str, int]] = None
+        # a free guesser's drafting round under way: the tokens and cost (in steps) it was chosen for, and
+        # the tokens it gave once verified
+        self._bet: Optional[_Bet] = None
 
     def prefill(self, context: np.ndarray) -> None:
+        if self.correction is not None:  # a generation starts: earlier generations' gains count less
+            self.correction.new_generation()
         for c in self.candidates:
             if not c.free:
                 c.drafter.prefill(context)
@@ -228,6 +243,7 @@ class AutoDrafter(Drafter):
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """Choose a method and K for this round and return its draft (empty for plain)."""
         self._round += 1
+        self._bet = None
         for shadow_est, shadow_guess, at in self._shadows:
             if len(context) == at + 1:  # exactly the plain round's token was added
                 shadow_est.update(1, int(context[-1] == shadow_guess))
@@ -241,8 +257,11 @@ class AutoDrafter(Drafter):
                     continue
                 est, guess = offer
                 most = min(kmax, len(guess.tokens)) if c.free else kmax
-                kk, speed = best_k(self.profile, c.method, est.alpha, most)
-                choices.append(Choice(speed, c.name, kk, est.alpha, est, guess))
+                # what a free guesser's rounds have really delivered of their predictions raises its bar (a
+                # model's rounds also pay its catch-up after plain rounds, which would mislead the measure)
+                f = self.correction.gain_factor(c.name) if self.correction is not None and c.free else 1.0
+                kk, speed = best_k(self.profile, c.method, est.alpha, most, min_gain=MIN_GAIN / f)
+                choices.append(Choice(speed * f, c.name, kk, est.alpha, est, guess))
         best = max(choices, key=lambda ch: ch.speed)  # plain on ties: it comes first
         if best.k == 0:  # nothing pays: plain, unless a method is due for a look
             best = self._explore(choices) or PLAIN_CHOICE
@@ -256,6 +275,10 @@ class AutoDrafter(Drafter):
         self._last_tried[best.method] = self._round
         self._note(best)
         self._pending = best.estimate
+        chosen = self._by_name[best.method]
+        if chosen.free:
+            self._bet = _Bet(best.method, expected_tokens(best.alpha, best.k),
+                             round_cost(self.profile, chosen.method, best.k) / self.profile.verify[0])
         if best.draft.tokens:
             return Draft(best.draft.tokens[: best.k], None, best.method)
         return self._by_name[best.method].drafter.propose(context, best.k, rng)
@@ -278,16 +301,24 @@ class AutoDrafter(Drafter):
         return None
 
     def observe_timing(self, timing: RoundTiming) -> None:
-        """A round's real cost: fold it into the profile decided by."""
-        if self.correction is not None:
-            self.correction.observe(timing)
-            self.profile = self.correction.apply(self.base_profile)
+        """A round's real cost: fold it into the profile decided by, and a drafting round's tokens and cost,
+        in steps of the profile it was chosen by, into its method's realized gain."""
+        bet, self._bet = self._bet, None
+        if self.correction is None:
+            return
+        if bet is not None and bet.tokens:
+            steps = (timing.verify_seconds + timing.draft_seconds) / self.profile.verify[0]
+            self.correction.observe_gain(bet.method, bet.predicted_tokens, bet.predicted_steps, bet.tokens, steps)
+        self.correction.observe(timing)
+        self.profile = self.correction.apply(self.base_profile)
 
     def observe(self, drafted: int, kept: int) -> None:
         """Feedback after verification: update the estimate of the method just used."""
         if self._pending is not None and drafted > 0:
             self._pending.update(drafted, kept)
         self._pending = None
+        if self._bet is not None:
+            self._bet.tokens = kept + 1
 
     def settle(self, context: np.ndarray) -> None:
         for c in self.candidates:

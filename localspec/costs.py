@@ -25,6 +25,12 @@ from .methods import REGISTRY, Method
 #: Speculate only when the predicted speedup clears this, so estimation noise cannot make auto slower than plain.
 MIN_GAIN = 1.1
 
+#: How many rounds the prediction itself counts for in a method's realized-gain factor, and how many rounds of
+#: evidence a new generation carries over (each new generation halves it too, so the prior weighs more and more
+#: and a method ruled out comes back within a few generations).
+GAIN_PRIOR_ROUNDS = 3.0
+GAIN_CARRY_ROUNDS = 24.0
+
 
 @dataclass
 class CostProfile:
@@ -112,6 +118,51 @@ class CostCorrection:
     _sums: dict[int, float] = field(default_factory=dict)
     _counts: dict[int, float] = field(default_factory=dict)
     _draft: list[float] = field(default_factory=lambda: [0.0, 0.0])  # seconds, steps
+    # by method: rounds, and the sums of their realized over predicted speeds and of its square (all faded)
+    _gains: dict[str, list[float]] = field(default_factory=dict)
+
+    def observe_gain(self, method: str, predicted_tokens: float, predicted_steps: float, tokens: int,
+                     steps: float) -> None:
+        """One drafting round of ``method``, judged against what it was chosen for.
+
+        Args:
+            method: the method's name.
+            predicted_tokens: the tokens the round was expected to give.
+            predicted_steps: its expected cost, in target steps.
+            tokens: the tokens it gave (the kept draft and the target's own).
+            steps: what it cost, in target steps.
+        """
+        if predicted_tokens <= 0 or predicted_steps <= 0 or steps <= 0:
+            return
+        x = (tokens / steps) / (predicted_tokens / predicted_steps)
+        g = self._gains.setdefault(method, [0.0, 0.0, 0.0])
+        for i, v in enumerate((1.0, x, x * x)):
+            g[i] = g[i] * self.decay + v
+
+    def gain_factor(self, method: str) -> float:
+        """How much of its predicted speed ``method``'s rounds have clearly delivered: 1 unless they have
+        delivered less beyond doubt, at least 0.5.
+
+        Each round's realized speed over its predicted one is averaged, with ``GAIN_PRIOR_ROUNDS`` rounds
+        as predicted, and the factor is that mean plus two standard errors: a few unlucky rounds, or the
+        small shortfall that choosing a method when its estimate is high always brings, change nothing;
+        a method that keeps delivering much less than it was chosen for is held to a higher bar. What it
+        judges is the acceptance estimate and the verification's cost, as llama.cpp spent it.
+        """
+        g = self._gains.get(method)
+        if g is None or g[0] <= 0:
+            return 1.0
+        n = g[0] + GAIN_PRIOR_ROUNDS
+        mean = (g[1] + GAIN_PRIOR_ROUNDS) / n
+        var = max(0.0, (g[2] + GAIN_PRIOR_ROUNDS) / n - mean * mean)
+        return min(1.0, max(0.5, mean + 2 * (var / n) ** 0.5))
+
+    def new_generation(self) -> None:
+        """A new generation starts: the realized-gain evidence counts half, and for at most
+        ``GAIN_CARRY_ROUNDS`` rounds."""
+        for g in self._gains.values():
+            keep = min(0.5, GAIN_CARRY_ROUNDS / g[0]) if g[0] > 0 else 0.0
+            g[:] = [v * keep for v in g]
 
     def observe(self, timing: RoundTiming) -> None:
         """Add one round's real costs."""
