@@ -887,6 +887,9 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
 
     if budget_minutes is not None and width is None:
         raise click.UsageError("--budget sets the time for --width's extra repetitions; give --width too.")
+    if no_peers and k_lcp_lookup is not None:
+        raise click.UsageError("--k-lcp-lookup sets llama-cpp-python's lookup rows, which --no-peers leaves out; "
+                               "give one or the other.")
     if related:
         _bench_related(models, suite, reps, max_tokens, json_path)
         return

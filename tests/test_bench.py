@@ -233,3 +233,5 @@ def test_the_peer_lookup_rows_can_be_chosen_or_left_out(tiny_dir, tmp_path):
     assert "lcp lookup" not in r.output and "lcp plain" in r.output
     r = CliRunner().invoke(cli, [*base, "--k-lcp-lookup", "0"])
     assert r.exit_code == 2 and "--k-lcp-lookup" in r.output
+    r = CliRunner().invoke(cli, [*base, "--k-lcp-lookup", "3", "--no-peers"])  # refused, not ignored
+    assert r.exit_code == 2 and "--no-peers" in r.output
