@@ -7,9 +7,10 @@ The choice maximises expected tokens per second under the cost model
   prior (from a look at the prompt) and exponential decay, separately for
   lookup matches of each n-gram length and history matches of each length
   band (history's estimates outlive one generation: the pair keeps them).
-  Lookup and history are also scored in rounds they sit out: their first
-  guess is compared with the token the target chose, which costs nothing,
-  so a guesser that starts to pay is noticed at once;
+  Lookup and history are also scored in rounds they sit out: the first
+  tokens of their guess are compared with the tokens the output then had,
+  up to the first wrong one, as the round would have scored them, which
+  costs nothing, so a guesser that starts to pay is noticed at once;
 * every round takes the method and K with the highest predicted speed, or
   plain decoding unless something clears ``costs.MIN_GAIN``.
 
@@ -125,6 +126,11 @@ class _Bet:
     predicted_steps: float
     tokens: int = 0
 
+
+#: How many tokens of a free guesser's unused guess are scored (see ``AutoDrafter._score_shadows``): about as
+#: many as a drafting round on a CPU verifies, so the estimate says what such a round would keep.
+SHADOW_K = 4
+
 #: Rounds of two tokens that must have been timed before the profile's cost for them is taken on trust:
 #: until then auto explores drafting now and then even where the profile says it cannot pay.
 COST_EVIDENCE = 3
@@ -223,8 +229,9 @@ class AutoDrafter(Drafter):
         self._report = AutoReport(rounds={m.name: 0 for m in REGISTRY if m.candidate or m.name == PLAIN.name},
                                   profile=profile.relative())
         self._pending: Optional[AcceptanceEstimate] = None
-        # free guessers' unused first guesses in a plain round, scored against the token that came
-        self._shadows: list[tuple[AcceptanceEstimate, int, int]] = []
+        # free guessers' unused guesses in plain rounds (estimate, guess, context length), scored once the
+        # tokens they guessed have come
+        self._shadows: list[tuple[AcceptanceEstimate, tuple[int, ...], int]] = []
         self._last_tried = {c.name: 0 for c in self.candidates}
         self._by_name = {c.name: c for c in self.candidates}
         self._round = 0
@@ -244,10 +251,7 @@ class AutoDrafter(Drafter):
         """Choose a method and K for this round and return its draft (empty for plain)."""
         self._round += 1
         self._bet = None
-        for shadow_est, shadow_guess, at in self._shadows:
-            if len(context) == at + 1:  # exactly the plain round's token was added
-                shadow_est.update(1, int(context[-1] == shadow_guess))
-        self._shadows = []
+        self._score_shadows(context)
         kmax = min(k, self.kmax)
         choices = [PLAIN_CHOICE]
         if kmax > 0:
@@ -269,7 +273,8 @@ class AutoDrafter(Drafter):
             self._pending = None
             for choice in choices:
                 if choice.draft.tokens and choice.estimate is not None:  # the free guessers' guesses
-                    self._shadows.append((choice.estimate, choice.draft.tokens[0], len(context)))
+                    unused = tuple(choice.draft.tokens[:SHADOW_K])
+                    self._shadows = [*self._shadows[-(4 * SHADOW_K):], (choice.estimate, unused, len(context))]
             self._note(best)
             return EMPTY_DRAFT
         self._last_tried[best.method] = self._round
@@ -282,6 +287,19 @@ class AutoDrafter(Drafter):
         if best.draft.tokens:
             return Draft(best.draft.tokens[: best.k], None, best.method)
         return self._by_name[best.method].drafter.propose(context, best.k, rng)
+
+    def _score_shadows(self, context: np.ndarray) -> None:
+        """Score each unused guess as the round it sat out would have scored it, once that is known: the
+        guessed tokens that the output then really had, up to the first wrong one."""
+        pending = []
+        for est, guess, at in self._shadows:
+            came = context[at: at + len(guess)]
+            kept = next((i for i, t in enumerate(came) if int(t) != guess[i]), len(came))
+            if kept < len(came) or len(came) == len(guess):  # a wrong token, or all of them came
+                est.update(len(guess), kept)
+            else:
+                pending.append((est, guess, at))
+        self._shadows = pending
 
     def _explore(self, choices: list[Choice]) -> Optional[Choice]:
         """A cheap K=1 round of a method not tried for a while, if verifying two tokens has not really been

@@ -578,3 +578,39 @@ def test_the_gain_factor_leaves_a_method_near_the_margin_alone():
                 total += sum(n > 0 for n in _kept_replay(auto, geometric(alpha), 150, rng))
             drafted[correction is None] = total
         assert drafted[False] >= 0.85 * drafted[True], (alpha, drafted)
+
+
+class _Oracle(localspec.drafters.Drafter):
+    """Guesses ``right`` tokens of what the output will be, then wrong ones."""
+
+    name = "lookup"
+
+    def __init__(self, output, right):
+        self.output, self.right = output, right
+
+    def propose(self, context, k, rng):
+        at = len(context) - len(CONTEXT)
+        guess = [int(t) for t in self.output[at: at + k]]
+        return localspec.drafters.Draft([t if i < self.right else t + 1 for i, t in enumerate(guess)], None, "lookup")
+
+
+def test_guesses_sat_out_are_scored_as_the_round_would_have_scored_them():
+    # On a dear machine auto decodes plainly and scores lookup's unused guesses. A guesser whose first
+    # token is always right and the next always wrong keeps one of every draft: its estimate must say
+    # about 0.5, not the 1.0 that scoring the first token alone would give; one that copies keeps all.
+    from localspec.auto import Candidate
+    from localspec.methods import LOOKUP
+
+    output = np.arange(100, 200, dtype=np.int32)
+    for right, low, high in ((1, 0.35, 0.6), (8, 0.95, 1.0)):
+        est = AcceptanceEstimate(0.6)
+        auto = AutoDrafter(CPU, [Candidate(LOOKUP, _Oracle(output, right), {0: est})], kmax=8)
+        context = CONTEXT.copy()
+        rng = np.random.default_rng(0)
+        while len(context) - len(CONTEXT) < 60:
+            at = len(context) - len(CONTEXT)
+            draft = auto.propose(context, 8, rng)
+            kept = next((j for j, t in enumerate(draft.tokens) if t != output[at + j]), len(draft.tokens))
+            auto.observe(len(draft.tokens), kept)
+            context = np.concatenate([context, output[at: at + kept + 1]])
+        assert low <= est.alpha <= high, (right, est.alpha)
