@@ -205,11 +205,13 @@ class Round(NamedTuple):
         draft: the tokens proposed (cut after the first id the target lacks).
         kept: how many of them the target accepted.
         next_token: the target's own token after the kept ones.
+        timing: what it cost in llama.cpp: the target's verification and the drafter's models.
     """
 
     draft: Draft
     kept: int
     next_token: int
+    timing: RoundTiming
 
     def emitted(self) -> list[Emitted]:
         """The tokens the round adds, in order: the kept draft, then the target's own token."""
@@ -281,11 +283,12 @@ def speculative_round(
     # checkpoint, the kept ones are evaluated again: that time counts as verifying).
     target.truncate(n + kept)
     verifying = target.busy_seconds - verify_started
+    timing = RoundTiming(known + 1, verifying, draft.model_steps, drafting)
     if drafter is not None:
         if not forced:
             drafter.observe(len(draft.tokens), kept)  # adaptive drafters learn from the outcome, and the costs
-        drafter.observe_timing(RoundTiming(known + 1, verifying, draft.model_steps, drafting))
-    return Round(draft, kept, nxt)
+        drafter.observe_timing(timing)
+    return Round(draft, kept, nxt, timing)
 
 
 def masked_rows(rows: np.ndarray, tokens: list[int], matcher: Matcher,
@@ -510,13 +513,11 @@ class Generation:
                 if self._cancel.is_set():
                     return "interrupted"
                 self._check_cache(context[:n])
-                t_round, busy_round, target_round = time.perf_counter(), self._llama_busy(), target.busy_seconds
+                t_round = time.perf_counter()
                 rnd = speculative_round(target, drafter, context[:n], min(self.k, room), self.params, self.rng,
                                         self.matcher)
-                busy = self._llama_busy() - busy_round
-                target_busy = target.busy_seconds - target_round
                 stats.time_round(rnd.draft.by if rnd.draft.tokens else PLAIN.name, rnd.kept + 1,
-                                 time.perf_counter() - t_round, target_busy, busy - target_busy)
+                                 time.perf_counter() - t_round, rnd.timing.verify_seconds, rnd.timing.draft_seconds)
                 stats.count_round(rnd.draft, rnd.kept)
                 pending = rnd.emitted()
         finally:
