@@ -448,7 +448,7 @@ def quantize(src: Path, dst: Path, ftype: str) -> None:
     """Quantize with llama.cpp's own quantize (its default per-tensor choices for ``ftype``)."""
     import llama_cpp as ll
 
-    from localspec.backend import LlamaLog
+    from localspec.llama import LlamaLog
 
     params = ll.llama_model_quantize_default_params()
     params.ftype = getattr(ll, f"LLAMA_FTYPE_MOSTLY_{ftype}")
@@ -705,7 +705,7 @@ def llama_info() -> dict[str, Any]:
     """Which llama-cpp-python this run imports, and whether it can offload to a GPU."""
     import llama_cpp as ll
 
-    from localspec.backend import gpu_offload_supported
+    from localspec.llama import gpu_offload_supported
 
     lib = Path(ll.__file__).parent / "lib"
     return {"version": ll.__version__, "file": ll.__file__, "gpu_offload": gpu_offload_supported(),

@@ -17,9 +17,9 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "load": "api", "Pair": "api", "Result": "api", "Stream": "api",
+    "load": "api", "Pair": "api", "Result": "results", "Stream": "results",
     "GenerationOptions": "options", "SamplingParams": "options",
-    "GenerationStats": "engine", "TokenEvent": "engine",
+    "GenerationStats": "events", "TokenEvent": "events",
     "BackendError": "errors", "ConfigError": "errors", "ContextOverflowError": "errors",
     "InterleavedGenerationError": "errors", "LocalspecError": "errors", "ModelFileError": "errors",
     "SamplingError": "errors", "TokenIdError": "errors", "VocabMismatchError": "errors",
@@ -28,8 +28,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # the real imports, for type checkers and editors
-    from .api import Pair, Result, Stream, load
-    from .engine import GenerationStats, TokenEvent
+    from .api import Pair, load
     from .errors import (
         BackendError,
         ConfigError,
@@ -41,7 +40,9 @@ if TYPE_CHECKING:  # the real imports, for type checkers and editors
         TokenIdError,
         VocabMismatchError,
     )
+    from .events import GenerationStats, TokenEvent
     from .options import GenerationOptions, SamplingParams
+    from .results import Result, Stream
 
 
 def __getattr__(name: str) -> Any:

@@ -112,6 +112,20 @@ class ProbRows:
         return self._rows[i]
 
 
+def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """The log-probability of ``token`` under the softmax of one (processed) logits row, and the ``top``
+    likeliest tokens with theirs, likeliest first (a token the grammar masked has -inf)."""
+    x = np.asarray(logits, dtype=np.float64)
+    m = x.max()
+    lse = m + np.log(np.exp(x - m).sum())
+    best: tuple[tuple[int, float], ...] = ()
+    if top > 0:
+        idx = np.argpartition(x, -top)[-top:] if top < x.shape[0] else np.arange(x.shape[0])
+        idx = idx[np.lexsort((idx, -x[idx]))]  # likeliest first; equal logits by id
+        best = tuple((int(i), float(x[i] - lse)) for i in idx)
+    return float(x[token] - lse), best
+
+
 def sample(p: np.ndarray, rng: np.random.Generator) -> int:
     """Draw one index from non-negative weights ``p`` (need not sum to 1)."""
     cdf = np.cumsum(p)

@@ -21,116 +21,30 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from .auto import AcceptanceEstimate, history_estimates
-from .backend import Model, read_vocab
+from .backend import Model
 from .calibration import ThreadChoice, calibrate, choose_threads, forget
 from .compat import check_vocab
 from .constraint import Constraint
 from .costs import CostCorrection, CostProfile
 from .drafters import Drafter, DraftingContext
-from .engine import SOURCE_GRAMMAR, Generation, GenerationStats, TokenEvent, check_prompt
+from .engine import Generation, check_prompt
 from .errors import ConfigError, ContextOverflowError
 from .grammar import Matcher, tokenizer_for
 from .history import PROMPT_KEEP, HistoryStore, history_dir
+from .llama import read_vocab
 from .methods import AUTO_KMAX, HISTORY, get_method
 from .naming import resolve_models
 from .nextn import MtpHead
 from .options import GenerationOptions, check_k
+from .processors import Processing
+from .results import Result, Stream
 
 PathLike = Union[str, os.PathLike]
-
-
-@dataclass
-class Result:
-    """A finished generation.
-
-    Attributes:
-        text: the generated text (end-of-generation token not included).
-        tokens: the generated token ids.
-        finish_reason: "stop" (the model ended its answer, or a stop string
-            came: the text ends before it), "length" (max_tokens reached or
-            the context is full) or "interrupted".
-        stats: counts and timings.
-        prompt_tokens: the prompt's token ids.
-    """
-
-    text: str
-    tokens: list[int]
-    finish_reason: Optional[str]
-    stats: GenerationStats
-    prompt_tokens: list[int]
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON shape printed by ``localspec generate --json``."""
-        return {"text": self.text, "tokens": self.tokens, "finish_reason": self.finish_reason,
-                "stats": self.stats.to_dict()}
-
-    def summary_line(self) -> str:
-        """One line for a person after a reply: tokens, speed, method and K, acceptance."""
-        s = self.stats
-        how = s.method
-        if s.auto:
-            used = ", ".join(f"{m} {n}" for m, n in s.rounds_by_method.items() if n)
-            how = f"auto ({used} rounds)" if used else "auto"
-        elif s.k:
-            how += f" k={s.k}"
-        acc = f", accepted {s.accepted}/{s.drafted} ({100 * s.acceptance_rate:.0f}%)" if s.drafted else ""
-        forced = s.accepted_by.get(SOURCE_GRAMMAR, 0)
-        acc += f", {forced} forced by the grammar" if forced else ""
-        return (f"[{s.generated_tokens} tokens, {s.decode_tokens_per_second:.1f} tok/s, {how}{acc}, "
-                f"finish: {self.finish_reason}]")
-
-
-class Stream:
-    """Iterator over ``TokenEvent``s of one generation; ``result`` once it is done.
-
-    Leaving the loop early (``break``, an exception, Ctrl-C) stops the
-    generation and leaves both models' caches consistent.
-    """
-
-    def __init__(self, generation: Generation, prompt_tokens: list[int],
-                 on_end: Optional[Callable[[Generation], None]] = None):
-        self._g = generation
-        self._prompt_tokens = prompt_tokens
-        self._text: list[str] = []
-        self._on_end = on_end
-
-    def __iter__(self) -> Iterator[TokenEvent]:
-        try:
-            for ev in self._g:
-                self._text.append(ev.text)
-                yield ev
-        finally:
-            self._g.close()
-            self._text.append(self._g.tail_text)  # an incomplete final character, if any
-            on_end, self._on_end = self._on_end, None
-            if on_end is not None:
-                on_end(self._g)
-
-    @property
-    def result(self) -> Result:
-        """The generation so far (final once iteration has ended)."""
-        return Result("".join(self._text), list(self._g.tokens), self._g.finish_reason,
-                      self._g.stats, self._prompt_tokens)
-
-    def cancel(self) -> None:
-        """End the generation soon; safe to call from another thread (e.g. when a client leaves).
-
-        A prompt being processed stops within milliseconds; the loop then ends
-        with finish_reason "interrupted", leaving both caches consistent.
-        """
-        self._g.cancel()
-
-    def finish(self) -> Result:
-        """Run the generation to its end and return the result."""
-        for _ in self:
-            pass
-        return self.result
 
 
 def _stderr(message: str) -> None:
@@ -427,11 +341,17 @@ class Pair:
 
     def _start(self, prompt_tokens: list[int], prompt_text: Optional[str], opts: GenerationOptions) -> Stream:
         check_prompt(self.target, len(prompt_tokens))  # before any work, calibration included
+        processing = Processing.from_options(opts, self.target.n_vocab)
         self.choose_threads()  # once per machine (cached); plain decoding runs at the fastest count too
-        drafter, k = self.drafter(opts, prompt_text, prompt_tokens)
+        # A method that decides by this machine's costs gets them measured now (once, then cached).
+        method = get_method(opts.method)
+        drafts = method.build is not None and opts.draft_length(self.draft_k) > 0
+        profile = self.calibrate() if method.adaptive and drafts else None
+        drafter, k = self.drafter(opts, prompt_text, prompt_tokens, profile)
         g = Generation(self.target, prompt_tokens, drafter=drafter, k=k, params=opts.sampling,
                        max_tokens=opts.max_tokens, rng=np.random.default_rng(opts.seed), stop=opts.stop,
-                       method=opts.method, matcher=self.matcher(opts.grammar) if opts.grammar else None)
+                       method=opts.method, matcher=self.matcher(opts.grammar) if opts.grammar else None,
+                       processing=processing, logprobs=opts.logprobs)
         store = self.history if opts.history else None
         return Stream(g, prompt_tokens, (lambda done: self._record(store, prompt_tokens, done)) if store else None)
 
@@ -445,10 +365,12 @@ class Pair:
             self.notify(f"localspec: could not record this generation in {store.path}: {exc.strerror or exc}.")
 
     def drafter(self, opts: GenerationOptions, prompt_text: Optional[str] = None,
-                prompt_tokens: Sequence[int] = ()) -> tuple[Optional[Drafter], int]:
+                prompt_tokens: Sequence[int] = (),
+                profile: Optional[CostProfile] = None) -> tuple[Optional[Drafter], int]:
         """The drafter and draft length for ``opts.method``, built by the registered method.
 
-        Auto calibrates on first use (see ``calibrate``) and reads the prompt to set its priors.
+        Auto decides by ``profile`` (``calibrate()``'s, measured before this is called) and reads the
+        prompt to set its priors.
 
         Raises:
             ConfigError: the method cannot run here (no draft model, history off).
@@ -467,7 +389,7 @@ class Pair:
         text = functools.cache(lambda: prompt_text if prompt_text is not None else self.target.detokenize(tokens))
         ctx = DraftingContext(opts, k, tokens, text, draft=self.draft,
                               history=store.index if store is not None else None,
-                              history_alpha=self.history_alpha, profile=self.calibrate,
+                              history_alpha=self.history_alpha, profile=profile,
                               # A seeded sample must come again: auto then decides by the profile alone, since
                               # choices that followed the timing of earlier rounds would draw differently. A greedy
                               # reply draws nothing, so its seed asks for nothing and real costs count.

@@ -395,7 +395,7 @@ def mtp_candidate(ctx: DraftingContext) -> Optional[Candidate]:
     measured, or it could not pay even if it were always right."""
     if ctx.head is None or ctx.profile is None:
         return None
-    profile = _decided_profile(ctx)  # measures the head's step on first use, with the rest
+    profile = _decided_profile(ctx)
     head = ctx.head()
     if head is None or not profile.mtp_step or best_k(profile, MTP, 0.98, ctx.k)[0] == 0:
         return None
@@ -412,8 +412,7 @@ def drafting_model_candidate(ctx: DraftingContext, drafter: Drafter) -> Optional
 def _decided_profile(ctx: DraftingContext) -> CostProfile:
     """The pair's profile, corrected by the rounds it has timed."""
     assert ctx.profile is not None
-    profile = ctx.profile()
-    return ctx.correction.apply(profile) if ctx.correction is not None else profile
+    return ctx.correction.apply(ctx.profile) if ctx.correction is not None else ctx.profile
 
 
 def build_auto(ctx: DraftingContext, extra: Sequence[Candidate] = ()) -> AutoDrafter:
@@ -425,7 +424,7 @@ def build_auto(ctx: DraftingContext, extra: Sequence[Candidate] = ()) -> AutoDra
     if ctx.profile is None:
         raise ConfigError("Method 'auto' needs the machine's cost profile; build it through a Pair, or give one.")
     candidates = [c for m in REGISTRY if m.candidate is not None for c in [m.candidate(ctx)] if c is not None]
-    return AutoDrafter(ctx.profile(), [*candidates, *extra], kmax=ctx.k, correction=ctx.correction)
+    return AutoDrafter(ctx.profile, [*candidates, *extra], kmax=ctx.k, correction=ctx.correction)
 
 
 REGISTRY.attach(AUTO.name, build=build_auto)

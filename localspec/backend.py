@@ -2,193 +2,50 @@
 
 ``Model`` is the only place in localspec that touches llama.cpp's KV cache.
 It keeps a record of exactly which tokens the cache holds (``tokens``), so
-callers reason about the cache as a token list:
-
-* ``eval(tokens)`` appends tokens and returns logits rows only for the
-  positions asked for (the last one, or all of them for verification);
-* ``truncate(n)`` drops every cached position from n on, whatever the
-  memory (see ``localspec.memory``): llama.cpp's ``seq_rm`` where it can
-  (an attention cache, or a recurrent state's bounded rollback), else the
-  newest checkpoint at or before n is restored (or the cache emptied) and
-  the recorded tokens up to n are evaluated again;
-* ``checkpoint()`` saves the state a recurrent model cannot cut back, so
-  that a later ``truncate`` to this point is cheap (a no-op for attention);
-* ``sync(tokens)`` reuses the longest cached prefix of ``tokens`` and
-  evaluates only the rest.
-
-If an evaluation is interrupted (Ctrl-C between llama.cpp returning and the
-bookkeeping, or a failed decode), the next call first compares what the
-cache holds with the record and makes them agree again.
+callers reason about the cache as a token list: ``eval`` appends tokens and
+returns the logits rows asked for, ``truncate`` drops positions whatever the
+memory (``localspec.memory``: llama.cpp's ``seq_rm``, a recurrent state's
+bounded rollback, or a checkpoint and a replay), ``checkpoint`` saves a state
+a recurrent model cannot cut back, and ``sync`` reuses the longest cached
+prefix. If an evaluation is interrupted (Ctrl-C between llama.cpp returning
+and the bookkeeping, or a failed decode), the next call first makes the cache
+and the record agree again.
 """
 
 from __future__ import annotations
 
-import codecs
-import collections
-import contextlib
-import ctypes
-import functools
 import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Iterator, Literal, Optional, Sequence, Union
+from typing import Literal, Optional, Union
 
 import llama_cpp as ll
 import numpy as np
 
 from . import memory
-from .errors import (
-    BackendError,
-    ConfigError,
-    ContextOverflowError,
-    GenerationCancelled,
-    ModelFileError,
-    TokenIdError,
-)
+from .errors import BackendError, ConfigError, ContextOverflowError, GenerationCancelled, ModelFileError
+from .gguf_header import check_gguf
 from .hugepages import HugePages
+from .llama import (
+    CACHE_TYPES,
+    LlamaLog,
+    abort_hook,
+    context_params,
+    default_threads,
+    gpu_offload_supported,
+    load_weights,
+    one_sequence_batch,
+)
+from .vocabulary import ModelVocabulary, Tokens
+from .vocabulary import common_prefix as prefix_length
 
-GGUF_MAGIC = b"GGUF"
-#: KV cache element types by name (ggml_type values).
-CACHE_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}
 LogitsWanted = Literal["last", "all", "none"]
-#: Token ids as a list or a 1-D integer array.
-Tokens = Union[Sequence[int], np.ndarray]
 #: Checkpoints a model keeps at once (one per round, one at a prompt's end, one spare).
 MAX_CHECKPOINTS = 3
 
-_GGML_WARN, _GGML_ERROR = 3, 4  # ggml_log_level values in the pinned llama.cpp
 
-
-class LlamaLog:
-    """Where llama.cpp's log goes while one model calls into it.
-
-    llama.cpp has one process-wide log callback; each ``Model`` (and each
-    vocabulary read) points it at its own ``LlamaLog`` for the length of a
-    call (``with log:``), so a quiet draft cannot silence a verbose target
-    and a failed load is explained by its own warnings.
-
-    Args:
-        verbose: print the log to stderr.
-    """
-
-    def __init__(self, verbose: bool = False):
-        self.verbose = verbose
-        #: The last warnings and errors logged, to explain a failure.
-        self.tail: collections.deque[str] = collections.deque(maxlen=8)
-
-    def write(self, level: int, text: bytes) -> None:
-        msg = text.decode("utf-8", errors="replace")
-        if self.verbose:
-            sys.stderr.write(msg)
-        if level in (_GGML_WARN, _GGML_ERROR) and msg.strip():
-            self.tail.append(msg.strip())
-
-    def last_error(self) -> str:
-        """The newest logged line that mentions an error, or ''."""
-        return next((m for m in reversed(self.tail) if "error" in m.lower()), "")
-
-    def __enter__(self) -> LlamaLog:
-        ll.llama_log_set(_log_callback, ctypes.c_void_p(id(self)))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        ll.llama_log_set(_log_callback, ctypes.c_void_p(0))  # nothing logs into a freed object
-
-
-@ll.llama_log_callback
-def _log_callback(level: int, text: bytes, user_data: Optional[int]) -> None:
-    # llama-cpp-python's own callback maps these levels off by one and prints
-    # warnings even when asked to be quiet; this one routes each line to the
-    # LlamaLog of the model that is calling llama.cpp (none: dropped).
-    if user_data:
-        ctypes.cast(user_data, ctypes.py_object).value.write(level, text)
-
-
-def check_gguf(path: Union[str, os.PathLike]) -> Path:
-    """Return ``path`` as a Path if it is a readable GGUF file, else raise ModelFileError."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise ModelFileError(f"Model file {p} does not exist; check the path or download it first.")
-    if not p.is_file():
-        raise ModelFileError(f"Model path {p} is not a file; pass the .gguf file itself.")
-    try:
-        with open(p, "rb") as f:
-            magic = f.read(4)
-    except OSError as exc:
-        raise ModelFileError(f"Model file {p} cannot be read ({exc.strerror}); check its permissions.") from exc
-    if magic != GGUF_MAGIC:
-        raise ModelFileError(
-            f"Model file {p} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); "
-            "localspec needs llama.cpp GGUF models."
-        )
-    return p
-
-
-def default_threads() -> int:
-    """Threads for generation: every core this process may run on.
-
-    llama-cpp-python's high-level ``Llama`` uses half the cores; for a
-    single-stream decoder on a small machine all cores are faster, and plain
-    and speculative runs must use the same number to be comparable.
-    """
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def gpu_offload_supported() -> bool:
-    """True when this llama-cpp-python build can put layers on a GPU (CUDA, Metal...)."""
-    return bool(ll.llama_supports_gpu_offload())
-
-
-@dataclass
-class VocabInfo:
-    """A model's vocabulary: tokenizer type, size, special ids and every token's text."""
-
-    path: Path
-    type: int
-    bos: int
-    eos: int
-    texts: list[bytes]
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.texts)
-
-
-def _vocab_info(path: Path, vocab: ll.llama_vocab_p) -> VocabInfo:
-    n = int(ll.llama_vocab_n_tokens(vocab))
-    texts = [ll.llama_vocab_get_text(vocab, i) or b"" for i in range(n)]
-    return VocabInfo(path, int(ll.llama_vocab_type(vocab)), int(ll.llama_vocab_bos(vocab)),
-                     int(ll.llama_vocab_eos(vocab)), texts)
-
-
-def read_vocab(path: Union[str, os.PathLike]) -> VocabInfo:
-    """Read only the vocabulary of a GGUF (no weights are loaded; well under a second).
-
-    Raises:
-        ModelFileError: missing, not a GGUF, or unreadable by llama.cpp.
-    """
-    p = check_gguf(path)
-    params = ll.llama_model_default_params()
-    params.vocab_only = True
-    with LlamaLog():
-        ll.llama_backend_init()  # idempotent: ggml's timer and tables
-        model = ll.llama_model_load_from_file(str(p).encode(), params)
-    if not model:
-        raise ModelFileError(f"llama.cpp could not read the vocabulary of {p}: the GGUF is truncated or corrupt; "
-                             "re-download it.")
-    try:
-        return _vocab_info(p, ll.llama_model_get_vocab(model))
-    finally:
-        ll.llama_model_free(model)
-
-
-class Model:
+class Model(ModelVocabulary):
     """A GGUF model with one context and one sequence, and a record of its cache.
 
     Args:
@@ -256,14 +113,31 @@ class Model:
         self._model = None
         self._ctx = None
         self._batch: Optional[ll.llama_batch] = None
-
         # Only on CPU builds: a GPU build's host buffers may be pinned for the device,
         # and their pages are best left where the driver put them.
         pages = HugePages(huge_pages and not gpu_offload_supported())
-        self._model = self._load_weights(n_gpu_layers)
+        self._model = load_weights(self.path, n_gpu_layers, self._log)
+        self._create_context(n_ctx, n_batch, cache_type, flash_attn, rollback_tokens)
+        pages.apply()
+        #: Bytes of llama.cpp's buffers advised to use huge pages (0: none; see ``hugepages``).
+        self.huge_page_bytes = pages.advised
+        self._init_vocabulary()
+        self._init_memory()
+        # One batch reused for every decode, filled through numpy views of its arrays.
+        self._batch, self._b_token, self._b_pos, self._b_logits = one_sequence_batch(self.n_batch)
+
+    def _create_context(self, n_ctx: int, n_batch: int, cache_type: str, flash_attn: Optional[bool],
+                        rollback_tokens: int) -> None:
         if n_ctx == 0:
             n_ctx = int(ll.llama_model_n_ctx_train(self._model))
-        cparams = self._context_params(n_ctx, n_batch, cache_type, flash_attn)
+        if flash_attn is None:
+            # On CPU, flash attention rounds through f16 and moves logits by up to ~0.4
+            # between batch shapes, enough to flip near-greedy choices between plain
+            # decoding and batched verification; GPU builds keep llama.cpp's choice.
+            flash_attn = None if self.n_gpu_layers != 0 and gpu_offload_supported() else False
+        self.flash_attn = flash_attn
+        cparams = context_params(n_ctx, min(n_batch, n_ctx), self.n_threads, self.n_threads_batch, cache_type,
+                                 flash_attn)
         self._cparams = cparams  # for a second context over the same weights (an MTP head)
         recurrent = ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model)
         cparams.n_rs_seq = rollback_tokens if recurrent else 0  # llama.cpp clamps it to 0 where it cannot
@@ -275,12 +149,11 @@ class Model:
                 f"llama.cpp could not create a {n_ctx}-token context for {self.path.name}; "
                 "try a smaller context length."
             )
-        pages.apply()
-        #: Bytes of llama.cpp's buffers advised to use huge pages (0: none; see ``hugepages``).
-        self.huge_page_bytes = pages.advised
-        self.n_ctx = int(ll.llama_n_ctx(self._ctx))
-        self.n_batch = min(n_batch, n_ctx)
-        self._vocab = ll.llama_model_get_vocab(self._model)
+        self.n_ctx: int = int(ll.llama_n_ctx(self._ctx))
+        self.n_batch: int = min(n_batch, n_ctx)
+
+    def _init_memory(self) -> None:
+        """The context's memory, what it can undo, and the record of what it holds (empty)."""
         self._mem = ll.llama_get_memory(self._ctx)
         if not self._mem:
             self.close()
@@ -288,15 +161,11 @@ class Model:
                                  "embedding-only model); localspec needs a model that generates text.")
         #: What this model's memory can undo (see ``localspec.memory``); its checkpoint size once measured.
         self.memory = memory.inspect(self._model, self._ctx)
-        self.n_vocab = int(ll.llama_vocab_n_tokens(self._vocab))
         #: Next-n (MTP) layers in the GGUF: a head that drafts from this model's own hidden states.
         self.n_nextn = int(ll.llama_model_n_layer_nextn(self._model)) if hasattr(ll, "llama_model_n_layer_nextn") else 0
         #: Hidden state after each position (row p: after token p), kept once ``keep_hidden`` is called.
         self.hidden = np.zeros((0, 0), dtype=np.float32)
         self._ext: Optional[object] = None
-        self.bos = int(ll.llama_vocab_bos(self._vocab))
-        self.eos = int(ll.llama_vocab_eos(self._vocab))
-        self._init_batch()
         self._tokens = np.zeros(self.n_ctx, dtype=np.int32)
         self._n = 0
         self._dirty = False
@@ -306,60 +175,10 @@ class Model:
         #: Times the cache went back to a checkpoint or to the start, and tokens evaluated again for it.
         self.rewinds = 0
         self.replayed_tokens = 0
-        self._pieces: dict[int, bytes] = {}
-        self._eog: dict[int, bool] = {}
         #: Seconds spent inside llama.cpp decode calls (and reading their logits).
         self.busy_seconds = 0.0
         #: Number of decode calls made.
         self.decode_calls = 0
-
-    def _load_weights(self, n_gpu_layers: int) -> ll.llama_model_p:
-        mparams = ll.llama_model_default_params()
-        mparams.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
-        if hasattr(mparams, "load_mtp"):
-            mparams.load_mtp = True  # a model's MTP head (next-n layers), where its GGUF has one: a free drafter
-        with self._log:
-            ll.llama_backend_init()  # idempotent: ggml's timer and tables
-            model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
-        if not model:
-            reason = self._log.last_error()
-            raise ModelFileError(
-                f"llama.cpp could not load {self.path}" + (f" ({reason})" if reason else "")
-                + ": the GGUF is truncated, corrupt, or of an architecture this llama-cpp-python build "
-                "does not support; re-download it."
-            )
-        return model
-
-    def _context_params(self, n_ctx: int, n_batch: int, cache_type: str,
-                        flash_attn: Optional[bool]) -> ll.llama_context_params:
-        cparams = ll.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = cparams.n_ubatch = min(n_batch, n_ctx)
-        cparams.n_seq_max = 1
-        cparams.swa_full = True  # sliding-window layers keep every position, so any of them can be cut back
-        cparams.n_threads = self.n_threads
-        cparams.n_threads_batch = self.n_threads_batch
-        cparams.type_k = cparams.type_v = CACHE_TYPES[cache_type]
-        if flash_attn is None:
-            # On CPU, flash attention rounds through f16 and moves logits by up to ~0.4
-            # between batch shapes, enough to flip near-greedy choices between plain
-            # decoding and batched verification; GPU builds keep llama.cpp's choice.
-            flash_attn = None if self.n_gpu_layers != 0 and gpu_offload_supported() else False
-        if flash_attn is not None:
-            cparams.flash_attn_type = 1 if flash_attn else 0
-        self.flash_attn = flash_attn
-        return cparams
-
-    def _init_batch(self) -> None:
-        """One batch reused for every decode; numpy views over its arrays make filling it a few vectorised writes."""
-        self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
-        nb = self.n_batch
-        self._b_token = np.ctypeslib.as_array(self._batch.token, shape=(nb,))
-        self._b_pos = np.ctypeslib.as_array(self._batch.pos, shape=(nb,))
-        self._b_logits = np.ctypeslib.as_array(self._batch.logits, shape=(nb,))
-        np.ctypeslib.as_array(self._batch.n_seq_id, shape=(nb,))[:] = 1
-        for i in range(nb):
-            self._batch.seq_id[i][0] = 0  # every token belongs to sequence 0
 
     # -- lifetime -----------------------------------------------------------
 
@@ -394,126 +213,6 @@ class Model:
             raise ConfigError(f"Thread counts must be at least 1, got {n} and {n_batch} for batches.")
         ll.llama_set_n_threads(self._ctx, n, n_batch)
         self.n_threads, self.n_threads_batch = n, n_batch
-
-    # -- vocabulary ---------------------------------------------------------
-
-    def check_tokens(self, tokens: Tokens) -> np.ndarray:
-        """``tokens`` as an int32 array, once every id is known to be in this model's vocabulary.
-
-        llama.cpp aborts the whole process on an id outside the vocabulary, so
-        every call that hands ids to it checks them here first.
-
-        Raises:
-            TokenIdError: an id is not a whole number from 0 to ``n_vocab - 1``.
-        """
-        try:
-            ids = np.asarray(tokens)
-        except (OverflowError, ValueError):  # ragged, or an int too large for any integer dtype
-            ids = np.asarray(list(tokens), dtype=object)
-        if ids.ndim != 1:
-            raise TokenIdError(f"Token ids must be a flat list of whole numbers, got an array of shape {ids.shape}.")
-        if not ids.size:
-            return ids.astype(np.int32)
-        if ids.dtype.kind not in "iu":  # floats, bools, strings or huge Python ints: judged one by one
-            ids = np.asarray([self._bad_token(t) for t in tokens], dtype=np.int64)
-        if ids.min() < 0 or ids.max() >= self.n_vocab:
-            self._bad_token(int(ids[(ids < 0) | (ids >= self.n_vocab)][0]))
-        return ids.astype(np.int32)
-
-    def check_token(self, token: int) -> None:
-        """Raise TokenIdError unless ``token`` is an id in this model's vocabulary."""
-        if not (isinstance(token, (int, np.integer)) and 0 <= token < self.n_vocab):
-            self._bad_token(token)
-
-    def _bad_token(self, token: object) -> int:
-        """Raise TokenIdError for ``token`` if it is not a valid id; otherwise return it."""
-        if isinstance(token, np.generic):
-            token = token.item()  # numpy scalars are judged, and named, as the Python values they hold
-        whole = isinstance(token, int) and not isinstance(token, bool)
-        if whole and 0 <= token < self.n_vocab:  # type: ignore[operator]
-            return token  # type: ignore[return-value]
-        if not whole:
-            raise TokenIdError(f"Token id {token!r} is not a whole number; token ids are integers from 0 to "
-                               f"{self.n_vocab - 1} for {self.path.name}.")
-        raise TokenIdError(f"Token id {token!r} is outside the vocabulary of {self.path.name}, whose ids run from 0 "
-                           f"to {self.n_vocab - 1} ({self.n_vocab} tokens); send ids this model knows, or text.")
-
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        """Text to token ids.
-
-        Args:
-            text: the text.
-            add_special: add BOS (and EOS) if the model is configured to.
-            parse_special: turn special-token text such as ``<|im_start|>`` into its id.
-        """
-        try:
-            data = text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ConfigError(f"The text is not valid Unicode: it has a lone surrogate (U+{ord(text[exc.start]):04X}) "
-                              f"at character {exc.start}; send text that encodes as UTF-8.") from None
-        cap = len(data) + 8
-        while True:
-            buf = (ll.llama_token * cap)()
-            n = ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
-            if n >= 0:
-                return list(buf[:n])
-            cap = -n  # too small: llama.cpp says how many it needs
-
-    def token_bytes(self, token: int) -> bytes:
-        """The bytes a token stands for (special tokens give b'')."""
-        piece = self._pieces.get(token)
-        if piece is None:
-            self.check_token(token)
-            buf = ctypes.create_string_buffer(64)
-            n = ll.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
-            piece = buf.raw[:n]
-            self._pieces[token] = piece
-        return piece
-
-    def detokenize(self, tokens: Tokens) -> str:
-        """Token ids to text (invalid UTF-8 replaced)."""
-        return b"".join(self.token_bytes(int(t)) for t in tokens).decode("utf-8", errors="replace")
-
-    def token_text(self, token: int) -> bytes:
-        """The vocabulary's stored text of a token (as in the GGUF), for comparisons."""
-        self.check_token(token)
-        return ll.llama_vocab_get_text(self._vocab, token) or b""
-
-    @property
-    def vocab_pointer(self) -> ll.llama_vocab_p:
-        """llama.cpp's vocabulary of this model (for a grammar engine that reads it; valid while the model is)."""
-        return self._vocab
-
-    def vocab_info(self) -> VocabInfo:
-        """This model's vocabulary (for compatibility checks)."""
-        return _vocab_info(self.path, self._vocab)
-
-    @functools.cached_property
-    def longest_token_bytes(self) -> int:
-        """The longest token's stored text in UTF-8 bytes: no token covers more bytes of a prompt."""
-        return max(len(t) for t in self.vocab_info().texts)
-
-    def is_eog(self, token: int) -> bool:
-        """True for end-of-generation tokens (EOS, EOT, <|im_end|>...)."""
-        r = self._eog.get(token)
-        if r is None:
-            self.check_token(token)
-            r = self._eog[token] = bool(ll.llama_vocab_is_eog(self._vocab, token))
-        return r
-
-    def chat_template(self) -> Optional[str]:
-        """The Jinja2 chat template stored in the GGUF, if any."""
-        raw = ll.llama_model_chat_template(self._model, None)
-        return raw.decode("utf-8") if raw else None
-
-    def special_text(self, token: int) -> str:
-        """A special token's text as templates spell it (e.g. ``<|endoftext|>``)."""
-        if token < 0:
-            return ""
-        return self.token_text(token).decode("utf-8", errors="replace")
 
     # -- the cache ------------------------------------------------------------
 
@@ -567,7 +266,7 @@ class Model:
             )
         earlier: list[np.ndarray] = []
         out = np.zeros((0, self.n_vocab), dtype=np.float32)
-        with self._aborting(abort if n > 1 else None):
+        with abort_hook(self._ctx, abort if n > 1 else None):
             for start in range(0, n, self.n_batch):
                 if abort is not None and abort.is_set():
                     raise GenerationCancelled(f"Cancelled before position {self._n} of {self.path.name}.")
@@ -618,22 +317,6 @@ class Model:
         self.busy_seconds += time.perf_counter() - t0
         self.decode_calls += 1
         return out
-
-    @contextlib.contextmanager
-    def _aborting(self, abort: Optional[threading.Event]) -> Iterator[None]:
-        """While evaluating, let llama.cpp ask ``abort`` between the nodes of its graph (None: no hook).
-
-        The hook costs a Python call per node, which only a long batch amortises.
-        """
-        if abort is None:
-            yield
-            return
-        hook = ll.ggml_abort_callback(lambda _data: abort.is_set())  # kept alive until it is removed
-        ll.llama_set_abort_callback(self._ctx, hook, None)
-        try:
-            yield
-        finally:
-            ll.llama_set_abort_callback(self._ctx, ll.ggml_abort_callback(), None)  # a null pointer: no hook
 
     def _after_decode(self, m: int) -> None:
         """Where ``truncate`` can go back to by ``seq_rm`` alone after a decode of ``m`` tokens."""
@@ -769,7 +452,7 @@ class Model:
 
     def common_prefix(self, tokens: np.ndarray) -> int:
         """Length of the longest common prefix of the cache and ``tokens``."""
-        return common_prefix(self._tokens[: self._n], tokens)
+        return prefix_length(self._tokens[: self._n], tokens)
 
     def sync(self, tokens: Tokens, abort: Optional[threading.Event] = None) -> np.ndarray:
         """Make the cache hold exactly ``tokens`` and return the last token's logits.
@@ -810,30 +493,3 @@ class Model:
             self._n = held
         elif held > self._n:
             ll.llama_memory_seq_rm(self._mem, 0, self._n, -1)
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the longest common prefix of two token arrays."""
-    m = min(len(a), len(b))
-    diff = np.flatnonzero(a[:m] != b[:m])
-    return int(diff[0]) if diff.size else m
-
-
-class Detokenizer:
-    """Turns a stream of token ids into text, holding back split UTF-8 sequences.
-
-    A multi-byte character can be spread over several byte-level tokens; the
-    incremental decoder emits it only once it is complete.
-    """
-
-    def __init__(self, model: Model):
-        self._model = model
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def feed(self, token: int) -> str:
-        """Text completed by this token (may be empty)."""
-        return self._decoder.decode(self._model.token_bytes(token))
-
-    def flush(self) -> str:
-        """Whatever is still held back (an incomplete sequence becomes U+FFFD)."""
-        return self._decoder.decode(b"", final=True)

@@ -20,9 +20,10 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .backend import Model, default_threads, gpu_offload_supported
+from .backend import Model
 from .costs import CostProfile
 from .drafters import PromptLookupDrafter
+from .llama import default_threads, gpu_offload_supported
 from .methods import AUTO_KMAX
 from .nextn import MtpHead
 from .paths import cache_dir, write_atomic

@@ -23,12 +23,13 @@ from typing import Any, Callable, Optional, TextIO
 
 import click
 
-from .api import Pair, Result, Stream
-from .engine import SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, TokenEvent
+from .api import Pair
 from .errors import ConfigError, LocalspecError
+from .events import SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, TokenEvent
 from .methods import K_LIMIT, REGISTRY
 from .options import GenerationOptions
 from .paths import home
+from .results import Result, Stream
 
 #: Colour of a token the target chose itself where a draft was rejected, or after a fully kept one.
 SOURCE_COLOURS = {SOURCE_CORRECTION: "yellow", SOURCE_BONUS: "magenta"}

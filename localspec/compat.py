@@ -13,11 +13,26 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
-from .backend import VocabInfo
 from .errors import VocabMismatchError
 
 VOCAB_TYPES = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLaMo2"}
+
+
+@dataclass
+class VocabInfo:
+    """A model's vocabulary: tokenizer type, size, special ids and every token's text."""
+
+    path: Path
+    type: int
+    bos: int
+    eos: int
+    texts: list[bytes]
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.texts)
 
 
 @dataclass

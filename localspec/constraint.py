@@ -22,7 +22,9 @@ no drafting.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional, Union
 
 from .errors import ConfigError, NotInstalledError
@@ -84,6 +86,20 @@ class Constraint:
     def gbnf(cls, grammar: str) -> Constraint:
         """Output in the language of a GBNF grammar, as llama.cpp writes them (``root`` is the start)."""
         return cls("gbnf", grammar)
+
+    @classmethod
+    def grammar_file(cls, path: Union[str, os.PathLike]) -> Constraint:
+        """The grammar in a file: GBNF as llama.cpp writes it if its name ends in ``.gbnf``, else Lark.
+
+        Raises:
+            ConfigError: the file cannot be read as UTF-8 text.
+        """
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"Cannot read the grammar file {path}: {exc}.") from None
+        return cls.gbnf(text) if path.suffix.lower() == ".gbnf" else cls.lark(text)
 
     @classmethod
     def response_format(cls, value: Any) -> Optional[Constraint]:

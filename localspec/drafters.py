@@ -90,7 +90,7 @@ class DraftingContext:
         draft: the draft model, if the pair has one.
         history: the history index to draft from (None: history is off for this call).
         history_alpha: auto's estimates of history's acceptance, kept by the pair across generations.
-        profile: the machine's cost profile, measured on first use (what auto decides by).
+        profile: the machine's measured cost profile, what auto decides by (None for a method that decides nothing).
         correction: what real rounds have shown about that profile, kept by the pair across generations.
         head: the target's MTP head, opened on first call (None: the target has none).
     """
@@ -102,7 +102,7 @@ class DraftingContext:
     draft: Optional[Model] = None
     history: Optional[HistoryIndex] = None
     history_alpha: Optional[dict[Any, Any]] = None
-    profile: Optional[Callable[[], CostProfile]] = None
+    profile: Optional[CostProfile] = None
     correction: Optional[CostCorrection] = None
     head: Optional[Callable[[], Any]] = None
 

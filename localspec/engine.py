@@ -21,161 +21,29 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Callable, Generator, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from .acceptance import ProbRows, accept_greedy, accept_sampled, probabilities, sample
-from .backend import Detokenizer, Model
+from .acceptance import ProbRows, accept_greedy, accept_sampled, probabilities, sample, token_logprobs
+from .backend import Model
 from .costs import RoundTiming
-from .drafters import EMPTY_DRAFT, AutoReport, Draft, Drafter
+from .drafters import EMPTY_DRAFT, Draft, Drafter
 from .errors import ConfigError, ContextOverflowError, GenerationCancelled, InterleavedGenerationError
+from .events import (
+    SOURCE_BONUS,
+    SOURCE_CORRECTION,
+    SOURCE_DRAFT,
+    SOURCE_GRAMMAR,
+    SOURCE_TARGET,
+    GenerationStats,
+    TokenEvent,
+)
 from .grammar import Matcher
 from .methods import PLAIN
 from .options import SamplingParams
-
-#: Where an emitted token came from.
-SOURCE_TARGET = "target"  # a plain step of the target (or the first token, from prefill)
-SOURCE_DRAFT = "draft"  # a drafted token the target accepted
-SOURCE_CORRECTION = "correction"  # the target's token where a drafted one was rejected
-SOURCE_BONUS = "bonus"  # the target's extra token after a fully accepted draft
-#: The drafter named for tokens the grammar forced (exactly one way on), drafted at no cost.
-SOURCE_GRAMMAR = "grammar"
-
-
-@dataclass
-class TokenEvent:
-    """One generated token.
-
-    Attributes:
-        token: the token id.
-        text: text completed by this token (may be empty mid-character).
-        source: "draft", "target", "correction" or "bonus" (see the SOURCE_* names).
-        drafter: for an accepted drafted token, which drafter guessed it
-            ("draft" model, "lookup" or "history"); empty otherwise.
-    """
-
-    token: int
-    text: str
-    source: str
-    drafter: str = ""
-
-    @property
-    def from_draft(self) -> bool:
-        """True when the drafter guessed this token and the target agreed."""
-        return self.source == SOURCE_DRAFT
-
-
-@dataclass
-class GenerationStats:
-    """Counts and timings of one generation."""
-
-    method: str
-    k: int
-    prompt_tokens: int = 0
-    #: Prompt tokens found in the cache (an earlier turn's), so not processed again.
-    cached_prompt_tokens: int = 0
-    generated_tokens: int = 0
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    #: Drafted tokens that came from the draft model (each one a draft-model step).
-    draft_model_tokens: int = 0
-    #: Drafted and accepted tokens by drafter ("lookup", "history", "draft").
-    drafted_by: dict[str, int] = field(default_factory=dict)
-    accepted_by: dict[str, int] = field(default_factory=dict)
-    #: Rounds whose draft was only tokens the grammar forced (see ``SOURCE_GRAMMAR``): auto chose nothing in them.
-    grammar_rounds: int = 0
-    #: Rounds in which the drafter proposed nothing (plain steps), and rounds with a rejected guess.
-    empty_rounds: int = 0
-    rejected_rounds: int = 0
-    #: proposed_at[i] / accepted_at[i]: drafted tokens at draft position i, and how many were kept.
-    proposed_at: list[int] = field(default_factory=list)
-    accepted_at: list[int] = field(default_factory=list)
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    #: Part of decode_seconds spent inside llama.cpp (target and draft decode calls), and its two parts:
-    #: the target's decode calls (verification, and replays after a rewind) and the drafter's models'.
-    llama_seconds: float = 0.0
-    target_seconds: float = 0.0
-    draft_seconds: float = 0.0
-    #: Times a model's memory (a recurrent state) went back to a checkpoint or to the start, and the tokens
-    #: it evaluated again for that (see ``Model.truncate``); 0 for attention caches.
-    rewinds: int = 0
-    replayed_tokens: int = 0
-    #: Rounds by what drafted them ("plain" for a round that drafted nothing, "grammar" for forced tokens):
-    #: how many, the tokens they decided (kept draft and the target's own, an end token included), and their
-    #: time in seconds, whole and the parts the target's and the drafter's models spent in llama.cpp. A round
-    #: is timed from the draft to the truncation; emitting its tokens is not in it (that costs all alike).
-    round_time_by: dict[str, dict[str, float]] = field(default_factory=dict)
-    #: For method "auto": rounds per method, the choices it made and the estimates behind them.
-    auto: Optional[AutoReport] = None
-
-    def count_round(self, draft: Draft, kept: int) -> None:
-        """Count one verified round (accepted tokens are counted when emitted, not here)."""
-        self.rounds += 1
-        self.drafted += len(draft.tokens)
-        self.empty_rounds += not draft.tokens
-        self.rejected_rounds += kept < len(draft.tokens)
-        self.draft_model_tokens += draft.model_steps
-        self.grammar_rounds += draft.by == SOURCE_GRAMMAR
-        if draft.tokens:
-            self.drafted_by[draft.by] = self.drafted_by.get(draft.by, 0) + len(draft.tokens)
-        for i in range(len(draft.tokens)):
-            self.proposed_at[i] += 1
-
-    def time_round(self, by: str, tokens: int, seconds: float, target_seconds: float, draft_seconds: float) -> None:
-        """Add one round, the ``tokens`` it added and its time to ``round_time_by`` under ``by``."""
-        t = self.round_time_by.setdefault(by, {"rounds": 0, "tokens": 0, "seconds": 0.0, "target": 0.0,
-                                               "draft": 0.0})
-        t["rounds"] += 1
-        t["tokens"] += tokens
-        t["seconds"] += seconds
-        t["target"] += target_seconds
-        t["draft"] += draft_seconds
-
-    @property
-    def rounds_by_method(self) -> dict[str, int]:
-        """Rounds per drafting method: auto's choices, or all rounds under the one method used (and the rounds
-        of tokens a grammar forced, under "grammar")."""
-        rounds = dict(self.auto.rounds) if self.auto is not None else {self.method: self.rounds - self.grammar_rounds}
-        if self.grammar_rounds:
-            rounds[SOURCE_GRAMMAR] = self.grammar_rounds
-        return rounds
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted drafted tokens over drafted tokens."""
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def acceptance_by_position(self) -> list[float]:
-        """Acceptance rate at each draft position."""
-        return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at, strict=True)]
-
-    @property
-    def tokens_per_round(self) -> float:
-        """Mean tokens emitted per verification round."""
-        return (self.generated_tokens - 1) / self.rounds if self.rounds else 0.0
-
-    @property
-    def decode_tokens_per_second(self) -> float:
-        """Tokens after the first over the time spent producing them."""
-        return (self.generated_tokens - 1) / self.decode_seconds if self.decode_seconds > 0 else 0.0
-
-    @property
-    def overhead_ms_per_round(self) -> float:
-        """Decode time outside llama.cpp per round, in milliseconds (Python and numpy)."""
-        return 1000 * (self.decode_seconds - self.llama_seconds) / self.rounds if self.rounds else 0.0
-
-    def to_dict(self) -> dict:
-        """Plain dict for JSON, with the derived figures included."""
-        d = asdict(self)
-        for name in ("acceptance_rate", "acceptance_by_position", "tokens_per_round",
-                     "decode_tokens_per_second", "overhead_ms_per_round"):
-            d[name] = getattr(self, name)
-        return d
+from .processors import Processing
+from .vocabulary import Detokenizer
 
 
 def check_prompt(target: Model, n_tokens: int) -> None:
@@ -206,12 +74,14 @@ class Round(NamedTuple):
         kept: how many of them the target accepted.
         next_token: the target's own token after the kept ones.
         timing: what it cost in llama.cpp: the target's verification and the drafter's models.
+        rows: when asked for, the processed logits row each emitted token was chosen from (kept + 1 rows).
     """
 
     draft: Draft
     kept: int
     next_token: int
     timing: RoundTiming
+    rows: Optional[np.ndarray] = None
 
     def emitted(self) -> list[Emitted]:
         """The tokens the round adds, in order: the kept draft, then the target's own token."""
@@ -229,6 +99,9 @@ def speculative_round(
     params: SamplingParams,
     rng: np.random.Generator,
     matcher: Optional[Matcher] = None,
+    processing: Optional[Processing] = None,
+    prompt_len: int = 0,
+    keep_rows: bool = False,
 ) -> Round:
     """One round: draft, verify, accept, truncate.
 
@@ -239,6 +112,9 @@ def speculative_round(
         context: prompt and generated tokens so far.
         k: the most tokens to draft.
         matcher: the grammar the output follows (None: none); it is advanced past the round's tokens.
+        processing: the logit bias and penalties, applied to every row before the grammar's mask.
+        prompt_len: where the generated tokens start in ``context`` (what the penalties look at).
+        keep_rows: return the rows the emitted tokens were chosen from (for their log-probabilities).
     """
     n = len(context)
     helpers = drafter.models if drafter is not None else ()
@@ -267,6 +143,8 @@ def speculative_round(
     if known and not target.can_undo(known):
         target.checkpoint()
     rows = target.eval([int(context[-1])] + draft.tokens[:known], logits="all")
+    if processing is not None:  # row i as plain decoding processes it: after the generated tokens and draft[:i]
+        rows = processing.rows(rows, context[prompt_len:], draft.tokens[:known])
     consumed = 0
     if matcher is not None:  # each row masked by the grammar's state after the draft tokens before it
         rows, consumed = masked_rows(rows, draft.tokens[:known], matcher, target.is_eog)
@@ -279,6 +157,7 @@ def speculative_round(
         matcher.rollback(consumed - kept)
         if not target.is_eog(nxt):  # an end token (kept or the target's) ends the generation and the grammar
             matcher.consume([nxt])
+    kept_rows = np.array(rows[: kept + 1], dtype=np.float32) if keep_rows else None  # before the buffer is reused
     # 4. truncate: keep the context and the accepted draft tokens; the rejected tail goes (from a
     # checkpoint, the kept ones are evaluated again: that time counts as verifying).
     target.truncate(n + kept)
@@ -288,7 +167,7 @@ def speculative_round(
         if not forced:
             drafter.observe(len(draft.tokens), kept)  # adaptive drafters learn from the outcome, and the costs
         drafter.observe_timing(timing)
-    return Round(draft, kept, nxt, timing)
+    return Round(draft, kept, nxt, timing, kept_rows)
 
 
 def masked_rows(rows: np.ndarray, tokens: list[int], matcher: Matcher,
@@ -362,6 +241,8 @@ class Generation:
         stop: strings that end the generation (the text stops before the first one).
         method: the registered method the drafter stands for, named in the stats (default: the drafter's name).
         matcher: a grammar the output follows (``constraint.Matcher``, fresh for this generation).
+        processing: the logit bias and penalties (``processors.Processing``), None for none.
+        logprobs: give each event its log-probability and this many likeliest alternatives (None: none).
 
     Raises:
         ContextOverflowError: the prompt leaves no room in the context.
@@ -381,6 +262,8 @@ class Generation:
         stop: Sequence[str] = (),
         method: Optional[str] = None,
         matcher: Optional[Matcher] = None,
+        processing: Optional[Processing] = None,
+        logprobs: Optional[int] = None,
     ):
         if max_tokens < 1:
             raise ConfigError(f"max_tokens must be at least 1, got {max_tokens}.")
@@ -405,9 +288,16 @@ class Generation:
         #: Text of a final incomplete UTF-8 sequence, set when generation ends.
         self.tail_text = ""
         self.matcher = matcher
+        self.processing = processing
+        self.logprobs = logprobs
         self._prompt = np.asarray(prompt, dtype=np.int32)
         self._stop = StopText(stop)
         self._cancel = threading.Event()
+        self._detok = Detokenizer(target)
+        self._context = np.zeros(target.n_ctx + 1, dtype=np.int32)  # prompt + generated tokens
+        self._n = 0  # tokens in _context
+        self._t_mark: Optional[float] = None  # start of decode time not yet counted; None while the consumer runs
+        self._first_row: Optional[np.ndarray] = None  # the prefill's logits, kept for the first token's logprob
         self._events = self._run()
 
     def __iter__(self) -> Generation:
@@ -458,82 +348,113 @@ class Generation:
             )
 
     def _run(self) -> Generator[TokenEvent, None, str]:
-        target, drafter, stats = self.target, self.drafter, self.stats
-        prompt = self._prompt
-        stats.prompt_tokens = len(prompt)
-        detok = Detokenizer(target)
-        context = np.zeros(target.n_ctx + 1, dtype=np.int32)  # prompt + generated tokens
-        n = len(prompt)
-        context[:n] = prompt
-        t_start = time.perf_counter()
-        busy0, target0 = self._llama_busy(), target.busy_seconds
-        rewound0 = self._rewound()
-        t_mark: Optional[float] = None  # start of decode time not yet counted; None while the consumer runs
-        stop = self._stop
+        target, stats = self.target, self.stats
+        stats.prompt_tokens = self._n = len(self._prompt)
+        self._context[:self._n] = self._prompt
+        start = self._counters()  # rewinds count from here; llama.cpp's time from the first round
         try:
-            stats.cached_prompt_tokens = min(target.common_prefix(prompt), len(prompt) - 1)
-            try:
-                logits = target.sync(prompt, abort=self._cancel)  # prefill, reusing the cached prefix
-            except GenerationCancelled:
+            first = self._prefill()
+            if first is None:
                 return "interrupted"
-            if drafter is not None:
-                drafter.prefill(prompt)  # a draft model processes the prompt now, not in round 1
-            if self.matcher is not None:
-                logits = self.matcher.mask(logits)
-            first = int(np.argmax(logits)) if self.params.greedy else sample(probabilities(logits, self.params),
-                                                                                self.rng)
-            if self.matcher is not None and not target.is_eog(first):
-                self.matcher.consume([first])
-            stats.prefill_seconds = time.perf_counter() - t_start
-            busy0, target0, t_mark = self._llama_busy(), target.busy_seconds, time.perf_counter()  # decode starts
-            pending = [Emitted(first, SOURCE_TARGET)]
+            start = (*self._counters()[:2], start[2])
+            self._t_mark = time.perf_counter()  # decode starts
+            pending, rows = [Emitted(first, SOURCE_TARGET)], self._first_row
             while True:
-                # emit: stop at an end-of-generation token (never shown) or at max_tokens.
-                for tok, source, by, position in pending:
-                    context[n] = tok
-                    n += 1
-                    if target.is_eog(tok):
-                        return "stop"
-                    stats.generated_tokens += 1
-                    if position >= 0:  # a drafted token counts as accepted once it is emitted
-                        stats.accepted += 1
-                        stats.accepted_at[position] += 1
-                        stats.accepted_by[by] = stats.accepted_by.get(by, 0) + 1
-                    stats.decode_seconds += time.perf_counter() - t_mark
-                    t_mark = None
-                    yield TokenEvent(tok, stop.feed(detok.feed(tok)), source, by)
-                    t_mark = time.perf_counter()
-                    if stop.stopped:  # the text is cut where the stop string began
-                        return "stop"
-                    if stats.generated_tokens >= self.max_tokens:
-                        return "length"
-                room = target.n_ctx - n - 1  # a round adds up to len(draft) + 1 tokens to the context
+                ended = yield from self._emit(pending, rows)
+                if ended is not None:
+                    return ended
+                room = target.n_ctx - self._n - 1  # a round adds up to len(draft) + 1 tokens to the context
                 if room < 0:
                     return "length"
                 if self._cancel.is_set():
                     return "interrupted"
-                self._check_cache(context[:n])
-                t_round = time.perf_counter()
-                rnd = speculative_round(target, drafter, context[:n], min(self.k, room), self.params, self.rng,
-                                        self.matcher)
-                stats.time_round(rnd.draft.by if rnd.draft.tokens else PLAIN.name, rnd.kept + 1,
-                                 time.perf_counter() - t_round, rnd.timing.verify_seconds, rnd.timing.draft_seconds)
-                stats.count_round(rnd.draft, rnd.kept)
-                pending = rnd.emitted()
+                pending, rows = self._round(min(self.k, room))
         finally:
-            # Whatever ended the loop (a stop, an exception, Ctrl-C, the consumer
-            # closing us), leave each cache holding a prefix of the emitted context.
-            emitted = context[:n]
-            target.truncate(target.common_prefix(emitted))
-            if drafter is not None:
-                drafter.settle(emitted)
-                stats.auto = drafter.report()
-            if t_mark is not None:  # the round that found EOS (or failed) after the last yield
-                stats.decode_seconds += time.perf_counter() - t_mark
-            stats.llama_seconds = self._llama_busy() - busy0
-            stats.target_seconds = target.busy_seconds - target0
-            stats.draft_seconds = stats.llama_seconds - stats.target_seconds
-            stats.rewinds, stats.replayed_tokens = (a - b for a, b in zip(self._rewound(), rewound0, strict=True))
-            tail = stop.feed(detok.flush())  # an incomplete character could still complete a stop string
-            self.tail_text = tail if stop.stopped else tail + stop.flush()
+            self._settle(start)
 
+    def _counters(self) -> tuple[float, float, tuple[int, int]]:
+        """llama.cpp's busy time (all models, and the target's), and the rewinds so far."""
+        return self._llama_busy(), self.target.busy_seconds, self._rewound()
+
+    def _prefill(self) -> Optional[int]:
+        """Process the prompt (reusing the cached prefix) and choose the first token; None if cancelled."""
+        target, drafter, prompt = self.target, self.drafter, self._prompt
+        t_start = time.perf_counter()
+        self.stats.cached_prompt_tokens = min(target.common_prefix(prompt), len(prompt) - 1)
+        try:
+            logits = target.sync(prompt, abort=self._cancel)
+        except GenerationCancelled:
+            return None
+        if drafter is not None:
+            drafter.prefill(prompt)  # a draft model processes the prompt now, not in round 1
+        if self.processing is not None:
+            logits = self.processing.row(logits, [])
+        if self.matcher is not None:
+            logits = self.matcher.mask(logits)
+        if self.logprobs is not None:
+            self._first_row = np.array(logits, dtype=np.float32)[None, :]
+        first = int(np.argmax(logits)) if self.params.greedy else sample(probabilities(logits, self.params), self.rng)
+        if self.matcher is not None and not target.is_eog(first):
+            self.matcher.consume([first])
+        self.stats.prefill_seconds = time.perf_counter() - t_start
+        return first
+
+    def _emit(self, pending: list[Emitted], rows: Optional[np.ndarray]) -> Generator[TokenEvent, None, Optional[str]]:
+        """Yield a round's tokens (``rows``: the logits each was chosen from, for their log-probabilities); the
+        finish reason if one ends the generation (an end token, a stop string, max_tokens), else None. Time the
+        consumer holds an event is not decode time."""
+        stats, stop = self.stats, self._stop
+        for j, (tok, source, by, position) in enumerate(pending):
+            self._context[self._n] = tok
+            self._n += 1
+            if self.target.is_eog(tok):  # never shown
+                return "stop"
+            stats.generated_tokens += 1
+            if position >= 0:  # a drafted token counts as accepted once it is emitted
+                stats.accepted += 1
+                stats.accepted_at[position] += 1
+                stats.accepted_by[by] = stats.accepted_by.get(by, 0) + 1
+            assert self._t_mark is not None
+            stats.decode_seconds += time.perf_counter() - self._t_mark
+            self._t_mark = None
+            lp, top = token_logprobs(rows[j], tok, self.logprobs) if rows is not None and self.logprobs is not None \
+                else (None, ())
+            yield TokenEvent(tok, stop.feed(self._detok.feed(tok)), source, by, lp, top)
+            self._t_mark = time.perf_counter()
+            if stop.stopped:  # the text is cut where the stop string began
+                return "stop"
+            if stats.generated_tokens >= self.max_tokens:
+                return "length"
+        return None
+
+    def _round(self, k: int) -> tuple[list[Emitted], Optional[np.ndarray]]:
+        """One speculative round of up to ``k`` drafted tokens, counted and timed; the tokens it decided, and
+        with ``logprobs`` the rows they were chosen from."""
+        context = self._context[:self._n]
+        self._check_cache(context)
+        t_round = time.perf_counter()
+        rnd = speculative_round(self.target, self.drafter, context, k, self.params, self.rng, self.matcher,
+                                self.processing, len(self._prompt), keep_rows=self.logprobs is not None)
+        self.stats.time_round(rnd.draft.by if rnd.draft.tokens else PLAIN.name, rnd.kept + 1,
+                              time.perf_counter() - t_round, rnd.timing.verify_seconds, rnd.timing.draft_seconds)
+        self.stats.count_round(rnd.draft, rnd.kept)
+        return rnd.emitted(), rnd.rows
+
+    def _settle(self, start: tuple[float, float, tuple[int, int]]) -> None:
+        """Whatever ended the loop (a stop, an exception, Ctrl-C, the consumer closing it): leave each cache
+        holding a prefix of the emitted context, and close the stats."""
+        target, drafter, stats, stop = self.target, self.drafter, self.stats, self._stop
+        emitted = self._context[:self._n]
+        target.truncate(target.common_prefix(emitted))
+        if drafter is not None:
+            drafter.settle(emitted)
+            stats.auto = drafter.report()
+        if self._t_mark is not None:  # the round that found EOS (or failed) after the last yield
+            stats.decode_seconds += time.perf_counter() - self._t_mark
+        busy, target_busy, rewound = self._counters()
+        stats.llama_seconds = busy - start[0]
+        stats.target_seconds = target_busy - start[1]
+        stats.draft_seconds = stats.llama_seconds - stats.target_seconds
+        stats.rewinds, stats.replayed_tokens = (a - b for a, b in zip(rewound, start[2], strict=True))
+        tail = stop.feed(self._detok.flush())  # an incomplete character could still complete a stop string
+        self.tail_text = tail if stop.stopped else tail + stop.flush()

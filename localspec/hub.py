@@ -23,9 +23,9 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, NoReturn, Optional
+from typing import Callable, Iterator, Mapping, NoReturn, Optional
 
-from .errors import HubError, RegistryError
+from .errors import HubError, LocalspecError, RegistryError
 from .paths import home, write_atomic
 from .registry import ModelRef, PairSpec
 
@@ -303,3 +303,17 @@ def resolve(spec: PairSpec) -> PulledPair:
         if not ref.is_local and expected_sha256(ref)[0]:
             _verify(ref, path, _quiet)  # a cached file fetched by another tool is checked once
     return PulledPair(spec.name, found[0], found[1])
+
+
+def is_downloaded(spec: PairSpec) -> bool:
+    """Whether both of the pair's files are on disk (and match their checksums); no network."""
+    try:
+        resolve(spec)
+    except LocalspecError:
+        return False
+    return True
+
+
+def first_downloaded(specs: Mapping[str, PairSpec]) -> Optional[str]:
+    """The name of the first pair in ``specs`` whose files are all on disk, or None."""
+    return next((name for name, spec in specs.items() if is_downloaded(spec)), None)

@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Union
 
-from .backend import check_gguf
 from .errors import ConfigError, RegistryError
-from .gguf_header import read_local
+from .gguf_header import check_gguf, read_local
 
 PathLike = Union[str, os.PathLike]
 #: ``draft=`` values: no draft at all, or the best one found on this machine.
@@ -62,6 +61,14 @@ def model_path(ref: PathLike) -> Path:
     return Path(resolve_name(text)) if isinstance(ref, str) and is_store_name(text) else Path(text).expanduser()
 
 
+def default_draft(method: Optional[str]) -> Optional[str]:
+    """The draft a target given alone gets: the best one on this machine (``FIND_DRAFT``) when ``method``
+    (None: auto) can draft with a model, else none."""
+    from .methods import AUTO, DRAFT
+
+    return FIND_DRAFT if method in (None, AUTO.name, DRAFT.name) else None
+
+
 def resolve_models(target: PathLike, draft: Optional[PathLike] = None) -> Resolved:
     """The files for ``target`` and ``draft`` as ``localspec.load`` and the command line take them.
 
@@ -101,7 +108,8 @@ def resolve_models(target: PathLike, draft: Optional[PathLike] = None) -> Resolv
 def draft_on_disk(target: Path) -> tuple[Optional[Path], str]:
     """The best draft for ``target`` among the models beside it and in the stores, and a sentence saying
     which and why (or that there is none, and how to find one)."""
-    from .stores import find_draft, scan
+    from .pairing import find_draft
+    from .stores import scan
 
     size = check_gguf(target).stat().st_size  # a missing or foreign target is reported as such
     # Only files smaller than the target can draft for it, so only their headers are read; beside the

@@ -24,8 +24,9 @@ from typing import Any, Callable, Optional
 import llama_cpp as ll
 import numpy as np
 
-from .backend import Model, common_prefix
+from .backend import Model
 from .errors import BackendError, ConfigError
+from .vocabulary import common_prefix
 
 
 def extension() -> Any:

@@ -31,6 +31,13 @@ MAX_STOPS = 16
 MAX_STOP_CHARS = 256
 #: The seed that asks for a random one, as llama.cpp spells it (LLAMA_DEFAULT_SEED).
 RANDOM_SEED = -1
+#: The largest ``logit_bias`` value either way, and the most biased tokens (OpenAI's bounds).
+MAX_BIAS = 100.0
+MAX_BIASED = 1024
+#: The longest window the penalties look back over.
+MAX_LAST_N = 1 << 16
+#: The most alternatives ``logprobs`` gives per token (OpenAI's ``top_logprobs`` bound).
+MAX_LOGPROBS = 20
 
 
 def _is_number(x: object) -> bool:
@@ -47,6 +54,42 @@ def _is_utf8(text: str) -> bool:
         return True
     except UnicodeEncodeError:
         return False
+
+
+def _bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as sorted (token id, bias) pairs, from a mapping, pairs, or ``"ID=BIAS"`` strings.
+
+    Raises:
+        SamplingError: an id that is not a whole number >= 0, a bias outside +-MAX_BIAS, or too many.
+    """
+    items = value.items() if isinstance(value, dict) else value
+    if not isinstance(items, (tuple, list, type({}.items()))):
+        raise SamplingError(f"logit_bias must map token ids to biases, got {type(value).__name__}.")
+    pairs: dict[int, float] = {}
+    item: Any
+    for item in items:
+        if isinstance(item, str):
+            token_text, eq, bias_text = item.partition("=")
+            try:
+                item = (int(token_text), float(bias_text)) if eq else None
+            except ValueError:
+                item = None
+            if item is None:
+                raise SamplingError(f"logit_bias {value!r}: give each as ID=BIAS, e.g. 1234=-100.")
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise SamplingError(f"logit_bias must map token ids to biases, got the entry {item!r}.")
+        token, bias = item
+        if isinstance(token, str) and token.strip().isdigit():
+            token = int(token)  # JSON object keys are strings
+        if not _is_whole(token) or token < 0:
+            raise SamplingError(f"logit_bias token ids are whole numbers >= 0, got {token!r}.")
+        if not _is_number(bias) or not -MAX_BIAS <= bias <= MAX_BIAS:
+            raise SamplingError(f"logit_bias values are numbers from -{MAX_BIAS:g} to {MAX_BIAS:g}, got {bias!r} "
+                                f"for token {token}.")
+        pairs[token] = float(bias)
+    if len(pairs) > MAX_BIASED:
+        raise SamplingError(f"logit_bias may name at most {MAX_BIASED} tokens, got {len(pairs)}.")
+    return tuple(sorted(pairs.items()))
 
 
 def check_k(k: object, what: str = "The draft length k") -> int:
@@ -124,6 +167,13 @@ class GenerationOptions:
             this one (when the pair has a history store; see ``localspec.load``).
         grammar: what the output must follow (``constraint.Constraint``: a JSON schema, JSON mode,
             a regex, a Lark or GBNF grammar); None for free text. Every method stays exact under it.
+        logit_bias: (token id, bias) pairs added to those logits (a dict, or ``"ID=BIAS"`` strings, is
+            turned into them), as OpenAI's ``logit_bias``.
+        repeat_penalty, frequency_penalty, presence_penalty: llama.cpp's penalties over the last
+            ``repeat_last_n`` generated tokens (see ``localspec.processors``). Every method stays exact
+            under them and the bias.
+        logprobs: None, or give every token its log-probability under the processed logits it was chosen
+            from (bias, penalties and grammar applied, at temperature 1) and this many likeliest alternatives.
     """
 
     max_tokens: int = _opt(256, "Most tokens to generate.", "--max-tokens", "-n")
@@ -141,6 +191,19 @@ class GenerationOptions:
     history: bool = _opt(True, "Draft from this model's earlier generations, and record this one.",
                          "--history/--no-history")
     grammar: Optional[Constraint] = _opt(None, "What the output must follow (a JSON schema, a regex, a grammar).")
+    logit_bias: tuple[tuple[int, float], ...] = _opt(
+        (), f"Add BIAS to token ID's logit, as ID=BIAS (BIAS from -{MAX_BIAS:g} to {MAX_BIAS:g}; repeatable).",
+        "--logit-bias")
+    repeat_penalty: float = _opt(1.0, "llama.cpp's repeat penalty: divide a positive logit (multiply a negative one) "
+                                      "of tokens among the last --repeat-last-n generated (1: off).",
+                                 "--repeat-penalty")
+    frequency_penalty: float = _opt(0.0, "Lower a token's logit by this times its count among them (-2 to 2; 0: off).",
+                                    "--frequency-penalty")
+    presence_penalty: float = _opt(0.0, "Lower the logit of every token among them by this (-2 to 2; 0: off).",
+                                   "--presence-penalty")
+    repeat_last_n: int = _opt(64, "How many of the latest generated tokens the penalties look at.", "--repeat-last-n")
+    logprobs: Optional[int] = _opt(None, f"Give each token's log-probability and the N likeliest alternatives "
+                                         f"(0 to {MAX_LOGPROBS}).", "--logprobs")
 
     def __post_init__(self) -> None:
         SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)  # checks the sampling values
@@ -161,6 +224,8 @@ class GenerationOptions:
         if self.grammar is not None and not isinstance(self.grammar, Constraint):
             raise ConfigError(f"grammar must be a localspec Constraint (Constraint.json_schema(...), .regex(...), "
                               f".lark(...), .gbnf(...)), got {type(self.grammar).__name__}.")
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))  # frozen: normalised like seed
+        self._check_penalties()
         if not isinstance(self.history, bool):
             raise ConfigError(f"history must be true or false, got {self.history!r}.")
         if len(self.stop) > MAX_STOPS:
@@ -170,6 +235,20 @@ class GenerationOptions:
         longest = max(map(len, self.stop), default=0)
         if longest > MAX_STOP_CHARS:
             raise ConfigError(f"A stop string may be at most {MAX_STOP_CHARS} characters long, got one of {longest}.")
+
+    def _check_penalties(self) -> None:
+        r, f, p, n = self.repeat_penalty, self.frequency_penalty, self.presence_penalty, self.repeat_last_n
+        if not _is_number(r) or r <= 0:
+            raise SamplingError(f"repeat_penalty must be a finite number > 0 (1 turns it off), got {r!r}.")
+        for name, value in (("frequency_penalty", f), ("presence_penalty", p)):
+            if not _is_number(value) or not -2 <= value <= 2:
+                raise SamplingError(f"{name} must be a number from -2 to 2 (0 turns it off), got {value!r}.")
+        if not _is_whole(n) or not 0 <= n <= MAX_LAST_N:
+            raise SamplingError(f"repeat_last_n must be a whole number from 0 to {MAX_LAST_N}, got {n!r}.")
+        lp = self.logprobs
+        if lp is not None and not (_is_whole(lp) and 0 <= lp <= MAX_LOGPROBS):
+            raise ConfigError(f"logprobs must be a whole number from 0 to {MAX_LOGPROBS} (the likeliest "
+                              f"alternatives to give with each token), got {lp!r}.")
 
     @property
     def sampling(self) -> SamplingParams:

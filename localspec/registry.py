@@ -27,6 +27,9 @@ from .errors import RegistryError
 from .methods import K_LIMIT
 from .paths import home, write_atomic
 
+#: The pair offered for download when a command needs one and none is on disk.
+DEFAULT_PAIR = "qwen2.5-coder-1.5b"
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover

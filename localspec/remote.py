@@ -17,13 +17,15 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Sequence
 
-from .errors import HubError, ModelFileError
-from .gguf_header import GGUFHeader, parse, parse_size_label, same_vocabulary
-from .hub import raise_http, truthy
-from .registry import ModelRef
-from .stores import MIN_RATIO, human_bytes
+from .compat import VocabInfo
+from .errors import HubError, ModelFileError, VocabMismatchError
+from .gguf_header import GGUFHeader, parse, parse_size_label, read_local, same_vocabulary
+from .hub import locate, raise_http, truthy
+from .pairing import MIN_RATIO, rank_key, small_enough
+from .registry import ModelRef, PairSpec
+from .sizes import human_bytes
 
 Say = Callable[[str], None]
 #: Hub repositories looked at per search, and candidate files whose headers are read.
@@ -70,6 +72,23 @@ class RemoteGGUF:
     @property
     def bytes_read(self) -> int:
         return self.header.bytes_read
+
+    @property
+    def name(self) -> str:
+        return self.describe()
+
+    @property
+    def architecture(self) -> Optional[str]:
+        return self.header.architecture
+
+    @property
+    def quantization(self) -> Optional[str]:
+        return self.header.quantization
+
+    @property
+    def parameters(self) -> Optional[int]:
+        """Parameter count from the header, else from a size in the file or repository name (``0.5B``)."""
+        return self.header.parameters or _size_in_name(self.ref)
 
     def describe(self) -> str:
         return f"hf:{self.ref.describe()}"
@@ -176,11 +195,6 @@ class DraftMatch:
     padded: bool = False
 
 
-def parameters_of(remote: RemoteGGUF) -> Optional[int]:
-    """Parameter count from the header, else from a size in the file or repository name (``0.5B``)."""
-    return remote.header.parameters or _size_in_name(remote.ref)
-
-
 def _size_in_name(ref: ModelRef) -> Optional[int]:
     for name in (ref.file or "", ref.repo or ""):
         m = _SIZE_IN_NAME.search(name)
@@ -189,23 +203,16 @@ def _size_in_name(ref: ModelRef) -> Optional[int]:
     return None
 
 
-def _small_enough(target: RemoteGGUF, draft: RemoteGGUF) -> bool:
-    """At least ``MIN_RATIO`` times smaller: by parameters when both are known, else by file size (as on disk)."""
-    t, d = parameters_of(target), parameters_of(draft)
-    return d * MIN_RATIO <= t if t and d else draft.size * MIN_RATIO <= target.size
-
-
 def find_drafts(target: RemoteGGUF, catalog: Iterable[ModelRef] = (), say: Say = lambda _: None,
                 search: bool = True) -> tuple[list[DraftMatch], int]:
     """Drafts for a Hub target: candidates from the catalog and the Hub, each checked by its header.
 
     A candidate qualifies when its vocabulary is the target's (or differs only
-    by padding) and it is at least ``stores.MIN_RATIO`` times smaller, as on
+    by padding) and it is at least ``pairing.MIN_RATIO`` times smaller, as on
     disk. Catalog drafts are tried when their repository names the target's
     family; a candidate whose name already says it is too large is not read,
     and the smallest by name are read first. Best first, as
-    ``stores.pair_models`` ranks drafts on disk: the same architecture, an
-    identical vocabulary before a padded one, then the smallest.
+    ``pairing.rank_key`` ranks drafts on disk.
 
     Returns:
         The matches, and the bytes read from the Hub to check them all.
@@ -214,7 +221,7 @@ def find_drafts(target: RemoteGGUF, catalog: Iterable[ModelRef] = (), say: Say =
     word = family.split("-")[0].lower().rstrip("0123456789.")  # "qwen" of "Qwen2.5-Coder"
     kin = [c for c in catalog if word and word in (c.repo or "").lower()]
     candidates = list(dict.fromkeys([*kin, *(_search(target, family, say) if search else [])]))
-    limit = (parameters_of(target) or 0) / MIN_RATIO
+    limit = (target.parameters or 0) / MIN_RATIO
     candidates = [c for c in candidates if (c.repo, c.file) != (target.ref.repo, target.ref.file)
                   and not (limit and (_size_in_name(c) or 0) > limit)]
     candidates.sort(key=lambda c: (_size_in_name(c) is None, _size_in_name(c) or 0))
@@ -229,18 +236,16 @@ def find_drafts(target: RemoteGGUF, catalog: Iterable[ModelRef] = (), say: Say =
             continue
         if not verdict.ok:
             say(f"not a draft: {remote.describe()}: {verdict.message}")
-        elif not _small_enough(target, remote):
+        elif not small_enough(target, remote):
             say(f"not a draft: {remote.describe()} is not {MIN_RATIO:g} times smaller than the target")
         else:
-            params = parameters_of(remote)
+            params = remote.parameters
             size = f"{params / 1e9:.1f}B" if params else human_bytes(remote.size)
             matches.append(DraftMatch(remote, f"{'vocabulary padded' if verdict.padded else 'same vocabulary'}, "
                                               f"{remote.header.architecture}, {size}; read "
                                               f"{human_bytes(remote.bytes_read)} of {human_bytes(remote.size)}",
                                       verdict.padded))
-    arch = target.header.architecture
-    matches.sort(key=lambda m: (m.remote.header.architecture != arch, m.padded, parameters_of(m.remote) is None,
-                                parameters_of(m.remote) or m.remote.size))
+    matches.sort(key=lambda m: rank_key(target, m.remote, m.padded))
     return matches, spent
 
 
@@ -283,3 +288,74 @@ def _same_quant(files: list[str], target_file: str) -> Optional[str]:
     tag = m.group(1).lower() if m else ""
     usable = [f for f in files if not re.search(r"-\d{5}-of-\d{5}\.gguf$", f) and "mmproj" not in f.lower()]
     return next((f for f in usable if tag and f.lower().endswith(f"{tag}.gguf")), None)
+
+
+def check_before_download(spec: PairSpec, say: Say = lambda _: None) -> None:
+    """Before a pair's missing Hub files are downloaded, compare the two vocabularies from their headers.
+
+    Offline, or with both files on disk, there is nothing to check here (loading checks them).
+
+    Raises:
+        VocabMismatchError: the headers say the draft cannot draft for the target (nothing was downloaded).
+    """
+    on_disk = [locate(spec.target), locate(spec.draft)]
+    if all(on_disk) or truthy("HF_HUB_OFFLINE"):
+        return
+    headers, read = [], 0
+    for ref, path in zip((spec.target, spec.draft), on_disk, strict=True):
+        if path is not None or ref.is_local:
+            local = path or ref.path
+            assert local is not None  # a local reference always has its path
+            headers.append(read_local(local))
+        else:
+            remote = remote_header(ref)
+            headers.append(remote.header)
+            read += remote.bytes_read
+    verdict = same_vocabulary(headers[0], headers[1])
+    if not verdict.ok:
+        raise VocabMismatchError(f"{verdict.message} (pair {spec.name!r}; nothing was downloaded)")
+    say(f"checked the vocabularies from the headers first ({human_bytes(read)} read): {verdict.message}")
+
+
+def hub_pair(target: str, draft: Optional[str], catalog: Sequence[ModelRef], search: bool = True,
+             say: Say = lambda _: None) -> tuple[RemoteGGUF, RemoteGGUF]:
+    """A Hub target (``hf:ORG/REPO/FILE.gguf``) and its draft, given or found (``find_drafts``), both checked by
+    their headers before any download.
+
+    Raises:
+        HubError: no draft was found, or a file cannot be read from the Hub.
+        VocabMismatchError: the given draft's vocabulary is not the target's.
+    """
+    t = remote_header(parse_hf(target))
+    say(f"target {t.describe()}: {t.header.architecture}, {t.header.size_label or '?'} "
+        f"(read {human_bytes(t.bytes_read)} of {human_bytes(t.size)})")
+    if draft is not None:
+        d = remote_header(parse_hf(draft))
+        verdict = same_vocabulary(t.header, d.header)
+        if not verdict.ok:
+            raise VocabMismatchError(verdict.message)
+        say(f"draft {d.describe()}: {verdict.message} (read {human_bytes(d.bytes_read)} of {human_bytes(d.size)})")
+        return t, d
+    matches, spent = find_drafts(t, catalog, say=say, search=search)
+    for m in matches:
+        say(f"  candidate {m.remote.describe()}: {m.reason}")
+    if not matches:
+        raise HubError(f"No draft for {t.describe()} was found in the catalog{' or on the Hub' if search else ''}; "
+                       "give one of the same family with --draft hf:ORG/REPO/FILE.gguf.")
+    say(f"draft: {matches[0].remote.describe()} (checked by header, {human_bytes(spent)} read in all)")
+    return t, matches[0].remote
+
+
+def vocab_of(ref: str) -> tuple[VocabInfo, str]:
+    """A model's vocabulary, and where it was read: a Hub file's (``hf:ORG/REPO/FILE.gguf``) from the local
+    cache, else from its header (saying how much was read); any other name's from its file, by llama.cpp."""
+    from .llama import read_vocab
+    from .naming import model_path
+
+    if not ref.startswith("hf:"):
+        return read_vocab(model_path(ref)), ""
+    cached = locate(parse_hf(ref))
+    if cached is not None:
+        return read_vocab(cached), " (in the local Hugging Face cache)"
+    remote = remote_header(parse_hf(ref))
+    return remote.header.vocab(), f" (header read: {human_bytes(remote.bytes_read)} of {human_bytes(remote.size)})"

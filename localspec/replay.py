@@ -92,7 +92,7 @@ def _auto(profile: CostProfile, req: Recorded, index: HistoryIndex, estimates: d
           kmax: int) -> AutoDrafter:
     """Auto as a pair builds it, offered the recorded draft model as well when there is one."""
     ctx = DraftingContext(GenerationOptions(), kmax, np.asarray(req.prompt), lambda: req.text, None, index,
-                          estimates, lambda: profile)
+                          estimates, profile)
     traced = drafting_model_candidate(ctx, RecordedDraft(req)) if req.draft_next is not None else None
     return build_auto(ctx, [traced] if traced else [])
 

@@ -43,10 +43,14 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
-from .api import Pair, Result, Stream
+from . import server_logprobs
+from .api import Pair
 from .errors import ConfigError, ContextOverflowError, LocalspecError, NotInstalledError, SamplingError, TokenIdError
+from .methods import REGISTRY
 from .options import GenerationOptions
-from .server_http import LOOPBACK_NAMES, ApiError, Guard
+from .results import Result, Stream
+from .server_access import LOOPBACK_NAMES
+from .server_http import ApiError, Guard
 from .server_requests import ChatRequest, Limits, parse_body, parse_request
 
 #: The largest request body by default, in bytes (a full 32k-token context of text is about 130 kB).
@@ -57,7 +61,8 @@ def _library_error(exc: LocalspecError, chat: bool) -> ApiError:
     if isinstance(exc, ContextOverflowError):
         return ApiError(400, str(exc), code="context_length_exceeded", param="messages" if chat else "prompt")
     if isinstance(exc, TokenIdError):
-        return ApiError(400, str(exc), code="invalid_token_id", param="prompt")
+        return ApiError(400, str(exc), code="invalid_token_id",
+                        param="logit_bias" if str(exc).startswith("logit_bias") else "prompt")
     if isinstance(exc, (ConfigError, SamplingError)):
         return ApiError(400, str(exc), code="invalid_value")
     if isinstance(exc, NotInstalledError):  # the server lacks a part, not the request
@@ -128,6 +133,27 @@ class Server:
         self.counts = {"completed": 0, "cancelled": 0, "refused": 0, "failed": 0}
         self.created = int(time.time())
         self.stopping = False
+
+    @classmethod
+    def for_pair(cls, pair: Pair, name: str, defaults: GenerationOptions, *, max_queue: int = 8,
+                 max_tokens: Optional[int] = None) -> Server:
+        """A server for ``pair`` as ``localspec serve`` runs one, ready for its first request.
+
+        ``defaults.history`` off is absolute: no request can turn it back on. Without ``max_tokens`` a
+        request may fill the context. An adaptive default method measures the machine now rather than in
+        the first request.
+        """
+        if not defaults.history:
+            pair.set_history(False)
+        if max_tokens is None:
+            defaults = defaults.replace(max_tokens=pair.target.n_ctx)
+        server = cls(pair, name, defaults, max_queue=max_queue, max_tokens=max_tokens,
+                     history=pair.history is not None)
+        if REGISTRY.get(defaults.method).adaptive:
+            # On the worker thread that will generate: llama.cpp's OpenMP threads belong to the thread that
+            # calls it, and a second team left over from another thread slowed every later batch by a fifth.
+            server.worker.submit(pair.calibrate).result()
+        return server
 
     @property
     def name(self) -> str:
@@ -206,6 +232,8 @@ class Server:
             for ev in stream:
                 if job.cancelled.is_set():
                     break  # leaving the loop closes the stream: both caches stay consistent
+                if ev.logprob is not None:  # before its text, so a chunk carries the tokens that made it
+                    job.put("logprobs", server_logprobs.entry(ev, self.pair.target.token_bytes))
                 if ev.text:
                     job.put("text", ev.text)
                     sent += len(ev.text)
@@ -300,6 +328,13 @@ async def _next_event(server: Server, job: Job, request: Request) -> tuple[str, 
             continue
 
 
+def _logprobs(job: Job, entries: list[dict[str, Any]], offset: int = 0) -> Optional[dict[str, Any]]:
+    """A choice's ``logprobs`` in the request's shape; None when it did not ask for them."""
+    if job.request.options.logprobs is None:
+        return None
+    return server_logprobs.chat(list(entries)) if job.request.chat else server_logprobs.completion(entries, offset)
+
+
 def _envelope(server: Server, job: Job, rid: str, chunk: bool) -> dict[str, Any]:
     kind = "chat.completion" if job.request.chat else "text_completion"
     return {"id": rid, "object": kind + (".chunk" if chunk and job.request.chat else ""), "created": int(time.time()),
@@ -310,11 +345,14 @@ async def _whole(server: Server, job: Job, request: Request) -> Any:
     """Answer once the generation is done."""
     rid = ("chatcmpl-" if job.request.chat else "cmpl-") + uuid.uuid4().hex[:24]
     text: list[str] = []
+    entries: list[dict[str, Any]] = []
     try:
         while True:
             kind, value = await _next_event(server, job, request)
             if kind == "text":
                 text.append(value)
+            elif kind == "logprobs":
+                entries.append(value)
             elif kind == "error":
                 return value.response()
             else:
@@ -325,7 +363,7 @@ async def _whole(server: Server, job: Job, request: Request) -> Any:
     if value is None:  # cancelled: nobody is listening
         return JSONResponse({}, status_code=499)
     r: Result = value
-    choice: dict[str, Any] = {"index": 0, "finish_reason": r.finish_reason, "logprobs": None}
+    choice: dict[str, Any] = {"index": 0, "finish_reason": r.finish_reason, "logprobs": _logprobs(job, entries)}
     if job.request.chat:
         choice["message"] = {"role": "assistant", "content": "".join(text)}
     else:
@@ -344,8 +382,14 @@ async def _stream(server: Server, job: Job, request: Request) -> Any:
     if first[0] == "error":
         return first[1].response()
 
+    entries: list[dict[str, Any]] = []  # the tokens of the text not yet sent
+    offset = [0]  # where the next token's text starts (a completion's text_offset, counted as unstreamed)
+
     def chunk(text: Optional[str], finish: Optional[str] = None, role: bool = False) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
+                                  "logprobs": _logprobs(job, entries, offset[0]) if not role else None}
+        offset[0] += sum(len(e["token"]) for e in entries)
+        entries.clear()
         if job.request.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
@@ -364,7 +408,9 @@ async def _stream(server: Server, job: Job, request: Request) -> Any:
                 yield sse(chunk("", role=True))
             kind, value = first
             while True:
-                if kind == "text":
+                if kind == "logprobs":
+                    entries.append(value)
+                elif kind == "text":
                     yield sse(chunk(value))
                 elif kind == "error":  # failed after streaming began: say so in the stream
                     yield sse({"error": {"message": value.message, "type": value.type, "code": value.code}})

@@ -32,8 +32,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-#: Host names a loopback server answers to.
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 #: Paths anyone may read without the API key.
 OPEN_PATHS = ("/health",)
 #: Seconds a client may take to send a request body.

@@ -26,10 +26,9 @@ from .server_http import ApiError
 #: Request fields that would change the output and that localspec does not implement, with the values
 #: that mean "not used": anything else gets a 400 naming the field.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "n": (1,), "best_of": (1,), "logprobs": (False,), "top_logprobs": (0,), "echo": (False,), "suffix": ("",),
+    "n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",),
     "tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],), "function_call": ("none", "auto"),
-    "parallel_tool_calls": (True, False), "logit_bias": ({},), "presence_penalty": (0,), "frequency_penalty": (0,),
-    "repeat_penalty": (1,), "repetition_penalty": (1,), "ignore_eos": (False,), "typical_p": (1,),
+    "parallel_tool_calls": (True, False), "ignore_eos": (False,), "typical_p": (1,),
     "mirostat": (0,), "audio": ({},), "modalities": (["text"],), "prediction": ({},),
 }
 #: The fields that constrain the output, and the constraint each asks for: OpenAI's, then llama-server's.
@@ -90,11 +89,17 @@ class _Body(_Strict):
     history: Optional[bool] = None
     speculative: Optional[Speculative] = None
     user: Optional[str] = None  # an end-user id for the caller's own logs; changes nothing
+    logit_bias: Optional[dict[str, Union[int, float]]] = None
+    presence_penalty: Union[int, float, None] = None
+    frequency_penalty: Union[int, float, None] = None
+    repeat_penalty: Union[int, float, None] = None  # llama-server's and llama-cpp-python's name
+    repetition_penalty: Union[int, float, None] = None  # vLLM's name for the same penalty
+    repeat_last_n: Optional[int] = None
+    logprobs: Union[bool, int, None] = None  # chat: true/false (with top_logprobs); completions: how many
+    top_logprobs: Optional[int] = None
     # Not implemented: only the values in UNSUPPORTED are accepted.
     n: Any = None
     best_of: Any = None
-    logprobs: Any = None
-    top_logprobs: Any = None
     echo: Any = None
     suffix: Any = None
     tools: Any = None
@@ -102,11 +107,6 @@ class _Body(_Strict):
     functions: Any = None
     function_call: Any = None
     parallel_tool_calls: Any = None
-    logit_bias: Any = None
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
-    repeat_penalty: Any = None
-    repetition_penalty: Any = None
     ignore_eos: Any = None
     typical_p: Any = None
     mirostat: Any = None
@@ -129,7 +129,10 @@ class CompletionBody(_Body):
 #: Body fields -> GenerationOptions fields.
 OPTION_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",
                  "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed", "stop": "stop",
-                 "method": "method", "k": "k", "history": "history"}
+                 "method": "method", "k": "k", "history": "history", "logit_bias": "logit_bias",
+                 "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+                 "repeat_penalty": "repeat_penalty", "repetition_penalty": "repeat_penalty",
+                 "repeat_last_n": "repeat_last_n"}
 
 
 @dataclass
@@ -223,14 +226,38 @@ def _options(req: _Body, defaults: GenerationOptions, limits: Limits) -> Generat
     constraint = _constraint(req)
     if constraint is not None:
         given["grammar"] = constraint
+    logprobs = _logprobs(req)
+    if logprobs is not None:
+        given["logprobs"] = logprobs
     try:
         options = defaults.replace(**given)
     except LocalspecError as exc:
-        param = next((n for n in OPTION_FIELDS if re.search(rf"\b{n}\b", str(exc))), None)
+        param = next((n for n in (*OPTION_FIELDS, "logprobs") if re.search(rf"\b{n}\b", str(exc))), None)
         raise ApiError(400, str(exc), param=param, code="invalid_value") from None
     if limits.max_tokens is not None and options.max_tokens > limits.max_tokens:
         options = options.replace(max_tokens=limits.max_tokens)  # the operator's cap, as llama-server's n_predict
     return options
+
+
+def _logprobs(req: _Body) -> Optional[int]:
+    """How many alternatives to give with each token's log-probability (None: no logprobs), as chat asks
+    (``logprobs: true`` and ``top_logprobs``) or a completion does (``logprobs: N``)."""
+    lp, top = req.logprobs, req.top_logprobs
+    if isinstance(req, ChatBody):
+        if lp is not None and not isinstance(lp, bool):
+            raise ApiError(400, "For chat, 'logprobs' is true or false; give the number of alternatives as "
+                           "'top_logprobs'.", param="logprobs", code="invalid_type")
+        if top is not None and lp is not True:
+            raise ApiError(400, "'top_logprobs' needs \"logprobs\": true.", param="top_logprobs",
+                           code="invalid_value")
+        return (top or 0) if lp else None
+    if top is not None:
+        raise ApiError(400, "Completions take 'logprobs': N (the alternatives per token), not 'top_logprobs'.",
+                       param="top_logprobs", code="unknown_parameter")
+    if isinstance(lp, bool):
+        raise ApiError(400, "For completions, 'logprobs' is a number (the alternatives per token, 0 to 20).",
+                       param="logprobs", code="invalid_type")
+    return lp
 
 
 def _constraint(req: _Body) -> Optional[Constraint]:

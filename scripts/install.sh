@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv and install localspec into it (add "test" for the test extras).
+# Create .venv and install localspec into it (add "test" for the test extras; --with-models also fetches the
+# Qwen2.5-Coder test pair, downloading it while llama-cpp-python builds).
 #
 # llama-cpp-python is built from source. On x86-64 Linux the default build
 # here is portable AVX2 (GGML_NATIVE=OFF): a -march=native build enables
@@ -13,15 +14,31 @@ cd "$(dirname "$0")/.."
 
 LLAMA_VERSION=0.3.36  # keep in step with pyproject.toml
 PYTHON=${PYTHON:-python3}
-extras=${1:-}
+extras=
+fetch_models=
+for arg in "$@"; do
+  case "$arg" in
+    --with-models) fetch_models=1 ;;
+    -*) echo "install.sh: unknown option $arg (known: --with-models)" >&2; exit 2 ;;
+    *) extras=$arg ;;
+  esac
+done
 
 if [[ -z "${CMAKE_ARGS:-}" && "$(uname -s)" == Linux && "$(uname -m)" == x86_64 ]]; then
   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAVA_BUILD=OFF"
 fi
 export CMAKE_ARGS="${CMAKE_ARGS:-}"
+# Compile on every core whichever generator CMake picks (Make alone would compile one file at a time).
+export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)}"
 
 [[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
+fetch_pid=
+if [[ -n "$fetch_models" ]]; then
+  # The download needs only the standard library and pip, so it overlaps the build instead of following it.
+  .venv/bin/python scripts/fetch_test_models.py >/dev/null 2>.venv/fetch.log &
+  fetch_pid=$!
+fi
 
 key=$(printf '%s|%s|%s|%s' "$LLAMA_VERSION" "$(uname -sm)" "$(.venv/bin/python -c 'import sys; print(sys.version_info[:2])')" "$CMAKE_ARGS" | sha256sum | cut -c1-16)
 wheels="${XDG_CACHE_HOME:-$HOME/.cache}/localspec/wheels/$key"
@@ -36,4 +53,12 @@ if [[ -n "$extras" ]]; then
   .venv/bin/python -m pip install --quiet -e ".[$extras]"
 else
   .venv/bin/python -m pip install --quiet -e .
+fi
+if [[ -n "$fetch_pid" ]]; then
+  if ! wait "$fetch_pid"; then
+    cat .venv/fetch.log >&2
+    echo "install.sh: fetching the test models failed (above); run .venv/bin/python scripts/fetch_test_models.py" >&2
+    exit 1
+  fi
+  .venv/bin/python scripts/fetch_test_models.py >/dev/null  # verified already: registers them as the built-in pair
 fi

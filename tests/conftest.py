@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -16,16 +16,17 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session", autouse=True)
-def localspec_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def localspec_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Every test runs with its own localspec home: no calibration or registry leaks in or out.
 
     History is off unless a test turns it on: a drafter that learns from earlier
     tests would make their statistics depend on the order they run in.
     """
     home = tmp_path_factory.mktemp("home")
-    os.environ["LOCALSPEC_HOME"] = str(home)
-    os.environ["LOCALSPEC_HISTORY"] = "off"
-    return home
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOCALSPEC_HOME", str(home))
+        mp.setenv("LOCALSPEC_HISTORY", "off")
+        yield home
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from clirun import run_cli
 from helpers import same_distribution, token_counts
 
 import localspec
@@ -76,7 +77,7 @@ def test_prompt_prior_reads_copy_requests():
 def _auto(profile, model=None, explore_every=32, prior=0.45):
     """Auto over lookup (with the given prior) and, if given, the draft model, as a pair builds it."""
     ctx = DraftingContext(GenerationOptions(), 8, np.zeros(0, dtype=np.int32), lambda: "", draft=model,
-                          profile=lambda: profile)
+                          profile=profile)
     candidates = [c for c in (lookup_candidate(ctx, prior=prior), model_candidate(ctx)) if c is not None]
     return AutoDrafter(profile, candidates, kmax=8, explore_every=explore_every)
 
@@ -147,7 +148,7 @@ def test_calibration_is_cached_per_settings_and_refreshable(tiny_dir, tmp_path):
 
 def test_the_thread_count_is_measured_once_and_the_fastest_is_used(tiny_dir, tmp_path, monkeypatch):
     from localspec import calibration
-    from localspec.backend import default_threads
+    from localspec.llama import default_threads
 
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
     calls = []
@@ -217,14 +218,10 @@ def test_auto_sampled_keeps_the_distribution(make_pair):
 
 
 def test_calibrate_command_prints_the_profile(tiny_dir):
-    from click.testing import CliRunner
-
-    from localspec.cli import cli
-
-    r = CliRunner().invoke(cli, ["calibrate", "-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf")])
+    r = run_cli(["calibrate", "-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf")])
     assert r.exit_code == 0, r.output
     assert "verify n tokens" in r.output and "draft step" in r.output
-    r = CliRunner().invoke(cli, ["calibrate", "-t", str(tiny_dir / "target.gguf"), "--json"])
+    r = run_cli(["calibrate", "-t", str(tiny_dir / "target.gguf"), "--json"])
     data = json.loads(r.stdout)
     assert len(data["verify_seconds"]) == 9
 
@@ -278,7 +275,7 @@ def _timed_replay(auto, machine: CostProfile, context, frac: float, rounds: int)
 def _corrected_auto(profile):
     from localspec.costs import CostCorrection
 
-    ctx = DraftingContext(GenerationOptions(), 8, np.zeros(0, dtype=np.int32), lambda: "", profile=lambda: profile,
+    ctx = DraftingContext(GenerationOptions(), 8, np.zeros(0, dtype=np.int32), lambda: "", profile=profile,
                           correction=CostCorrection())
     return AutoDrafter(profile, [lookup_candidate(ctx, prior=0.6)], kmax=8, correction=ctx.correction)
 
@@ -319,11 +316,8 @@ def test_the_correction_is_kept_by_the_pair_across_generations_and_forgotten_wit
 
 
 def test_batches_get_their_own_measured_thread_count_and_the_peers_the_same_budget(tiny_dir, tmp_path, monkeypatch):
-    from click.testing import CliRunner
-
-    from localspec.backend import default_threads
     from localspec.bench.peers import PeerRunner
-    from localspec.cli import cli
+    from localspec.llama import default_threads
 
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
     with localspec.load(tiny_dir / "target.gguf", n_ctx=512) as pair:
@@ -339,11 +333,11 @@ def test_batches_get_their_own_measured_thread_count_and_the_peers_the_same_budg
             assert (peers.settings["n_threads"], peers.settings["n_threads_batch"]) == (2, 1)  # the same budget
         finally:
             peers.close()
-    r = CliRunner().invoke(cli, ["calibrate", "-t", str(tiny_dir / "target.gguf"), "--threads", "2",
+    r = run_cli(["calibrate", "-t", str(tiny_dir / "target.gguf"), "--threads", "2",
                                  "--threads-batch", "1", "--json"])
     data = json.loads(r.stdout)
     assert (data["threads"], data["threads_batch"]) == (2, 1)
-    r = CliRunner().invoke(cli, ["calibrate", "-t", str(tiny_dir / "target.gguf")])
+    r = run_cli(["calibrate", "-t", str(tiny_dir / "target.gguf")])
     assert "threads for steps:" in r.output and "threads for batches of 9:" in r.output
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
+from clirun import run_cli
 
 import localspec.engine
 from localspec.bench import (
@@ -19,11 +19,10 @@ from localspec.bench import (
     schedule,
 )
 from localspec.bench.summary import summarise
-from localspec.cli import cli
 from localspec.costs import CostProfile
 from localspec.drafters import Draft
-from localspec.engine import GenerationStats
 from localspec.errors import ConfigError
+from localspec.events import GenerationStats
 
 
 def test_builtin_suite_covers_the_kinds_of_text_speculation_depends_on():
@@ -149,7 +148,7 @@ def test_a_broken_acceptance_rule_is_reported_as_a_mismatch(tiny_dir, monkeypatc
     monkeypatch.setattr(localspec.engine, "accept_greedy", sloppy)
     suite = tmp_path / "s.jsonl"
     suite.write_text('{"category": "free", "prompt": "The cat sat on the mat and the dog"}\n')
-    r = CliRunner().invoke(cli, ["bench", "-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf"),
+    r = run_cli(["bench", "-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf"),
                                  "--suite", str(suite), "--reps", "1", "-n", "40", "--k-lookup", "2",
                                  "--k-draft", "4", "--no-auto"])
     assert r.exit_code == 1
@@ -158,7 +157,7 @@ def test_a_broken_acceptance_rule_is_reported_as_a_mismatch(tiny_dir, monkeypatc
 
 def test_quick_bench_writes_table_json_and_png(tiny_dir, tmp_path):
     out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
-    r = CliRunner().invoke(cli, ["bench", "-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf"),
+    r = run_cli(["bench", "-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf"),
                                  "--quick", "-n", "16", "--json", str(out_json), "--plot", str(out_png)])
     assert r.exit_code == 0, r.output
     assert "speedup" in r.output and "lookup k=2" in r.output and "auto" in r.output
@@ -225,13 +224,13 @@ def test_the_peer_lookup_rows_can_be_chosen_or_left_out(tiny_dir, tmp_path):
     suite.write_text('{"category": "free", "prompt": "The cat sat on the mat and the dog"}\n')
     base = ["bench", "-t", str(tiny_dir / "target.gguf"), "--suite", str(suite), "--reps", "1", "-n", "8",
             "--k-lookup", "none", "--no-auto"]
-    r = CliRunner().invoke(cli, [*base, "--k-lcp-lookup", "3"])
+    r = run_cli([*base, "--k-lcp-lookup", "3"])
     assert r.exit_code == 0, r.output
     assert "lcp lookup k=3" in r.output and "k=10" not in r.output and "lcp plain" in r.output
-    r = CliRunner().invoke(cli, [*base, "--k-lcp-lookup", "none"])
+    r = run_cli([*base, "--k-lcp-lookup", "none"])
     assert r.exit_code == 0, r.output
     assert "lcp lookup" not in r.output and "lcp plain" in r.output
-    r = CliRunner().invoke(cli, [*base, "--k-lcp-lookup", "0"])
+    r = run_cli([*base, "--k-lcp-lookup", "0"])
     assert r.exit_code == 2 and "--k-lcp-lookup" in r.output
-    r = CliRunner().invoke(cli, [*base, "--k-lcp-lookup", "3", "--no-peers"])  # refused, not ignored
+    r = run_cli([*base, "--k-lcp-lookup", "3", "--no-peers"])  # refused, not ignored
     assert r.exit_code == 2 and "--no-peers" in r.output

@@ -7,15 +7,14 @@ import re
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from clirun import run_cli
 
 import localspec.bench.runner as runner
 from localspec.bench import BenchPrompt, MethodSpec, Precision, Run, render_table, run_bench
 from localspec.bench.intervals import ratio_interval, t95
 from localspec.bench.summary import summarise, widest_interval
-from localspec.cli import cli
 from localspec.costs import CostProfile
-from localspec.engine import GenerationStats
+from localspec.events import GenerationStats
 
 
 def test_t_quantiles_match_the_tables_and_tend_to_the_normal():
@@ -151,13 +150,13 @@ def test_bench_width_option(tiny_dir, tmp_path):
     suite.write_text('{"category": "free", "prompt": "The cat sat on the mat and the dog"}\n')
     base = ["bench", "-t", str(tiny_dir / "target.gguf"), "--suite", str(suite), "-n", "8", "--k-lookup", "2",
             "--no-auto", "--no-peers"]
-    r = CliRunner().invoke(cli, [*base, "--reps", "3", "--width", "0.5", "--budget", "0.5"])
+    r = run_cli([*base, "--reps", "3", "--width", "0.5", "--budget", "0.5"])
     assert r.exit_code == 0, r.output
     assert "until every interval is narrower than 50%" in r.output
     assert "free#1:" in r.output and "widest 95% interval" in r.output
     lookup_row = next(line for line in r.output.splitlines() if " lookup k=2 " in line)
     assert re.search(r"x \(\d\.\d\d-\d\.\d\d\)", lookup_row)  # its ratio to plain, with the interval
-    r = CliRunner().invoke(cli, [*base, "--width", "0"])
+    r = run_cli([*base, "--width", "0"])
     assert r.exit_code == 2 and "--width" in r.output
-    r = CliRunner().invoke(cli, [*base, "--budget", "5"])
+    r = run_cli([*base, "--budget", "5"])
     assert r.exit_code == 2 and "give --width too" in r.output

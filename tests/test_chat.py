@@ -8,11 +8,10 @@ import re
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from clirun import run_cli
 
 import localspec
 from localspec.chat import ChatSession, Reader
-from localspec.cli import cli
 from localspec.errors import ConfigError, SamplingError
 from localspec.options import GenerationOptions
 
@@ -105,7 +104,7 @@ def test_commands_change_settings_and_refuse_bad_values(session, tmp_path):
 
 def test_terminal_loop_without_a_tty_prints_plain_text(tiny_dir):
     lines = "hello\n/stats\n/method plain\nagain\n/bogus\n/exit\n"
-    r = CliRunner().invoke(cli, ["chat", "-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf"),
+    r = run_cli(["chat", "-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf"),
                                  "-n", "8", "--show-drafts"], input=lines)
     assert r.exit_code == 0, r.output
     out = r.stdout
@@ -120,7 +119,7 @@ def test_terminal_loop_without_a_tty_prints_plain_text(tiny_dir):
 def test_chat_without_models_offers_nothing_when_not_interactive(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
-    r = CliRunner().invoke(cli, ["chat"], input="")
+    r = run_cli(["chat"], input="")
     assert r.exit_code == 1 and "localspec pull qwen2.5-coder-1.5b" in r.stderr
 
 
@@ -135,7 +134,7 @@ def test_a_block_between_triple_quotes_is_one_message():
 def test_chat_loop_sends_a_quoted_block_as_one_turn(tiny_dir, tmp_path):
     saved = tmp_path / "c.json"
     lines = f'"""\nRewrite this:\ndef f(x):\n    return x\n"""\n/save {saved}\n/exit\n'
-    r = CliRunner().invoke(cli, ["chat", "-t", str(tiny_dir / "target.gguf"), "-n", "4"], input=lines)
+    r = run_cli(["chat", "-t", str(tiny_dir / "target.gguf"), "-n", "4"], input=lines)
     assert r.exit_code == 0, r.output
     messages = json.loads(saved.read_text())["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant"]

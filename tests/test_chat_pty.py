@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
+from clirun import spawn_localspec
 
 pexpect = pytest.importorskip("pexpect")
 
@@ -14,11 +13,7 @@ PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"  # what a terminal sends aroun
 
 
 def spawn(tiny_dir, home):
-    env = dict(os.environ, LOCALSPEC_HOME=str(home), TERM="xterm", COLUMNS="100", LINES="40",
-               PROMPT_TOOLKIT_NO_CPR="1")
-    return pexpect.spawn(sys.executable, ["-m", "localspec", "chat", "-t", str(tiny_dir / "target.gguf"),
-                                          "-n", "4", "--method", "plain"],
-                         env=env, encoding="utf-8", timeout=60, dimensions=(40, 100))
+    return spawn_localspec(["chat", "-t", str(tiny_dir / "target.gguf"), "-n", "4", "--method", "plain"], home)
 
 
 def test_pasted_and_quoted_blocks_are_one_message_each_and_history_persists(tiny_dir, tmp_path):

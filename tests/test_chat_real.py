@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from clirun import spawn_localspec
 from conftest import real_models_dir
 
 pexpect = pytest.importorskip("pexpect")
@@ -24,10 +24,8 @@ def test_chat_session_in_a_terminal(tmp_path, localspec_home):
     from fetch_test_models import register
 
     register(d)
-    env = dict(os.environ, LOCALSPEC_HOME=str(localspec_home), COLUMNS="80", LINES="40", TERM="xterm",
-               PROMPT_TOOLKIT_NO_CPR="1")  # pexpect's terminal does not answer cursor position requests
-    child = pexpect.spawn(sys.executable, ["-m", "localspec", "chat", "-n", "48", "--show-drafts", "--ctx", "2048"],
-                          env=env, encoding="utf-8", timeout=240, dimensions=(40, 80))
+    child = spawn_localspec(["chat", "-n", "48", "--show-drafts", "--ctx", "2048"], localspec_home, timeout=240,
+                            cols=80)
     transcript = Path(os.environ.get("LOCALSPEC_CHAT_TRANSCRIPT", tmp_path / "transcript.txt"))
     child.logfile_read = open(transcript, "w")  # the screen as a person saw it
     try:

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 
-from click.testing import CliRunner
-
-from localspec.cli import cli
+from clirun import run_cli
 
 
 def run(*args: str):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return run_cli(list(args), catch_exceptions=False)
 
 
 def test_generate_json_has_the_documented_fields(tiny_dir):

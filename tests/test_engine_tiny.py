@@ -9,7 +9,7 @@ from helpers import same_distribution, token_counts
 import localspec
 from localspec.backend import Model
 from localspec.drafters import Drafter
-from localspec.engine import SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, SOURCE_TARGET
+from localspec.events import SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, SOURCE_TARGET
 
 PROMPTS = [
     "The cat sat on the mat and the dog sat on the",
@@ -190,7 +190,7 @@ def test_unicode_split_across_byte_tokens_streams_correctly(tiny_pair):
     text = "naïve café — 東京 ✓"
     tokens = tiny_pair.tokenize(text)
     assert len(tokens) > len(text)  # multi-byte characters are several tokens
-    from localspec.backend import Detokenizer
+    from localspec.vocabulary import Detokenizer
 
     d = Detokenizer(tiny_pair.target)
     pieces = [d.feed(t) for t in tokens] + [d.flush()]

@@ -19,9 +19,8 @@ import shlex
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from clirun import run_cli
 
-from localspec.cli import cli
 from localspec.errors import ConfigError
 from localspec.export import Served, best_method, llama_server, source_repo, vllm
 
@@ -122,31 +121,31 @@ def test_the_best_bench_row_is_exported():
 
 def test_export_command_on_files(tiny_dir: Path, tmp_path: Path):
     t, d = str(tiny_dir / "target.gguf"), str(tiny_dir / "draft.gguf")
-    r = CliRunner().invoke(cli, ["export", "-t", t, "-d", d, "--to", "llama-server", "--k", "3"])
+    r = run_cli(["export", "-t", t, "-d", d, "--to", "llama-server", "--k", "3"])
     assert r.exit_code == 0, r.output
     argv = _reparsed(r.output)
     assert argv[:3] == ["llama-server", "-m", t] and argv[argv.index("-md") + 1] == d
     # The tiny models' headers name no source repository: vLLM needs one, and the message says how.
-    r = CliRunner().invoke(cli, ["export", "-t", t, "-d", d, "--to", "vllm"])
+    r = run_cli(["export", "-t", t, "-d", d, "--to", "vllm"])
     assert r.exit_code == 1 and "--target-repo ORG/NAME" in r.output and "Traceback" not in r.output
-    r = CliRunner().invoke(cli, ["export", "-t", t, "--to", "vllm", "--target-repo", "org/tiny", "--port", "9000"])
+    r = run_cli(["export", "-t", t, "--to", "vllm", "--target-repo", "org/tiny", "--port", "9000"])
     assert r.exit_code == 0, r.output
     argv = _reparsed(r.output)
     assert argv[:3] == ["vllm", "serve", "org/tiny"] and json.loads(argv[argv.index("--speculative-config") + 1])[
         "method"] == "ngram" and argv[argv.index("--port") + 1] == "9000"
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"rows": [{"method": "draft", "k": 2, "temperature": 0.0, "speedup": 1.7}]}))
-    r = CliRunner().invoke(cli, ["export", "-t", t, "-d", d, "--to", "llama-server", "--from-bench", str(bench)])
+    r = run_cli(["export", "-t", t, "-d", d, "--to", "llama-server", "--from-bench", str(bench)])
     assert r.exit_code == 0 and "draft with K=2 did best (1.70x" in r.output
     assert _reparsed(r.output)[_reparsed(r.output).index("--draft-max") + 1] == "2"
     bench.write_text("not json")
-    r = CliRunner().invoke(cli, ["export", "-t", t, "-d", d, "--to", "llama-server", "--from-bench", str(bench)])
+    r = run_cli(["export", "-t", t, "-d", d, "--to", "llama-server", "--from-bench", str(bench)])
     assert r.exit_code == 1 and "bench --json" in r.output and "Traceback" not in r.output
 
 
 def test_export_writes_absolute_paths(tiny_dir: Path, monkeypatch):
     monkeypatch.chdir(tiny_dir)
-    r = CliRunner().invoke(cli, ["export", "-t", "target.gguf", "-d", "draft.gguf", "--to", "llama-server"])
+    r = run_cli(["export", "-t", "target.gguf", "-d", "draft.gguf", "--to", "llama-server"])
     argv = _reparsed(r.output)
     assert argv[argv.index("-m") + 1] == str(tiny_dir / "target.gguf")
     assert argv[argv.index("-md") + 1] == str(tiny_dir / "draft.gguf")

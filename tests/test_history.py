@@ -12,11 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from clirun import run_cli
 from helpers import same_distribution, token_counts
 
 import localspec
-from localspec.cli import cli
 from localspec.costs import CostProfile
 from localspec.history import HistoryIndex, HistoryStore, list_stores
 from localspec.history.drafter import HistoryDrafter
@@ -271,25 +270,24 @@ def test_a_chat_turn_records_only_what_the_cache_did_not_hold(history_pair):
 def test_history_command_shows_and_clears_the_store(tiny_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
     monkeypatch.setenv("LOCALSPEC_HISTORY", "on")
-    run = CliRunner().invoke
     t = str(tiny_dir / "target.gguf")
-    assert "no history yet" in run(cli, ["history"]).output
+    assert "no history yet" in run_cli(["history"]).output
     base = ["generate", "-t", t, "-p", PROMPT, "-n", "30", "--threads", "1"]
-    assert run(cli, [*base, "--no-history"]).exit_code == 0
-    assert "no history yet" in run(cli, ["history"]).output  # --no-history records nothing
-    assert run(cli, base).exit_code == 0
-    out = run(cli, ["history"]).output
+    assert run_cli([*base, "--no-history"]).exit_code == 0
+    assert "no history yet" in run_cli(["history"]).output  # --no-history records nothing
+    assert run_cli(base).exit_code == 0
+    out = run_cli(["history"]).output
     assert "target.gguf: 1 generations" in out
     assert list_stores(tmp_path / "history")[0][2].records == 1
     store = list_stores(tmp_path / "history")[0][0]
     aside = store.with_name(store.name + ".corrupt-20260101-000000")  # as a damaged store is set aside
     aside.write_bytes(b"damaged")
-    out = run(cli, ["history"]).output
+    out = run_cli(["history"]).output
     assert "target.gguf: 1 generations" in out and "set aside as damaged" in out and str(aside) in out
-    rows = json.loads(run(cli, ["history", "--json"]).output)
+    rows = json.loads(run_cli(["history", "--json"]).output)
     assert [r["set_aside"] for r in rows] == [False, True] and rows[1]["file"] == str(aside)
-    assert run(cli, ["history", "clear", "--yes"]).exit_code == 0
-    assert "no history yet" in run(cli, ["history"]).output and not aside.exists()
+    assert run_cli(["history", "clear", "--yes"]).exit_code == 0
+    assert "no history yet" in run_cli(["history"]).output and not aside.exists()
 
 
 def test_an_unwritable_history_directory_costs_a_warning_not_the_reply(tiny_dir, tmp_path, monkeypatch):

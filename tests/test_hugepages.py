@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from clirun import run_cli
 
 from localspec import hugepages
 from localspec.hugepages import HUGE_PAGE, aligned, back_with_huge_pages, subtract
@@ -113,12 +114,10 @@ def test_a_real_model_with_huge_pages_gives_the_same_logits():
 @linux_madvise
 @pytest.mark.real
 def test_huge_pages_can_be_turned_off_through_load_and_the_command_line(tmp_path, monkeypatch):
-    from click.testing import CliRunner
     from conftest import real_models_dir
 
     import localspec
     import localspec.api
-    from localspec.cli import cli
 
     target = real_models_dir() / "target.gguf"
     with localspec.load(target, n_ctx=256, n_threads=2, huge_pages=False, history=False) as pair:
@@ -136,7 +135,7 @@ def test_huge_pages_can_be_turned_off_through_load_and_the_command_line(tmp_path
 
     monkeypatch.setattr(localspec.api, "load", load)
     for flag, off in (("--no-huge-pages", True), ("--huge-pages", False)):
-        r = CliRunner().invoke(cli, ["generate", "-t", str(target), "--ctx", "256", "--threads", "2", flag,
+        r = run_cli(["generate", "-t", str(target), "--ctx", "256", "--threads", "2", flag,
                                      "-p", "def f(x):", "-n", "2", "-m", "plain"])
         assert r.exit_code == 0, r.output
         assert (loaded[-1] == 0) == off

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import openai
 import pytest
+from clirun import run_cli, spawn_localspec
 from helpers import same_distribution, token_counts
 from serverproc import ServeProcess
 from tinyarch import write_tiny_gemma2, write_tiny_lfm2, write_tiny_mamba, write_tiny_qwen35
@@ -106,9 +107,7 @@ def test_history_drafts_from_an_earlier_reply_and_stays_exact(arch_dir, tmp_path
 def test_generate_on_the_command_line_is_exact_for_every_method(arch_dir, arch):
     import json
 
-    from click.testing import CliRunner
 
-    from localspec.cli import cli
 
     path = arch_dir / f"{arch}.gguf"
     base = ["generate", "-t", str(path), "-d", str(arch_dir / f"{arch}-draft.gguf"), "--prompt", PROMPTS[1],
@@ -116,7 +115,7 @@ def test_generate_on_the_command_line_is_exact_for_every_method(arch_dir, arch):
     with Model(path, n_ctx=64) as m:
         expected = lcp_greedy(path, m.tokenize(PROMPTS[1]), 24)
     for method in ("plain", "draft", "lookup", "auto", *(("mtp",) if arch == "qwen35" else ())):
-        out = CliRunner().invoke(cli, [*base, "--method", method], catch_exceptions=False)
+        out = run_cli([*base, "--method", method], catch_exceptions=False)
         assert out.exit_code == 0, out.output
         assert json.loads(out.stdout)["tokens"] == expected, f"{arch}: generate --method {method}"
 
@@ -367,16 +366,11 @@ def pair_text(path: Path, tokens: list[int]) -> str:
 
 def test_chat_in_a_terminal_on_a_hybrid_model_gives_plain_decodings_replies(arch_dir, tmp_path):
     import json
-    import os
-    import sys
 
     pexpect = pytest.importorskip("pexpect")
     saved = tmp_path / "conv.json"
-    env = dict(os.environ, LOCALSPEC_HOME=str(tmp_path / "home"), TERM="xterm", COLUMNS="100", LINES="40",
-               PROMPT_TOOLKIT_NO_CPR="1")
-    child = pexpect.spawn(sys.executable, ["-m", "localspec", "chat", "-t", str(arch_dir / "qwen35.gguf"), "-d",
-                                           str(arch_dir / "qwen35-draft.gguf"), "-n", "12", "--method", "draft"],
-                          env=env, encoding="utf-8", timeout=60, dimensions=(40, 100))
+    child = spawn_localspec(["chat", "-t", str(arch_dir / "qwen35.gguf"), "-d", str(arch_dir / "qwen35-draft.gguf"),
+                             "-n", "12", "--method", "draft"], tmp_path / "home")
     try:
         for turn in ("in the end, in the end", "and then?", "in the end"):
             child.expect(">>>")

@@ -9,16 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from clirun import run_cli
 from hfserver import FakeHub
 
 from localspec import hub, registry
-from localspec.cli import cli
 from localspec.errors import HubError, RegistryError
 
 
 def run(*args: str):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return run_cli(list(args), catch_exceptions=False)
 
 
 def one_line_error(result, needle: str) -> str:

@@ -6,12 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from clirun import run_cli
 from hfserver import FakeHub
 from tinymodel import write_tiny_model
 
 from localspec import registry
-from localspec.cli import cli
 from localspec.errors import HubError, ModelFileError
 from localspec.remote import find_drafts, parse_hf, remote_header
 
@@ -57,8 +56,8 @@ def hf(key: tuple[str, str]) -> str:
 @pytest.mark.parametrize("draft, verdict", [(DRAFT, "ok: Vocabularies match"), (PADDED, "warning: "),
                                             (FOREIGN, "different vocabularies: token id 100")])
 def test_check_on_hub_files_reads_a_few_percent_and_agrees_with_the_local_check(hub, files, draft, verdict):
-    remote = CliRunner().invoke(cli, ["check", "-t", hf(TARGET), "-d", hf(draft)])
-    local = CliRunner().invoke(cli, ["check", "-t", str(files[TARGET]), "-d", str(files[draft])])
+    remote = run_cli(["check", "-t", hf(TARGET), "-d", hf(draft)])
+    local = run_cli(["check", "-t", str(files[TARGET]), "-d", str(files[draft])])
     assert verdict in remote.output and remote.exit_code == local.exit_code, remote.output
     # The same verdict, word for word, up to the files' names.
     last = [r.output.strip().splitlines()[-1] for r in (remote, local)]
@@ -70,7 +69,7 @@ def test_check_on_hub_files_reads_a_few_percent_and_agrees_with_the_local_check(
 
 
 def test_a_hub_target_gets_the_compatible_draft_found_by_header_and_downloaded(hub, files):
-    r = CliRunner().invoke(cli, ["pull", "tiny", "--target", hf(TARGET)])
+    r = run_cli(["pull", "tiny", "--target", hf(TARGET)])
     assert r.exit_code == 0, r.output
     assert f"draft: hf:{DRAFT[0]}/{DRAFT[1]}" in r.output
     assert TOO_BIG not in hub.sent  # its name says 0.9B, too large for a 1B target: not even its header is read
@@ -79,12 +78,12 @@ def test_a_hub_target_gets_the_compatible_draft_found_by_header_and_downloaded(h
     assert (spec.target.repo, spec.target.file, spec.draft.repo, spec.draft.file) == (*TARGET, *DRAFT)
     assert hub.sent[DRAFT] >= files[DRAFT].stat().st_size  # downloaded whole
     assert hub.sent[FOREIGN] < 0.05 * files[FOREIGN].stat().st_size  # only its header
-    r = CliRunner().invoke(cli, ["check", "tiny"])
+    r = run_cli(["check", "tiny"])
     assert r.exit_code == 0 and "ok: Vocabularies match" in r.output
 
 
 def test_a_given_draft_with_another_vocabulary_is_refused_before_downloading(hub, files):
-    r = CliRunner().invoke(cli, ["pull", "x", "--target", hf(TARGET), "--draft", hf(FOREIGN)])
+    r = run_cli(["pull", "x", "--target", hf(TARGET), "--draft", hf(FOREIGN)])
     assert r.exit_code == 1 and "different vocabularies" in r.output
     assert all(sent < 0.05 * files[key].stat().st_size for key, sent in hub.sent.items())
 
@@ -110,13 +109,13 @@ def test_bad_remote_files_and_an_unreachable_hub_are_one_sentence(hub, monkeypat
     with pytest.raises(HubError, match="gated or private"):
         remote_header(parse_hf(hf(TARGET)))
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
-    r = CliRunner().invoke(cli, ["check", "-t", hf(DRAFT), "-d", hf(DRAFT)])
+    r = run_cli(["check", "-t", hf(DRAFT), "-d", hf(DRAFT)])
     assert r.exit_code == 1 and "Could not reach the Hub" in r.output and "Traceback" not in r.output
     assert len([ln for ln in r.output.splitlines() if ln.startswith("Error")]) == 1
 
 
 def test_pulled_pair_files_are_recorded_with_their_checksums(hub, tmp_path):
-    r = CliRunner().invoke(cli, ["pull", "--target", hf(TARGET), "--draft", hf(DRAFT), "-q"])
+    r = run_cli(["pull", "--target", hf(TARGET), "--draft", hf(DRAFT), "-q"])
     assert r.exit_code == 0, r.output
     assert "added tiny-1b-instruct to" in r.output  # named after the target file
     recorded = json.loads((tmp_path / "home" / "checksums.json").read_text())["recorded"]
@@ -131,10 +130,10 @@ def test_pulling_a_registered_pair_checks_its_vocabularies_by_header_before_down
         f'draft = {{ repo = "{FOREIGN[0]}", file = "{FOREIGN[1]}" }}\n'
         f'[pairs.good]\ndescription = "y"\ntarget = {{ repo = "{TARGET[0]}", file = "{TARGET[1]}" }}\n'
         f'draft = {{ repo = "{DRAFT[0]}", file = "{DRAFT[1]}" }}\n')
-    r = CliRunner().invoke(cli, ["pull", "bad", "-q"])
+    r = run_cli(["pull", "bad", "-q"])
     assert r.exit_code == 1 and "different vocabularies" in r.output and "nothing was downloaded" in r.output
     assert all(sent < 0.05 * files[key].stat().st_size for key, sent in hub.sent.items())
-    r = CliRunner().invoke(cli, ["pull", "good", "-q"])
+    r = run_cli(["pull", "good", "-q"])
     assert r.exit_code == 0 and "checked the vocabularies from the headers first" in r.output
     assert hub.sent[DRAFT] >= files[DRAFT].stat().st_size
 
@@ -156,7 +155,7 @@ def test_a_server_that_sends_more_than_asked_cannot_make_the_check_download_the_
 
 def test_offline_the_header_check_says_so(hub, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    r = CliRunner().invoke(cli, ["check", "-t", hf(TARGET), "-d", hf(DRAFT)])
+    r = run_cli(["check", "-t", hf(TARGET), "-d", hf(DRAFT)])
     assert r.exit_code == 1 and "HF_HUB_OFFLINE is set" in r.output
 
 

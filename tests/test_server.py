@@ -7,10 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
-from click.testing import CliRunner
+from clirun import run_cli
 from serverproc import ServeProcess
-
-from localspec.cli import cli
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "The cat sat on the mat and"}]
 PROMPTS = ["The cat sat on the mat and the dog sat on the", "def add(a, b):\n    return a + b\n",
@@ -71,6 +69,18 @@ def test_completions_streamed_and_not_equal_generate(client, tiny_pair):
     streamed = client.completions.create(model="target", prompt=PROMPTS[0], max_tokens=40, temperature=0,
                                          stream=True)
     assert "".join(c.choices[0].text for c in streamed) == want.text
+
+
+def test_logit_bias_and_penalties_give_the_python_apis_tokens(client, tiny_pair):
+    extra = {"repeat_penalty": 1.3, "repeat_last_n": 16}
+    want = tiny_pair.generate(PROMPTS[2], max_tokens=32, logit_bias={5: -100, 9: 2.0}, presence_penalty=0.3,
+                              frequency_penalty=0.4, **extra)
+    r = client.completions.create(model="target", prompt=PROMPTS[2], max_tokens=32, temperature=0,
+                                  logit_bias={"5": -100, "9": 2.0}, presence_penalty=0.3, frequency_penalty=0.4,
+                                  extra_body=extra)
+    assert r.choices[0].text == want.text and r.usage.completion_tokens == len(want.tokens)
+    plain = tiny_pair.generate(PROMPTS[2], max_tokens=32)
+    assert plain.text != want.text  # they change the output
 
 
 def test_stop_strings_cut_the_text(client, tiny_pair):
@@ -142,8 +152,12 @@ def test_a_growing_conversation_reuses_the_cache(client):
     ({"prompt": "hi", "k": 99}, 400, "invalid_value"),
     ({"prompt": "hi", "method": "beam"}, 400, "invalid_value"),
     ({"prompt": "hi", "n": 2}, 400, "unsupported_parameter"),
-    ({"prompt": "hi", "logprobs": 2}, 400, "unsupported_parameter"),
-    ({"prompt": "hi", "presence_penalty": 0.5}, 400, "unsupported_parameter"),
+    ({"prompt": "hi", "logprobs": 21}, 400, "invalid_value"),
+    ({"prompt": "hi", "echo": True}, 400, "unsupported_parameter"),
+    ({"prompt": "hi", "typical_p": 0.5}, 400, "unsupported_parameter"),
+    ({"prompt": "hi", "presence_penalty": 3}, 400, "invalid_value"),
+    ({"prompt": "hi", "logit_bias": {"5": 101}}, 400, "invalid_value"),
+    ({"prompt": "hi", "logit_bias": {"1000000": 1}}, 400, "invalid_token_id"),
     ({"prompt": "hi", "stop": [""]}, 400, "invalid_value"),
     ({"prompt": ""}, 400, None),
     ({"prompt": ["a", "b"]}, 400, None),
@@ -164,8 +178,8 @@ def test_bad_chat_requests_and_raw_http_errors(server, client):
     with pytest.raises(openai.BadRequestError, match="tools"):
         client.chat.completions.create(model="target", messages=MESSAGES, tools=[{"type": "function", "function": {
             "name": "f", "parameters": {"type": "object", "properties": {}}}}])
-    with pytest.raises(openai.BadRequestError, match="logit_bias"):  # response_format is served now
-        client.chat.completions.create(model="target", messages=MESSAGES, logit_bias={"5": 1})
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):  # served now, with ids in the vocabulary
+        client.chat.completions.create(model="target", messages=MESSAGES, logit_bias={"100000000": 1})
     with pytest.raises(openai.BadRequestError, match="messages"):
         client.chat.completions.create(model="target", messages=[])
     with pytest.raises(openai.BadRequestError) as err:
@@ -194,7 +208,7 @@ def test_an_api_key_is_required_when_given(tiny_dir, tmp_path):
 
 
 def test_binding_beyond_loopback_without_a_key_is_refused(tiny_dir):
-    r = CliRunner().invoke(cli, ["serve", "-t", str(tiny_dir / "target.gguf"), "--host", "0.0.0.0"])
+    r = run_cli(["serve", "-t", str(tiny_dir / "target.gguf"), "--host", "0.0.0.0"])
     assert r.exit_code == 1
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("Error: Binding 0.0.0.0") and "--api-key" in lines[0]

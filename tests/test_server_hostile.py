@@ -14,6 +14,7 @@ import time
 
 import openai
 import pytest
+from clirun import run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from serverproc import ServeProcess
@@ -182,7 +183,10 @@ def test_an_allowed_origin_gets_cors_headers(server):
 @pytest.mark.parametrize("body,param,code", [
     ({"prompt": "hi", "stream_options": "x"}, "stream_options", "invalid_type"),
     ({"prompt": "hi", "stream_options": {"include_usage": "yes"}}, "stream_options", "invalid_type"),
-    ({"prompt": "hi", "repetition_penalty": 1.3}, "repetition_penalty", "unsupported_parameter"),
+    ({"prompt": "hi", "mirostat": 2}, "mirostat", "unsupported_parameter"),
+    ({"prompt": "hi", "repeat_penalty": 0}, "repeat_penalty", "invalid_value"),
+    ({"prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias", "invalid_value"),
+    ({"prompt": "hi", "logit_bias": [1, 2]}, "logit_bias", "invalid_type"),
     ({"prompt": "hi", "ignore_eos": True}, "ignore_eos", "unsupported_parameter"),
     ({"prompt": "hi", "made_up_field": 1}, "made_up_field", "unknown_parameter"),
     ({"prompt": "hi", "max_tokens": 2.0}, "max_tokens", "invalid_type"),
@@ -322,7 +326,9 @@ FIELDS = {
     "k": st.integers(-2, 20), "history": st.booleans(),
     "speculative": st.fixed_dictionaries({"method": st.sampled_from(["lookup", "draft", "x"]),
                                           "k": st.integers(-1, 20)}),
-    "n": st.integers(0, 2), "logprobs": st.booleans(), "presence_penalty": st.floats(-1, 1),
+    "n": st.integers(0, 2), "logprobs": st.booleans(), "presence_penalty": st.floats(-3, 3),
+    "logit_bias": st.dictionaries(st.sampled_from(["1", "5", "x", "-1", "999999"]), st.floats(-200, 200), max_size=3),
+    "repeat_penalty": st.floats(-1, 3), "repeat_last_n": st.integers(-2, 100),
     "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}]), "user": st.text(max_size=8),
     "ignore_eos": st.booleans(), "tools": st.just([]),
 }
@@ -430,11 +436,7 @@ def test_a_client_too_slow_with_its_body_gets_408():
 @pytest.mark.parametrize("flag", [["--api-key", "k\u00e9y"], ["--api-key", "key "], ["--allow-origin", "http://x/"],
                                   ["--allow-origin", "localhost:3000"]])
 def test_serve_refuses_keys_and_origins_no_client_could_send(tiny_dir, flag):
-    from click.testing import CliRunner
-
-    from localspec.cli import cli
-
-    r = CliRunner().invoke(cli, ["serve", "-t", str(tiny_dir / "target.gguf"), *flag])
+    r = run_cli(["serve", "-t", str(tiny_dir / "target.gguf"), *flag])
     assert r.exit_code == 1
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("Error: ")

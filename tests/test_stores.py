@@ -15,15 +15,16 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
+from clirun import run_cli
 from conftest import real_models_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tinymodel import vocabulary, write_tiny_model
 
-from localspec import gguf_header, stores
-from localspec.backend import read_vocab
+from localspec import gguf_header, pairing, stores
 from localspec.compat import compare
 from localspec.errors import ConfigError, ModelFileError
+from localspec.llama import read_vocab
 from localspec.stores import Roots
 
 N_TOKENS = len(vocabulary()[0])
@@ -481,7 +482,7 @@ def test_unreadable_store_is_reported(tmp_path: Path):
 
 
 def test_pairing(scanned: stores.Scan, tree: Path):
-    pairs = stores.pair_models(scanned.models)
+    pairs = pairing.pair_models(scanned.models)
     assert pairs, "nothing paired"
     named = [(p.target.name, p.draft.name) for p in pairs]
     incompatible = {"ollama:hf.co/org/renamed-GGUF:Q4", "llamacpp:org_spm-GGUF_spm.gguf"}
@@ -508,23 +509,23 @@ def test_pairing(scanned: stores.Scan, tree: Path):
 
 def test_find_draft(scanned: stores.Scan, tree: Path, tiny_dir: Path):
     target = by_name(scanned)["ollama:tiny:1.5b"]
-    best = stores.find_draft(target.path, scanned.models)
+    best = pairing.find_draft(target.path, scanned.models)
     assert best is not None and best.draft.name == "ollama:someone/tiny:0.5b"
     # the same file by another path (the HF snapshot's symlink) is recognised as the scanned model
-    linked = stores.find_draft(tree / "hf" / "models--org--tiny-GGUF" / "snapshots" / REV / "tiny-1.5b.gguf",
+    linked = pairing.find_draft(tree / "hf" / "models--org--tiny-GGUF" / "snapshots" / REV / "tiny-1.5b.gguf",
                                scanned.models)
     assert linked is not None and linked.target.name == "lmstudio:pub/linked/tiny-1.5b.gguf"
     # a file outside every store: read on the spot; no label, so sizes decide
-    outside = stores.find_draft(tiny_dir / "target.gguf", scanned.models)
+    outside = pairing.find_draft(tiny_dir / "target.gguf", scanned.models)
     assert outside is not None and outside.draft.name == "ollama:someone/tiny:0.5b"
-    renamed = stores.find_draft(tiny_dir / "renamed.gguf", scanned.models)  # only its own kind fits
+    renamed = pairing.find_draft(tiny_dir / "renamed.gguf", scanned.models)  # only its own kind fits
     assert renamed is not None and renamed.draft.name == "ollama:hf.co/org/renamed-GGUF:Q4"
-    assert stores.find_draft(tree / "src" / "spm.gguf", scanned.models) is None
+    assert pairing.find_draft(tree / "src" / "spm.gguf", scanned.models) is None
     small = by_name(scanned)["ollama:someone/tiny:0.5b"]
-    assert stores.find_draft(small, scanned.models) is None  # nothing is 3x smaller than the smallest
+    assert pairing.find_draft(small, scanned.models) is None  # nothing is 3x smaller than the smallest
     with pytest.raises(ModelFileError, match="not a GGUF"):
-        stores.find_draft(tree / "lmstudio" / "pub" / "bad" / "notes.gguf", scanned.models)
-    second = stores.find_draft(tree / "lmstudio" / "pub" / "split" / "mid-00002-of-00002.gguf", scanned.models,
+        pairing.find_draft(tree / "lmstudio" / "pub" / "bad" / "notes.gguf", scanned.models)
+    second = pairing.find_draft(tree / "lmstudio" / "pub" / "split" / "mid-00002-of-00002.gguf", scanned.models,
                                min_ratio=1.5)  # a later part stands for its split model
     assert second is not None and second.target.name == "lmstudio:pub/split/mid-00001-of-00002.gguf"
     assert second.draft.name == "ollama:someone/tiny:0.5b" and "2x smaller than 1B" in second.reason
@@ -608,54 +609,42 @@ def stores_env(tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> P
 
 
 def test_models_scan_lists_pairs_and_what_was_skipped(stores_env: Path):
-    from click.testing import CliRunner
-
-    from localspec.cli import cli
-
-    r = CliRunner().invoke(cli, ["models", "--scan", "--folder", str(stores_env / "folder")])
+    r = run_cli(["models", "--scan", "--folder", str(stores_env / "folder")])
     assert r.exit_code == 0, r.output
     assert "ollama:tiny:1.5b <- ollama:someone/tiny:0.5b: same vocabulary" in r.stdout
     assert "renamed" not in r.stdout.split("pairs")[1]  # another vocabulary: listed, never paired
     add_line = next(line for line in r.stdout.splitlines() if "localspec add tiny-1.5b" in line)
     assert str(stores_env / "ollama" / "blobs") in add_line
     assert "skipped ollama:gone:1b" in r.stderr and "truncated.gguf" in r.stderr
-    data = json.loads(CliRunner().invoke(cli, ["models", "--scan", "--json"]).stdout)
+    data = json.loads(run_cli(["models", "--scan", "--json"]).stdout)
     assert {"ollama:tiny:1.5b", "ollama:someone/tiny:0.5b"} <= {m["name"] for m in data["models"]}
     assert {"target": "ollama:tiny:1.5b", "draft": "ollama:someone/tiny:0.5b"} in [
         {k: p[k] for k in ("target", "draft")} for p in data["pairs"]]
-    r = CliRunner().invoke(cli, ["models", "--scan", "--add"])
+    r = run_cli(["models", "--scan", "--add"])
     assert r.exit_code == 0 and "added tiny-1.5b" in r.output
-    r = CliRunner().invoke(cli, ["check", "tiny-1.5b"])
+    r = run_cli(["check", "tiny-1.5b"])
     assert r.exit_code == 0 and "ok: Vocabularies match" in r.output
 
 
 @pytest.mark.parametrize("how", [["-t", "ollama:tiny:1.5b"], ["ollama:tiny:latest"]])
 def test_a_target_alone_gets_the_draft_found_on_this_machine(stores_env: Path, how: list[str]):
-    from click.testing import CliRunner
-
-    from localspec.cli import cli
-
     base = ["generate", *how, "-p", "the cat sat on the mat", "-n", "12", "--json", "--threads", "1"]
-    r = CliRunner().invoke(cli, [*base, "--method", "draft", "--k", "2"])
+    r = run_cli([*base, "--method", "draft", "--k", "2"])
     assert r.exit_code == 0, r.output
     assert "drafting with ollama:someone/tiny:0.5b: same vocabulary" in r.stderr
     assert json.loads(r.stdout)["stats"]["draft_model_tokens"] > 0  # the draft model ran
-    plain = CliRunner().invoke(cli, [*base, "--method", "plain"])
+    plain = run_cli([*base, "--method", "plain"])
     assert "drafting with" not in plain.stderr  # plain decoding needs no draft, so none is looked for
     assert json.loads(plain.stdout)["tokens"] == json.loads(r.stdout)["tokens"]
-    r = CliRunner().invoke(cli, [*base, "--method", "draft", "--draft", "none"])
+    r = run_cli([*base, "--method", "draft", "--draft", "none"])
     assert r.exit_code == 1 and "drafting with" not in r.stderr and "draft model" in r.output
 
 
 def test_a_target_with_no_draft_on_this_machine_says_so_and_what_to_do(stores_env: Path):
-    from click.testing import CliRunner
-
-    from localspec.cli import cli
-
-    r = CliRunner().invoke(cli, ["generate", "-t", "ollama:hf.co/org/renamed-GGUF:Q4", "-p", "hi", "-n", "4"])
+    r = run_cli(["generate", "-t", "ollama:hf.co/org/renamed-GGUF:Q4", "-p", "hi", "-n", "4"])
     assert r.exit_code == 0, r.output
     assert "no model on this machine can draft for" in r.stderr and "localspec pull NAME --target" in r.stderr
-    r = CliRunner().invoke(cli, ["generate", "-t", "ollama:nothing:here", "-p", "hi"])
+    r = run_cli(["generate", "-t", "ollama:nothing:here", "-p", "hi"])
     assert r.exit_code == 1 and "ollama pull nothing:here" in r.output
 
 
@@ -678,43 +667,35 @@ def test_hostile_manifests_and_odd_split_names_are_skipped_not_fatal(tmp_path: P
     assert "not JSON" in why["ollama:deep:1b"]
     assert "not a regular file" in why["ollama:fifo:1b"] and "not a regular file" in why["ollama:zero:1b"]
     assert sorted(m.path.name for m in found.models) == ["x-00002-of-00000.gguf", "y-00003-of-00002.gguf"]
-    assert stores.find_draft(folder / "x-00002-of-00000.gguf", found.models) is None
+    assert pairing.find_draft(folder / "x-00002-of-00000.gguf", found.models) is None
 
 
 def test_chat_with_a_model_alone_and_draft_none(stores_env: Path):
-    from click.testing import CliRunner
-
-    from localspec.cli import cli
-
-    r = CliRunner().invoke(cli, ["chat", "ollama:tiny:1.5b", "-n", "4", "--method", "draft"],
+    r = run_cli(["chat", "ollama:tiny:1.5b", "-n", "4", "--method", "draft"],
                            input="hi\n/stats\n/exit\n")
     assert r.exit_code == 0, r.output
     assert "drafting with ollama:someone/tiny:0.5b" in r.stderr and "draft" in r.stdout
-    r = CliRunner().invoke(cli, ["check", "-t", "ollama:tiny:1.5b", "-d", "ollama:someone/tiny:0.5b"])
+    r = run_cli(["check", "-t", "ollama:tiny:1.5b", "-d", "ollama:someone/tiny:0.5b"])
     assert r.exit_code == 0 and "ok: Vocabularies match" in r.output  # scan names work in check too
-    CliRunner().invoke(cli, ["models", "--scan", "--add"])
-    r = CliRunner().invoke(cli, ["generate", "tiny-1.5b", "-p", "hi", "-n", "4", "--draft", "none", "--json"])
+    run_cli(["models", "--scan", "--add"])
+    r = run_cli(["generate", "tiny-1.5b", "-p", "hi", "-n", "4", "--draft", "none", "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout)["stats"]["draft_model_tokens"] == 0, r.output
-    r = CliRunner().invoke(cli, ["generate", "tiny-1.5b", "-p", "hi", "--draft", "x.gguf"])
+    r = run_cli(["generate", "tiny-1.5b", "-p", "hi", "--draft", "x.gguf"])
     assert r.exit_code == 2 and "brings its own draft" in r.output
 
 
 def test_pair_names_from_a_scan_are_unique_and_added_once(stores_env: Path, tmp_path: Path, tiny_dir: Path):
-    from click.testing import CliRunner
-
-    from localspec.cli import cli
-
     for sub in ("a", "b"):  # two targets with the same file name, each with a draft beside it
         d = tmp_path / "more" / sub
         d.mkdir(parents=True)
         shutil.copy(stores_env / "src" / "big.gguf", d / "same.gguf")
         shutil.copy(stores_env / "src" / "small.gguf", d / "little.gguf")
     args = ["models", "--scan", "--folder", str(tmp_path / "more" / "a"), "--folder", str(tmp_path / "more" / "b")]
-    out = CliRunner().invoke(cli, args).stdout
+    out = run_cli(args).stdout
     assert "localspec add same " in out and "localspec add same-2 " in out
-    first = CliRunner().invoke(cli, [*args, "--add"])
+    first = run_cli([*args, "--add"])
     assert "added same " in first.output and "added same-2 " in first.output
-    again = CliRunner().invoke(cli, [*args, "--add"])
+    again = run_cli([*args, "--add"])
     assert "added" not in again.output and "same is registered already" in again.output
 
 
@@ -736,14 +717,11 @@ def test_load_takes_a_store_name_and_finds_the_draft_on_disk(stores_env: Path):
 
 
 def test_load_takes_a_registered_pair_name(stores_env: Path):
-    from click.testing import CliRunner
-
     import localspec
-    from localspec.cli import cli
     from localspec.hub import resolve
     from localspec.registry import get_pair
 
-    assert CliRunner().invoke(cli, ["models", "--scan", "--add"]).exit_code == 0  # registers tiny-1.5b
+    assert run_cli(["models", "--scan", "--add"]).exit_code == 0  # registers tiny-1.5b
     files = resolve(get_pair("tiny-1.5b"))
     with localspec.load("tiny-1.5b") as pair:
         assert pair.target.path == files.target and pair.draft is not None and pair.draft.path == files.draft
@@ -753,3 +731,12 @@ def test_load_takes_a_registered_pair_name(stores_env: Path):
         localspec.load("tiny-1.5b", "some-draft.gguf")
     with pytest.raises(localspec.LocalspecError, match="No model pair named 'no-such-pair'"):
         localspec.load("no-such-pair")
+
+
+def test_pair_names_drop_the_quantization_tag_unless_another_pair_has_that_name():
+    assert pairing.pair_name("hf:org/Repo/Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf") == "qwen2.5-coder-1.5b-instruct"
+    assert pairing.pair_name("ollama:tiny:1.5b") == "ollama-tiny-1.5b"
+    assert pairing.pair_name("x/model-Q8_0.gguf", ["model"]) == "model-q8_0"
+    assert pairing.pair_name("x/model-Q8_0.gguf", ["model", "model-q8_0"]) == "model-q8_0-2"
+    assert pairing.pair_name("same.gguf", ["same"]) == "same-2"
+    assert pairing.pair_name("???.gguf") == "model"

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ..api import Pair
-from ..backend import gpu_offload_supported
 from ..hugepages import thp_mode
+from ..llama import gpu_offload_supported
 
 
 def machine_info(pair: Pair, checksums: bool = True) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from ..backend import Model
-from ..engine import GenerationStats
+from ..events import GenerationStats
 
 #: Bench method names of the peer rows.
 PEER_PLAIN = "llama-cpp-python"

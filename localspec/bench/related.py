@@ -10,7 +10,7 @@ import numpy as np
 
 from ..api import Pair
 from ..auto import history_estimates
-from ..engine import GenerationStats
+from ..events import GenerationStats
 from ..history import HistoryStore
 from ..history.drafter import HistoryDrafter
 from ..methods import AUTO, HISTORY

@@ -10,12 +10,32 @@ from typing import Optional
 from ..methods import PLAIN, REGISTRY
 from .exactness import TIE_MARGIN
 from .peers import PEER_METHODS, PEER_PLAIN
-from .records import BenchReport, RelatedReport
+from .records import BenchReport, RelatedReport, Row
 from .summary import adaptive
 
 
 def render_table(report: BenchReport) -> str:
     """The report as a terminal table, with the cost profile on top."""
+    peers = any(r.speedup_peer is not None for r in report.rows)
+    out = _preamble(report, peers)
+    header = (f"{'prompt':<15} {'temp':>4} {'method':<15} {'tok/s':>6} {'vs lcp':>6} {'(range)':>11} "
+              f"{'vs plain':>8} {'(range)':>11} {'pred':>5} {'accept':>6} {'tok/rnd':>7} {'round ms':>15} "
+              f"{'split':>14}  exactness (vs plain / vs lcp)")
+    out += [header, "-" * len(header)]
+    last_prompt = None
+    for row in report.rows:
+        out.append(_row(row, row.prompt if row.prompt != last_prompt else "", peers))
+        last_prompt = row.prompt
+    out += _medians(report, peers)
+    out += _against_best_peer(report)
+    out += _round_kinds(report)
+    if report.mismatches:
+        out.append(f"\n{report.mismatches} MISMATCH(ES) against plain decoding: this is a bug, please report it.")
+    return "\n".join(out)
+
+
+def _preamble(report: BenchReport, peers: bool) -> list[str]:
+    """The cost profile, the thread budget, and what the columns mean."""
     p = report.profile
     verify = "  ".join(f"{n + 1}:{v:.2f}" for n, v in enumerate(p.get("verify", [])))
     out = [f"cost profile ({p.get('source')}): target step {1000 * p.get('step_seconds', 0):.1f} ms; "
@@ -25,7 +45,6 @@ def render_table(report: BenchReport) -> str:
            *_budget(report),
            f"batch-shape logit noise of this build: {p.get('batch_noise', 0):.3f} "
            f"(divergences below a {p.get('tie_margin', TIE_MARGIN):.3f} top-two margin count as ties)", ""]
-    peers = any(r.speedup_peer is not None for r in report.rows)
     out.append("round ms: mean decode time per round, measured/predicted by the cost profile from the rounds' "
                "draft lengths (in brackets: predicted with this run's plain step in place of the calibrated one); "
                "split: its target + draft model + Python parts.")
@@ -34,50 +53,45 @@ def render_table(report: BenchReport) -> str:
     if peers:
         out.append("lcp = llama-cpp-python's own Llama (plain, and its prompt-lookup draft), same file and threads; "
                    "'vs lcp' is the headline speedup, 'vs plain' is against localspec's plain path.")
-    header = (f"{'prompt':<15} {'temp':>4} {'method':<15} {'tok/s':>6} {'vs lcp':>6} {'(range)':>11} "
-              f"{'vs plain':>8} {'(range)':>11} {'pred':>5} {'accept':>6} {'tok/rnd':>7} {'round ms':>15} "
-              f"{'split':>14}  exactness (vs plain / vs lcp)")
-    out += [header, "-" * len(header)]
-    last_prompt = None
-    for row in report.rows:
-        name = row.prompt if row.prompt != last_prompt else ""
-        last_prompt = row.prompt
-        vs_peer = f"{row.speedup_peer:.2f}x" if row.speedup_peer is not None else "-"
-        spread = _range(row.speedup_peer_interval, row.speedup_peer_min, row.speedup_peer_max,
-                        row.method != PEER_PLAIN)
-        spread_plain = _range(row.speedup_interval, row.speedup_min, row.speedup_max,
-                              row.method != PLAIN.name)
-        split = ("+".join(f"{row.round_split_ms[part]:.1f}" for part in ("target", "draft", "python"))
-                 if row.round_split_ms else "-")
-        pred = f"{row.predicted_speedup:.2f}" if row.predicted_speedup is not None else "-"
-        acc = f"{100 * row.acceptance:.0f}%" if getattr(REGISTRY.find(row.method), "build", None) else "-"
-        tpr = f"{row.tokens_per_round:.2f}" if row.method not in PEER_METHODS else "-"
-        verdict = row.exactness + (f" / {row.exactness_peer}" if peers else "")
-        rms = (f"{row.round_ms:.0f}/{row.round_ms_predicted:.0f}"
-               if row.round_ms is not None and row.round_ms_predicted is not None else "-")
-        if row.round_ms_predicted_here is not None:
-            rms += f" ({row.round_ms_predicted_here:.0f})"
-        if row.divergence:
-            verdict += f" @{int(row.divergence['token'])} (margin {row.divergence['margin']:.3f})"
-        if row.auto_rounds:
-            verdict += "  [" + " ".join(f"{m}:{n}" for m, n in row.auto_rounds.items() if n) + "]"
-        out.append(f"{name:<15} {row.temperature:>4.1f} {row.label:<15} "
-                   f"{row.decode_tps:>6.1f} {vs_peer:>6} {spread:>11} {row.speedup:>7.2f}x {spread_plain:>11} "
-                   f"{pred:>5} {acc:>6} {tpr:>7} {rms:>15} {split:>14}  {verdict}")
+    return out
+
+
+def _row(row: Row, name: str, peers: bool) -> str:
+    """One method on one prompt: speed, ratios with their ranges, acceptance, round times, exactness."""
+    vs_peer = f"{row.speedup_peer:.2f}x" if row.speedup_peer is not None else "-"
+    spread = _range(row.speedup_peer_interval, row.speedup_peer_min, row.speedup_peer_max, row.method != PEER_PLAIN)
+    spread_plain = _range(row.speedup_interval, row.speedup_min, row.speedup_max, row.method != PLAIN.name)
+    split = ("+".join(f"{row.round_split_ms[part]:.1f}" for part in ("target", "draft", "python"))
+             if row.round_split_ms else "-")
+    pred = f"{row.predicted_speedup:.2f}" if row.predicted_speedup is not None else "-"
+    acc = f"{100 * row.acceptance:.0f}%" if getattr(REGISTRY.find(row.method), "build", None) else "-"
+    tpr = f"{row.tokens_per_round:.2f}" if row.method not in PEER_METHODS else "-"
+    verdict = row.exactness + (f" / {row.exactness_peer}" if peers else "")
+    rms = (f"{row.round_ms:.0f}/{row.round_ms_predicted:.0f}"
+           if row.round_ms is not None and row.round_ms_predicted is not None else "-")
+    if row.round_ms_predicted_here is not None:
+        rms += f" ({row.round_ms_predicted_here:.0f})"
+    if row.divergence:
+        verdict += f" @{int(row.divergence['token'])} (margin {row.divergence['margin']:.3f})"
+    if row.auto_rounds:
+        verdict += "  [" + " ".join(f"{m}:{n}" for m, n in row.auto_rounds.items() if n) + "]"
+    return (f"{name:<15} {row.temperature:>4.1f} {row.label:<15} "
+            f"{row.decode_tps:>6.1f} {vs_peer:>6} {spread:>11} {row.speedup:>7.2f}x {spread_plain:>11} "
+            f"{pred:>5} {acc:>6} {tpr:>7} {rms:>15} {split:>14}  {verdict}")
+
+
+def _medians(report: BenchReport, peers: bool) -> list[str]:
+    """Each method's median speedup across prompts, over llama-cpp-python plain and over localspec plain."""
+    out: list[str] = []
     for title, attr in ((("median speedup over llama-cpp-python plain across prompts:", "speedup_peer"),) if peers
                         else ()) + (("median speedup over localspec plain across prompts:", "speedup"),):
         out += ["", title]
         for label in report.settings.get("methods", [])[1:]:
-            values = [getattr(r, attr) for r in report.rows
-                      if r.label == label and getattr(r, attr) is not None]
+            values = [getattr(r, attr) for r in report.rows if r.label == label and getattr(r, attr) is not None]
             if values:
                 out.append(f"  {label:<15} {statistics.median(values):.2f}x  (worst {min(values):.2f}x, "
                            f"best {max(values):.2f}x)")
-    out += _against_best_peer(report)
-    out += _round_kinds(report)
-    if report.mismatches:
-        out.append(f"\n{report.mismatches} MISMATCH(ES) against plain decoding: this is a bug, please report it.")
-    return "\n".join(out)
+    return out
 
 
 def _against_best_peer(report: BenchReport) -> list[str]:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
 from ..api import Pair
-from ..engine import GenerationStats
 from ..errors import ConfigError
+from ..events import GenerationStats
 from ..history import HistoryStore
 from ..methods import PLAIN, REGISTRY
 from ..options import GenerationOptions

@@ -1,0 +1,39 @@
+"""The ``localspec`` command line: one module per command group, each a thin layer over the library.
+
+``shared`` holds what they share (errors as one sentence, the model and
+generation options). Commands import the library inside their bodies, so
+``localspec --help`` starts without loading llama.cpp.
+"""
+
+from __future__ import annotations
+
+import click
+
+from .. import __version__
+from .bench import bench
+from .calibrate import calibrate
+from .chat import chat
+from .export import export
+from .generate import generate
+from .history import history
+from .pairs import add, check, models, pull
+from .serve import serve
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="localspec")
+def cli() -> None:
+    """Fast local generation with speculative decoding over llama.cpp.
+
+    The output is exactly what the target model would produce alone; a draft
+    model or prompt lookup only changes how fast it comes.
+    """
+
+
+for _command in (generate, chat, serve, models, add, pull, check, export, history, calibrate, bench):
+    cli.add_command(_command)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="localspec")

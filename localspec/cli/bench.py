@@ -1,0 +1,146 @@
+"""``localspec bench``: every method against llama-cpp-python's own decoding, in one interleaved run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from ..methods import DRAFT, K_LIMIT, LOOKUP
+from ..options import GenerationOptions
+from .shared import ModelArgs, friendly_errors, model_options
+
+
+@click.command()
+@model_options
+@click.option("--suite", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="JSONL prompt suite ({\"category\", \"prompt\" | \"messages\"} per line); default: built-in.")
+@click.option("--category", "categories", multiple=True, help="Only these categories (repeatable).")
+@click.option("--quick", is_flag=True, help="One prompt per kind of text, few K: a few minutes on a small CPU.")
+@click.option("--reps", type=click.IntRange(min=1), default=None,
+              help="Repetitions per method (default 3, quick 2); with --width, the least.")
+@click.option("--width", type=click.FloatRange(min=0.001, max=1.0), default=None,
+              help="Keep adding repetitions to a prompt until every ratio's 95% interval is narrower than this "
+                   "share of it (0.04: about +-2%), or --budget runs out.")
+@click.option("--budget", "budget_minutes", type=click.FloatRange(min=0.1), default=None,
+              help="With --width: minutes for the repetitions past the first ones, shared out over the prompts "
+                   "(default 60; at most 40 repetitions a prompt).")
+@click.option("--max-tokens", "-n", type=click.IntRange(min=2), default=None,
+              help="Tokens per generation (default 128, quick 64).")
+@click.option("--k-lookup", "k_lookup", type=str, default=None,
+              help="Lookup draft lengths, e.g. 2,4,8 (none: no rows).")
+@click.option("--k-draft", "k_draft", type=str, default=None,
+              help="Draft-model draft lengths, e.g. 1,2,4,8 (none: no rows).")
+@click.option("--k-lcp-lookup", "k_lcp_lookup", type=str, default=None,
+              help="Draft lengths of llama-cpp-python's own prompt lookup (default 2,10; none: no rows).")
+@click.option("--no-auto", is_flag=True, help="Leave auto mode out.")
+@click.option("--no-peers", is_flag=True,
+              help="Leave out llama-cpp-python's own Llama (plain, and its prompt lookup with 2 and 10 tokens).")
+@click.option("--history-check", is_flag=True, help="Add auto without history, to compare with auto's empty store.")
+@click.option("--related", is_flag=True,
+              help="Run the related-requests workload instead (or --suite FILE, in order): auto with an empty "
+                   "history and with the earlier requests' history, against llama-cpp-python plain.")
+@click.option("--sampled", is_flag=True, help="Also run sampled (seeded by repetition), against the peers too.")
+@click.option("--sampled-temperature", type=float, default=0.7, show_default=True)
+@click.option("--sampled-top-p", type=float, default=0.9, show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write everything measured, with machine info, to this JSON file.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG of speedup against K per category (needs matplotlib).")
+@friendly_errors
+def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], quick: bool, reps: Optional[int],
+          width: Optional[float], budget_minutes: Optional[float], max_tokens: Optional[int], k_lookup: Optional[str],
+          k_draft: Optional[str], k_lcp_lookup: Optional[str], no_auto: bool, no_peers: bool,
+          history_check: bool, related: bool, sampled: bool, sampled_temperature: float, sampled_top_p: float,
+          json_path: Optional[str], plot_path: Optional[str]) -> None:
+    """Compare plain decoding, lookup, draft and auto, and llama-cpp-python's own decoding, side by side.
+
+    Speedups are shown against llama-cpp-python's plain decoding (what you would
+    otherwise run) and against localspec's plain path. Exits with status 1 if any
+    greedy run differs from plain decoding other than at a numeric tie.
+    """
+    from ..bench import Precision, default_methods, load_suite, render_table, run_bench, write_json, write_plot
+    from ..bench.peers import PEER_LOOKUP
+
+    if budget_minutes is not None and width is None:
+        raise click.UsageError("--budget sets the time for --width's extra repetitions; give --width too.")
+    if no_peers and k_lcp_lookup is not None:
+        raise click.UsageError("--k-lcp-lookup sets llama-cpp-python's lookup rows, which --no-peers leaves out; "
+                               "give one or the other.")
+    if related:
+        _bench_related(models, suite, reps, max_tokens, json_path)
+        return
+    prompts = load_suite(Path(suite) if suite else None, categories, quick)
+    ks = {LOOKUP.name: _k_list(k_lookup, "--k-lookup"), DRAFT.name: _k_list(k_draft, "--k-draft"),
+          PEER_LOOKUP: _k_list(k_lcp_lookup, "--k-lcp-lookup")}
+    GenerationOptions(temperature=sampled_temperature, top_p=sampled_top_p)  # bad values fail before any work
+    reps = reps or (2 if quick else 3)
+    max_tokens = max_tokens or (64 if quick else 128)
+    temperatures = (0.0, sampled_temperature) if sampled else (0.0,)
+    precision = Precision(width, 60 * (budget_minutes or 60.0)) if width is not None else None
+    with models.open() as pair:
+        methods = default_methods(pair.draft is not None, quick, {m: k for m, k in ks.items() if k is not None},
+                                  auto=not no_auto, peers=not no_peers, history_check=history_check,
+                                  has_head=bool(pair.target.n_nextn))
+        most = max(reps, precision.max_reps) if precision else reps
+        total = len(prompts) * len(methods) * most * len(temperatures)
+        click.echo(f"bench: {len(prompts)} prompts x {len(methods)} methods x "
+                   + (f"{reps} reps or more, until every interval is narrower than {width:.0%} or "
+                      f"{budget_minutes or 60.0:g} minutes are spent" if precision else f"{reps} reps")
+                   + f"{' x 2 temperatures' if sampled else ''}, {max_tokens} tokens each", err=True)
+        pair.calibrate()
+        with click.progressbar(length=total, label="running", file=sys.stderr) as bar:
+            def prompt_done(name: str, n: int, widest: float) -> None:
+                if precision is not None:  # the bar's length assumed every prompt might need max_reps
+                    click.echo(f"\n{name}: {n} repetitions, widest 95% interval {widest:.1%}", err=True)
+
+            report = run_bench(pair, prompts, methods, reps=reps, max_tokens=max_tokens,
+                               temperatures=temperatures, top_p=sampled_top_p, progress=lambda _: bar.update(1),
+                               checksums=json_path is not None, precision=precision, on_prompt=prompt_done)
+        click.echo(render_table(report))
+        if json_path:
+            write_json(report, Path(json_path))
+            click.echo(f"wrote {json_path}", err=True)
+        if plot_path:
+            write_plot(report, Path(plot_path))
+            click.echo(f"wrote {plot_path}", err=True)
+    if report.mismatches:
+        sys.exit(1)
+
+
+def _bench_related(models: ModelArgs, suite: Optional[str], reps: Optional[int], max_tokens: Optional[int],
+                   json_path: Optional[str]) -> None:
+    from ..bench import load_related, render_related, run_related
+
+    prompts = load_related(Path(suite) if suite else None)
+    with models.open() as pair:
+        reps, max_tokens = reps or 3, max_tokens or 128
+        click.echo(f"bench: {len(prompts)} related requests x 3 rows x {reps} reps, {max_tokens} tokens each", err=True)
+        pair.calibrate()
+        with click.progressbar(length=len(prompts) * 3 * reps, label="running", file=sys.stderr) as bar:
+            report = run_related(pair, prompts, reps=reps, max_tokens=max_tokens, progress=lambda _: bar.update(1),
+                                 checksums=json_path is not None)
+        click.echo(render_related(report))
+        if json_path:
+            Path(json_path).write_text(json.dumps(report.to_dict(), indent=1))
+            click.echo(f"wrote {json_path}", err=True)
+    if report.mismatches:
+        sys.exit(1)
+
+
+def _k_list(value: Optional[str], option: str) -> Optional[list[int]]:
+    """``--k-lookup 2,4``: the draft lengths; ``none``: no rows (an empty list); None when not given."""
+    if value is None:
+        return None
+    if value.strip().lower() == "none":
+        return []
+    try:
+        ks = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated whole numbers, got {value!r}", param_hint=option) from None
+    if not ks or any(k < 1 or k > K_LIMIT for k in ks):
+        raise click.BadParameter(f"each K must be from 1 to {K_LIMIT}", param_hint=option)
+    return ks

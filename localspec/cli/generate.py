@@ -1,0 +1,80 @@
+"""``localspec generate``: one continuation or one chat reply, printed as it comes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import click
+
+from ..options import GenerationOptions
+from .shared import ModelArgs, friendly_errors, generation_options, model_options
+
+if TYPE_CHECKING:
+    from ..constraint import Constraint
+
+
+@click.command()
+@model_options
+@generation_options
+@click.option("--prompt", "-p", default=None, help="Raw prompt text, sent as is.")
+@click.option("--message", default=None, help="One user message, formatted with the model's chat template.")
+@click.option("--system", default=None, help="System message to go with --message.")
+@click.option("--recalibrate", is_flag=True, help="Measure this machine's costs again for auto.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, finish_reason, stats.")
+@click.option("--json-schema", "json_schema", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="The reply is JSON valid against this schema file (needs the 'structured' extra).")
+@click.option("--json-object", is_flag=True, help="The reply is a JSON object (JSON mode).")
+@click.option("--regex", default=None, help="The reply matches this regular expression whole.")
+@click.option("--grammar", "grammar_file", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="The reply follows this grammar file: GBNF as llama.cpp writes it (.gbnf), else Lark.")
+@friendly_errors
+def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str], message: Optional[str],
+             system: Optional[str], recalibrate: bool, as_json: bool, json_schema: Optional[str], json_object: bool,
+             regex: Optional[str], grammar_file: Optional[str]) -> None:
+    """Generate a continuation of --prompt, or a reply to --message."""
+    if (prompt is None) == (message is None):
+        raise click.UsageError("Give exactly one of --prompt (raw text) or --message (a chat turn).")
+    if system is not None and message is None:
+        raise click.UsageError("--system goes with --message, not with a raw --prompt.")
+    constraint = _constraint(json_schema, json_object, regex, grammar_file)
+    if constraint is not None:
+        options = options.replace(grammar=constraint)
+    with models.open(options.method) as pair:
+        if recalibrate:
+            pair.calibrate(refresh=True)
+        if message is not None:
+            messages = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": message}]
+            stream = pair.stream_chat(messages, options)
+        else:
+            stream = pair.stream(prompt or "", options)
+        if as_json:
+            for _ in stream:
+                pass
+            click.echo(json.dumps(stream.result.to_dict(), ensure_ascii=False))
+            return
+        for ev in stream:
+            click.echo(ev.text, nl=False)
+        click.echo()
+        click.echo(stream.result.summary_line(), err=True)
+
+
+def _constraint(json_schema: Optional[str], json_object: bool, regex: Optional[str],
+                grammar_file: Optional[str]) -> Optional[Constraint]:
+    """The one constraint the flags ask for (None: free text)."""
+    from ..constraint import Constraint
+
+    given = [x for x in (json_schema, json_object or None, regex, grammar_file) if x is not None]
+    if len(given) > 1:
+        raise click.UsageError("Give at most one of --json-schema, --json-object, --regex and --grammar.")
+    if json_schema is not None:
+        return Constraint.json_schema(Path(json_schema).read_text(encoding="utf-8"))
+    if json_object:
+        return Constraint.json_object()
+    if regex is not None:
+        return Constraint.regex(regex)
+    if grammar_file is not None:
+        return Constraint.grammar_file(grammar_file)
+    return None

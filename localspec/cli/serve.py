@@ -1,0 +1,56 @@
+"""``localspec serve``: the pair behind an OpenAI-compatible HTTP API."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import click
+
+from ..options import GenerationOptions
+from .shared import ModelArgs, friendly_errors, generation_options, model_options, say
+
+
+@click.command()
+@model_options
+@generation_options
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; anything but loopback needs --api-key.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port (0: any free one).")
+@click.option("--api-key", envvar="LOCALSPEC_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' on every request but /health (or set LOCALSPEC_API_KEY).")
+@click.option("--max-queue", type=click.IntRange(0, 1000), default=8, show_default=True,
+              help="Requests that may wait while one generates; more get 503.")
+@click.option("--allow-origin", "origins", multiple=True, metavar="ORIGIN",
+              help="A web page origin (e.g. http://localhost:3000) allowed to call the API from a browser; "
+                   "repeatable, '*' for any page. Without it, requests that carry an Origin get 403.")
+@click.option("--max-body", type=click.IntRange(1024), default=None,
+              help="The largest request body in bytes (default: 4 MiB); larger ones get 413.")
+@friendly_errors
+def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, api_key: Optional[str],
+          max_queue: int, origins: tuple[str, ...], max_body: Optional[int]) -> None:
+    """Serve the pair over an OpenAI-compatible HTTP API (chat and completions, streamed or not).
+
+    The generation options given here are the defaults for requests that
+    leave them out; --max-tokens also caps what a request may ask for (without
+    it, a request may fill the context). --no-history keeps every request out
+    of the history store, whatever the request says.
+    """
+    from ..server_access import check_access
+
+    access = check_access(host, api_key, origins)
+    try:
+        from ..server import MAX_BODY, Server, create_app, run
+    except ImportError as exc:
+        raise click.ClickException(f"localspec serve needs the server extra ({exc.name} is missing): "
+                                   "pip install 'localspec[server]'.") from None
+    source = click.get_current_context().get_parameter_source("max_tokens")
+    max_tokens = options.max_tokens if source is not click.core.ParameterSource.DEFAULT else None
+    with models.open() as pair:
+        name = models.pair_name or pair.target.path.stem
+        server = Server.for_pair(pair, name, options, max_queue=max_queue, max_tokens=max_tokens)
+        app = create_app(server, hosts=access.hosts, origins=access.origins, api_key=access.api_key,
+                         max_body=MAX_BODY if max_body is None else max_body)
+        say(f"localspec serve: model {name!r} on http://{host}:{port}/v1 "
+            f"({'API key required' if api_key else 'no API key'}; history "
+            f"{'recorded' if server.limits.history else 'off'}); Ctrl-C stops")
+        run(server, app, host, port)

@@ -1,0 +1,107 @@
+"""A generation as the Python API hands it out: a ``Stream`` of token events, then a ``Result``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
+
+from .engine import Generation
+from .events import SOURCE_GRAMMAR, GenerationStats, TokenEvent
+
+
+@dataclass
+class Result:
+    """A finished generation.
+
+    Attributes:
+        text: the generated text (end-of-generation token not included).
+        tokens: the generated token ids.
+        finish_reason: "stop" (the model ended its answer, or a stop string
+            came: the text ends before it), "length" (max_tokens reached or
+            the context is full) or "interrupted".
+        stats: counts and timings.
+        prompt_tokens: the prompt's token ids.
+        logprobs: with ``logprobs`` asked for, each token's (log-probability, likeliest alternatives as
+            (id, log-probability) pairs); else None.
+    """
+
+    text: str
+    tokens: list[int]
+    finish_reason: Optional[str]
+    stats: GenerationStats
+    prompt_tokens: list[int]
+    logprobs: Optional[list[tuple[float, tuple[tuple[int, float], ...]]]] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON shape printed by ``localspec generate --json``."""
+        out: dict[str, Any] = {"text": self.text, "tokens": self.tokens, "finish_reason": self.finish_reason,
+                               "stats": self.stats.to_dict()}
+        if self.logprobs is not None:
+            out["logprobs"] = [{"token": t, "logprob": lp, "top_logprobs": [[i, v] for i, v in top]}
+                               for t, (lp, top) in zip(self.tokens, self.logprobs, strict=True)]
+        return out
+
+    def summary_line(self) -> str:
+        """One line for a person after a reply: tokens, speed, method and K, acceptance."""
+        s = self.stats
+        how = s.method
+        if s.auto:
+            used = ", ".join(f"{m} {n}" for m, n in s.rounds_by_method.items() if n)
+            how = f"auto ({used} rounds)" if used else "auto"
+        elif s.k:
+            how += f" k={s.k}"
+        acc = f", accepted {s.accepted}/{s.drafted} ({100 * s.acceptance_rate:.0f}%)" if s.drafted else ""
+        forced = s.accepted_by.get(SOURCE_GRAMMAR, 0)
+        acc += f", {forced} forced by the grammar" if forced else ""
+        return (f"[{s.generated_tokens} tokens, {s.decode_tokens_per_second:.1f} tok/s, {how}{acc}, "
+                f"finish: {self.finish_reason}]")
+
+
+class Stream:
+    """Iterator over ``TokenEvent``s of one generation; ``result`` once it is done.
+
+    Leaving the loop early (``break``, an exception, Ctrl-C) stops the
+    generation and leaves both models' caches consistent.
+    """
+
+    def __init__(self, generation: Generation, prompt_tokens: list[int],
+                 on_end: Optional[Callable[[Generation], None]] = None):
+        self._g = generation
+        self._prompt_tokens = prompt_tokens
+        self._text: list[str] = []
+        self._logprobs: list[tuple[float, tuple[tuple[int, float], ...]]] = []
+        self._on_end = on_end
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        try:
+            for ev in self._g:
+                self._text.append(ev.text)
+                if ev.logprob is not None:
+                    self._logprobs.append((ev.logprob, ev.top_logprobs))
+                yield ev
+        finally:
+            self._g.close()
+            self._text.append(self._g.tail_text)  # an incomplete final character, if any
+            on_end, self._on_end = self._on_end, None
+            if on_end is not None:
+                on_end(self._g)
+
+    @property
+    def result(self) -> Result:
+        """The generation so far (final once iteration has ended)."""
+        return Result("".join(self._text), list(self._g.tokens), self._g.finish_reason, self._g.stats,
+                      self._prompt_tokens, list(self._logprobs) if self._g.logprobs is not None else None)
+
+    def cancel(self) -> None:
+        """End the generation soon; safe to call from another thread (e.g. when a client leaves).
+
+        A prompt being processed stops within milliseconds; the loop then ends
+        with finish_reason "interrupted", leaving both caches consistent.
+        """
+        self._g.cancel()
+
+    def finish(self) -> Result:
+        """Run the generation to its end and return the result."""
+        for _ in self:
+            pass
+        return self.result
