@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import io
 import json
 import re
@@ -20,11 +20,11 @@ STEPS = {"machine", "build", "llama_cpp", "models", "calibration", "overheads", 
          "tests"}
 
 
-def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def gpu_check(part: str):
+    """A module of the check's package, ``benchmarks/gpucheck``."""
+    if str(REPO / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(REPO / "benchmarks"))
+    return importlib.import_module(f"gpucheck.{part}")
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_the_trimmed_sdist_keeps_the_sources_and_drops_what_no_build_reads(tmp_p
             info = tarfile.TarInfo(name)
             info.size = 3
             tar.addfile(info, io.BytesIO(b"abc"))
-    counts = gpu_check().trim_sdist(src, dst)
+    counts = gpu_check("carry").trim_sdist(src, dst)
     with tarfile.open(dst) as tar:
         kept = set(tar.getnames())
     assert kept == {names[0], names[5], names[6]} and counts["dropped"] == 4
@@ -131,7 +131,7 @@ def test_the_shape_spec_matches_the_real_pair():
 
     d = real_models_dir()
     committed = json.loads((REPO / "benchmarks" / "qwen_shapes.json").read_text())["models"]
-    module = gpu_check()
+    module = gpu_check("spec")
     for role in ("target", "draft"):
         read = json.loads(json.dumps(module.read_spec(d / f"{role}.gguf")))  # tuples to lists, as in the file
         assert read == committed[role]

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import gguf
 import numpy as np
+from gguf.vocab import bytes_to_unicode
 
 MERGES = ["Ġ t", "h e", "i n", "Ġ a", "e r", "o n", "Ġt he", "r e", "Ġ s", "a t", "e n", "o r"]
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -26,15 +27,9 @@ CHAT_TEMPLATE = (
 
 
 def byte_tokens() -> list[str]:
-    """GPT-2's printable stand-ins for the 256 byte values, in byte order."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars = {b: chr(b) for b in keep}
-    extra = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
+    """GPT-2's printable stand-ins for the 256 byte values, in byte order (gguf's own table)."""
+    table = bytes_to_unicode()
+    return [table[b] for b in range(256)]
 
 
 def vocabulary(pad_to: int = 0, rename: Optional[dict[int, str]] = None) -> tuple[list[str], list[int]]:
