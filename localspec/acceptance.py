@@ -114,7 +114,7 @@ class ProbRows:
 
 def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
     """The log-probability of ``token`` under the softmax of one (processed) logits row, and the ``top``
-    likeliest tokens with theirs, likeliest first (a token the grammar masked has -inf)."""
+    likeliest tokens with theirs, likeliest first; tokens the grammar masked (probability 0) are left out."""
     x = np.asarray(logits, dtype=np.float64)
     m = x.max()
     lse = m + np.log(np.exp(x - m).sum())
@@ -122,7 +122,7 @@ def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, tup
     if top > 0:
         idx = np.argpartition(x, -top)[-top:] if top < x.shape[0] else np.arange(x.shape[0])
         idx = idx[np.lexsort((idx, -x[idx]))]  # likeliest first; equal logits by id
-        best = tuple((int(i), float(x[i] - lse)) for i in idx)
+        best = tuple((int(i), float(x[i] - lse)) for i in idx if np.isfinite(x[i]))
     return float(x[token] - lse), best
 
 

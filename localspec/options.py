@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -71,7 +72,8 @@ def _bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
         if isinstance(item, str):
             token_text, eq, bias_text = item.partition("=")
             try:
-                item = (int(token_text), float(bias_text)) if eq else None
+                item = (int(token_text), float(bias_text)) if eq and re.fullmatch(r"\s*[0-9]{1,10}\s*", token_text) \
+                    else None
             except ValueError:
                 item = None
             if item is None:
@@ -79,10 +81,10 @@ def _bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
         if not (isinstance(item, (tuple, list)) and len(item) == 2):
             raise SamplingError(f"logit_bias must map token ids to biases, got the entry {item!r}.")
         token, bias = item
-        if isinstance(token, str) and token.strip().isdigit():
-            token = int(token)  # JSON object keys are strings
+        if isinstance(token, str) and re.fullmatch(r"[0-9]{1,10}", token.strip()):
+            token = int(token)  # JSON object keys are strings (ASCII digits: "²" is a digit to isdigit)
         if not _is_whole(token) or token < 0:
-            raise SamplingError(f"logit_bias token ids are whole numbers >= 0, got {token!r}.")
+            raise SamplingError(f"logit_bias token ids are whole numbers >= 0, got {repr(token)[:40]}.")
         if not _is_number(bias) or not -MAX_BIAS <= bias <= MAX_BIAS:
             raise SamplingError(f"logit_bias values are numbers from -{MAX_BIAS:g} to {MAX_BIAS:g}, got {bias!r} "
                                 f"for token {token}.")
@@ -238,8 +240,8 @@ class GenerationOptions:
 
     def _check_penalties(self) -> None:
         r, f, p, n = self.repeat_penalty, self.frequency_penalty, self.presence_penalty, self.repeat_last_n
-        if not _is_number(r) or r <= 0:
-            raise SamplingError(f"repeat_penalty must be a finite number > 0 (1 turns it off), got {r!r}.")
+        if not _is_number(r) or not 1e-3 <= r <= 100:
+            raise SamplingError(f"repeat_penalty must be a number from 0.001 to 100 (1 turns it off), got {r!r}.")
         for name, value in (("frequency_penalty", f), ("presence_penalty", p)):
             if not _is_number(value) or not -2 <= value <= 2:
                 raise SamplingError(f"{name} must be a number from -2 to 2 (0 turns it off), got {value!r}.")

@@ -66,8 +66,9 @@ class Processing:
     def row(self, logits: np.ndarray, generated: Tokens) -> np.ndarray:
         """One logits row processed, for the position after ``generated`` (a new float32 array)."""
         out = np.array(logits, dtype=np.float32, copy=True)
-        for token, value in self.bias:
-            out[token] += value
+        if self.bias:
+            biased, values = zip(*self.bias, strict=True)  # distinct ids: one vectorised add
+            out[list(biased)] += np.asarray(values, dtype=np.float32)
         if self.penalizes:
             recent = np.asarray(generated[-self.last_n:] if len(generated) else [], dtype=np.int64)
             if recent.size:
@@ -79,6 +80,7 @@ class Processing:
 
     def rows(self, logits: np.ndarray, generated: Tokens, draft: Sequence[int]) -> np.ndarray:
         """Verification rows processed: row i for the position after ``generated`` and ``draft[:i]``."""
-        history = [*generated, *draft]
-        base = len(generated)
-        return np.stack([self.row(logits[i], history[: base + i]) for i in range(len(logits))])
+        # only the window's tail of what was generated matters: no copy of a long output per round
+        tail = np.asarray(generated[-self.last_n:] if self.penalizes and len(generated) else [], dtype=np.int64)
+        history = np.concatenate([tail, np.asarray(draft, dtype=np.int64)])
+        return np.stack([self.row(logits[i], history[: len(tail) + i]) for i in range(len(logits))])

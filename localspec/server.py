@@ -332,7 +332,10 @@ def _logprobs(job: Job, entries: list[dict[str, Any]], offset: int = 0) -> Optio
     """A choice's ``logprobs`` in the request's shape; None when it did not ask for them."""
     if job.request.options.logprobs is None:
         return None
-    return server_logprobs.chat(list(entries)) if job.request.chat else server_logprobs.completion(entries, offset)
+    if job.request.chat:
+        return server_logprobs.chat(list(entries))
+    prompt = job.request.prompt
+    return server_logprobs.completion(entries, offset + (len(prompt) if isinstance(prompt, str) else 0))
 
 
 def _envelope(server: Server, job: Job, rid: str, chunk: bool) -> dict[str, Any]:

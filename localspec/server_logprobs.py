@@ -28,11 +28,13 @@ def chat(entries: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def completion(entries: list[dict[str, Any]], offset: int = 0) -> dict[str, Any]:
-    """A completion choice's ``logprobs``, its text starting ``offset`` characters into the reply."""
+    """A completion choice's ``logprobs``, its text starting ``offset`` characters in (after the prompt, as
+    llama-cpp-python counts). Two tokens that read the same share one key of ``top_logprobs`` (the likelier's)."""
     offsets = []
     for e in entries:
         offsets.append(offset)
         offset += len(e["token"])
     return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "top_logprobs": [{**{t["token"]: t["logprob"] for t in reversed(e["top_logprobs"])},
+                              e["token"]: e["logprob"]} for e in entries],  # the chosen token too, as OpenAI
             "text_offset": offsets}

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from .constraint import Constraint
 from .errors import LocalspecError
 from .methods import HISTORY
-from .options import GenerationOptions
+from .options import MAX_LOGPROBS, GenerationOptions
 from .server_http import ApiError
 
 #: Request fields that would change the output and that localspec does not implement, with the values
@@ -226,9 +226,8 @@ def _options(req: _Body, defaults: GenerationOptions, limits: Limits) -> Generat
     constraint = _constraint(req)
     if constraint is not None:
         given["grammar"] = constraint
-    logprobs = _logprobs(req)
-    if logprobs is not None:
-        given["logprobs"] = logprobs
+    if req.logprobs is not None or req.top_logprobs is not None:  # given: on or off, whatever the default
+        given["logprobs"] = _logprobs(req)
     try:
         options = defaults.replace(**given)
     except LocalspecError as exc:
@@ -247,17 +246,20 @@ def _logprobs(req: _Body) -> Optional[int]:
         if lp is not None and not isinstance(lp, bool):
             raise ApiError(400, "For chat, 'logprobs' is true or false; give the number of alternatives as "
                            "'top_logprobs'.", param="logprobs", code="invalid_type")
-        if top is not None and lp is not True:
+        if top not in (None, 0) and lp is not True:
             raise ApiError(400, "'top_logprobs' needs \"logprobs\": true.", param="top_logprobs",
                            code="invalid_value")
+        if top is not None and not 0 <= top <= MAX_LOGPROBS:
+            raise ApiError(400, f"'top_logprobs' must be from 0 to {MAX_LOGPROBS}, got {top}.", param="top_logprobs",
+                           code="invalid_value")
         return (top or 0) if lp else None
-    if top is not None:
+    if top not in (None, 0):
         raise ApiError(400, "Completions take 'logprobs': N (the alternatives per token), not 'top_logprobs'.",
                        param="top_logprobs", code="unknown_parameter")
-    if isinstance(lp, bool):
-        raise ApiError(400, "For completions, 'logprobs' is a number (the alternatives per token, 0 to 20).",
-                       param="logprobs", code="invalid_type")
-    return lp
+    if lp is True:
+        raise ApiError(400, f"For completions, 'logprobs' is a number (the alternatives per token, 0 to "
+                       f"{MAX_LOGPROBS}).", param="logprobs", code="invalid_type")
+    return None if lp is False else lp
 
 
 def _constraint(req: _Body) -> Optional[Constraint]:

@@ -44,6 +44,7 @@ def test_plain_logprobs_are_llama_cpp_pythons_own(tiny_dir, tiny_pair):
 
     tokens = tiny_pair.tokenize(PROMPT)
     mine = tiny_pair.generate(tokens, max_tokens=16, method="plain", logprobs=0)
+    assert mine.logprobs is not None and all(top == () for _, top in mine.logprobs)
     llama = Llama(str(tiny_dir / "target.gguf"), n_ctx=1024, flash_attn=False, verbose=False, logits_all=True,
                   n_threads=tiny_pair.target.n_threads, n_threads_batch=tiny_pair.target.n_threads_batch)
     try:
@@ -92,8 +93,9 @@ def test_completions_give_openais_logprobs_streamed_and_not(client, tiny_pair):
     lp = r.choices[0].logprobs
     assert r.choices[0].text == want.text and len(lp.tokens) == len(want.tokens)  # one entry a token
     np.testing.assert_allclose(lp.token_logprobs, logprobs_of(want), atol=1e-4)
-    assert all(1 <= len(top) <= 2 for top in lp.top_logprobs)  # keyed by text: two ids may read the same
-    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert all(1 <= len(top) <= 3 for top in lp.top_logprobs)  # the chosen one too; two ids may read the same
+    assert all(top[tok] == v for top, tok, v in zip(lp.top_logprobs, lp.tokens, lp.token_logprobs, strict=True))
+    assert lp.text_offset == [len(PROMPT) + sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
     chunks = list(client.completions.create(model="target", prompt=PROMPT, max_tokens=20, temperature=0,
                                             logprobs=2, stream=True, extra_body={"method": "plain"}))
     tokens = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
@@ -121,12 +123,24 @@ def test_chat_gives_openais_logprobs_streamed_and_not(client, tiny_pair):
     assert streamed == [c.token for c in content]
     plain = client.chat.completions.create(model="target", messages=messages, max_tokens=4, temperature=0)
     assert plain.choices[0].logprobs is None
+    off = client.completions.create(model="target", prompt=PROMPT, max_tokens=4, logprobs=False)  # neutral
+    assert off.choices[0].logprobs is None
+
+
+def test_masked_alternatives_are_left_out_not_minus_infinity(client):
+    r = client.chat.completions.create(model="target", messages=[{"role": "user", "content": "a JSON object"}],
+                                       max_tokens=12, temperature=0, logprobs=True, top_logprobs=20,
+                                       response_format={"type": "json_object"})
+    content = r.choices[0].logprobs.content
+    assert content and all(math.isfinite(t.logprob) for c in content for t in c.top_logprobs)
+    assert any(len(c.top_logprobs) < 20 for c in content)  # few tokens can follow '{' in JSON
 
 
 @pytest.mark.parametrize("path,body,param,code", [
     ("/v1/chat/completions", {"logprobs": 3}, "logprobs", "invalid_type"),
     ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs", "invalid_value"),
-    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "logprobs", "invalid_value"),
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "invalid_value"),
+    ("/v1/completions", {"logprobs": 21}, "logprobs", "invalid_value"),
     ("/v1/completions", {"logprobs": True}, "logprobs", "invalid_type"),
     ("/v1/completions", {"logprobs": 2, "top_logprobs": 2}, "top_logprobs", "unknown_parameter"),
 ])

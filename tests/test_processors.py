@@ -62,7 +62,8 @@ def test_options_take_the_bias_as_a_mapping_pairs_or_id_equals_bias():
     a = GenerationOptions(logit_bias={"7": -100, 3: 2.5})
     b = GenerationOptions().replace(logit_bias=["3=2.5", "7=-100"])
     assert a.logit_bias == b.logit_bias == ((3, 2.5), (7, -100.0))
-    for bad, words in (({"x": 1}, "whole numbers"), ({1: 101}, "-100 to 100"), (["3:1"], "ID=BIAS"), (5, "map")):
+    for bad, words in (({"x": 1}, "whole numbers"), ({1: 101}, "-100 to 100"), (["3:1"], "ID=BIAS"), (5, "map"),
+                       ({"\u00b2": 1}, "whole numbers"), ({"9" * 5000: 1}, "whole numbers")):
         with pytest.raises(SamplingError, match=words):
             GenerationOptions(logit_bias=bad)
     for field, value in (("repeat_penalty", 0), ("frequency_penalty", 2.5), ("presence_penalty", float("nan")),
@@ -81,6 +82,7 @@ def test_every_method_gives_plain_decodings_tokens_under_bias_and_penalties(tiny
     for method, k in (("draft", 4), ("lookup", 8), ("auto", None)):
         r = tiny_pair.generate(prompt, opts, method=method, k=k)
         assert r.tokens == plain.tokens, f"{method} diverged from plain decoding under the same processing"
+        assert r.stats.accepted > 0 or method == "auto"  # rows after drafted tokens were processed and used
 
 
 def test_plain_decoding_is_llama_cpp_pythons_own_under_the_same_penalties(tiny_dir, tiny_pair):
@@ -90,7 +92,8 @@ def test_plain_decoding_is_llama_cpp_pythons_own_under_the_same_penalties(tiny_d
     prompt = PROMPTS[1]
     tokens = tiny_pair.tokenize(prompt)
     bias = {9: 4.0, 11: -100.0}
-    mine = tiny_pair.generate(tokens, max_tokens=48, method="plain", logit_bias=bias, repeat_penalty=1.3,
+    n = 96  # past llama-cpp-python's 64-token penalty window (and ours)
+    mine = tiny_pair.generate(tokens, max_tokens=n, method="plain", logit_bias=bias, repeat_penalty=1.3,
                               frequency_penalty=0.4, presence_penalty=0.3).tokens
 
     def biased(_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
@@ -105,12 +108,12 @@ def test_plain_decoding_is_llama_cpp_pythons_own_under_the_same_penalties(tiny_d
         theirs: list[int] = []
         for tok in llama.generate(tokens, temp=0.0, repeat_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.3,
                                   logits_processor=llama_cpp.LogitsProcessorList([biased]), reset=True):
-            if llama_cpp.llama_vocab_is_eog(llama._model.vocab, tok) or len(theirs) == 48:
+            if llama_cpp.llama_vocab_is_eog(llama._model.vocab, tok) or len(theirs) == n:
                 break
             theirs.append(int(tok))
     finally:
         llama.close()
-    assert mine[: len(theirs)] == theirs and len(theirs) == min(48, len(mine))
+    assert mine[: len(theirs)] == theirs and len(theirs) == min(n, len(mine))
 
 
 def test_sampled_speculation_keeps_the_processed_distribution(make_pair):
@@ -138,3 +141,5 @@ def test_the_command_line_takes_the_bias_and_penalties(tiny_dir, tiny_pair):
     assert json.loads(r.stdout)["tokens"] == expected
     bad = run_cli([*base, "--logit-bias", "5:3"])
     assert bad.exit_code != 0 and "ID=BIAS" in bad.output and "Traceback" not in bad.output
+    odd = run_cli([*base, "--logit-bias", "\u00b2=1"])  # a digit to str.isdigit, not a token id
+    assert odd.exit_code != 0 and "ID=BIAS" in odd.output and "Traceback" not in odd.output

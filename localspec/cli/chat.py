@@ -26,6 +26,9 @@ def chat(models: ModelArgs, options: GenerationOptions, system: Optional[str], s
     without one (and without --target) the first downloaded pair is used, or
     the default pair is offered for download.
     """
+    if options.logprobs is not None:
+        raise click.UsageError("localspec chat does not show log-probabilities; use generate --json --logprobs N, "
+                               "or the server's logprobs.")
     from ..chat import ChatSession, run_chat
     from ..hub import first_downloaded
     from ..naming import names_a_model

@@ -38,6 +38,8 @@ def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str
         raise click.UsageError("Give exactly one of --prompt (raw text) or --message (a chat turn).")
     if system is not None and message is None:
         raise click.UsageError("--system goes with --message, not with a raw --prompt.")
+    if options.logprobs is not None and not as_json:
+        raise click.UsageError("--logprobs shows in the --json output; add --json.")
     constraint = _constraint(json_schema, json_object, regex, grammar_file)
     if constraint is not None:
         options = options.replace(grammar=constraint)
