@@ -338,6 +338,11 @@ def _logprobs(job: Job, entries: list[dict[str, Any]], offset: int = 0) -> Optio
     return server_logprobs.completion(entries, offset + (len(prompt) if isinstance(prompt, str) else 0))
 
 
+def _sse(obj: Any) -> str:
+    """One server-sent event carrying ``obj`` as JSON."""
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
 def _envelope(server: Server, job: Job, rid: str, chunk: bool) -> dict[str, Any]:
     kind = "chat.completion" if job.request.chat else "text_completion"
     return {"id": rid, "object": kind + (".chunk" if chunk and job.request.chat else ""), "created": int(time.time()),
@@ -402,21 +407,18 @@ async def _stream(server: Server, job: Job, request: Request) -> Any:
             choice["text"] = text or ""
         return {**_envelope(server, job, rid, True), "choices": [choice]}
 
-    def sse(obj: Any) -> str:
-        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
     async def events() -> AsyncIterator[str]:
         try:
             if job.request.chat:
-                yield sse(chunk("", role=True))
+                yield _sse(chunk("", role=True))
             kind, value = first
             while True:
                 if kind == "logprobs":
                     entries.append(value)
                 elif kind == "text":
-                    yield sse(chunk(value))
+                    yield _sse(chunk(value))
                 elif kind == "error":  # failed after streaming began: say so in the stream
-                    yield sse({"error": {"message": value.message, "type": value.type, "code": value.code}})
+                    yield _sse({"error": {"message": value.message, "type": value.type, "code": value.code}})
                     break
                 else:
                     if value is not None:
@@ -424,9 +426,9 @@ async def _stream(server: Server, job: Job, request: Request) -> Any:
                         final = {**chunk(None, r.finish_reason), **_stats(r)}
                         if job.request.chat:
                             final["choices"][0]["delta"] = {}
-                        yield sse(final)
+                        yield _sse(final)
                         if job.request.include_usage:
-                            yield sse({**_envelope(server, job, rid, True), "choices": [], "usage": _usage(r),
+                            yield _sse({**_envelope(server, job, rid, True), "choices": [], "usage": _usage(r),
                                        **_stats(r)})
                     yield "data: [DONE]\n\n"
                     break

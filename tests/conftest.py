@@ -99,3 +99,22 @@ def real_pair():
     pair = localspec.load(d / "target.gguf", d / "draft.gguf", n_ctx=2048)
     yield pair
     pair.close()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """``localspec serve`` on the tiny pair, one per test module that asks (a module may define its own)."""
+    from serverproc import ServeProcess
+
+    s = ServeProcess(["-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf"), "--ctx", "1024"],
+                     tmp_path_factory.mktemp("serve"))
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The ``openai`` client of ``server``."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url, api_key="not-needed", max_retries=0, timeout=60)

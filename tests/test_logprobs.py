@@ -6,9 +6,7 @@ import json
 import math
 
 import numpy as np
-import openai
 import pytest
-from serverproc import ServeProcess
 
 from localspec.constraint import Constraint
 from localspec.errors import ConfigError
@@ -71,19 +69,6 @@ def test_logprobs_follow_the_bias_and_the_grammar(tiny_pair):
 def test_a_bad_logprobs_value_is_refused(tiny_pair):
     with pytest.raises(ConfigError, match="logprobs must be a whole number from 0 to 20"):
         tiny_pair.generate(PROMPT, max_tokens=2, logprobs=21)
-
-
-@pytest.fixture(scope="module")
-def server(tiny_dir, tmp_path_factory):
-    s = ServeProcess(["-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf"), "--ctx", "1024"],
-                     tmp_path_factory.mktemp("serve"))
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url, api_key="not-needed", max_retries=0, timeout=60)
 
 
 def test_completions_give_openais_logprobs_streamed_and_not(client, tiny_pair):

@@ -15,19 +15,6 @@ PROMPTS = ["The cat sat on the mat and the dog sat on the", "def add(a, b):\n   
            "in the end, in the end, in the", "Zebra quartz fjord vex nymph", "once upon a time there was"]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_dir, tmp_path_factory):
-    s = ServeProcess(["-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf"), "--ctx", "1024"],
-                     tmp_path_factory.mktemp("serve"))
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url, api_key="not-needed", max_retries=0, timeout=60)
-
-
 def test_health_and_models(server, client):
     assert server.get("/health")["status"] == "ok"
     assert [m.id for m in client.models.list().data] == ["target"]
