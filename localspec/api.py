@@ -329,6 +329,34 @@ class Pair:
         self._check_length(text)
         return self._start(self.target.tokenize(text, add_special=False), text, opts)
 
+    def infill(self, prefix: str, suffix: str, options: Optional[GenerationOptions] = None,
+               **changes: Any) -> Result:
+        """Generate the text between ``prefix`` and ``suffix`` (fill-in-the-middle) and return the result."""
+        return self.stream_infill(prefix, suffix, options, **changes).finish()
+
+    def stream_infill(self, prefix: str, suffix: str, options: Optional[GenerationOptions] = None,
+                      **changes: Any) -> Stream:
+        """Like ``infill``, yielding TokenEvents.
+
+        The prompt is the model's own fill-in-the-middle tokens around the two texts, as llama.cpp's
+        server builds it: [BOS] FIM_PRE prefix FIM_SUF suffix FIM_MID.
+
+        Raises:
+            ConfigError: the target's vocabulary has no fill-in-the-middle tokens.
+        """
+        opts = self.options(options, **changes)
+        t = self.target
+        fim = t.fim_tokens()
+        if fim is None:
+            raise ConfigError(f"{t.path.name} has no fill-in-the-middle tokens (such as <|fim_prefix|>), so it "
+                              "cannot fill in between a prefix and a suffix; use a coder model that has them.")
+        self._check_length(prefix + suffix)
+        def text(s: str) -> list[int]:  # a user's text: "<|fim_suffix|>" in it is text, not the token
+            return t.tokenize(s, add_special=False, parse_special=False)
+
+        tokens = [*t.tokenize("", add_special=True), fim[0], *text(prefix), fim[1], *text(suffix), fim[2]]
+        return self._start(tokens, prefix + suffix, opts)
+
     def _check_length(self, text: str) -> None:
         """Refuse a text that cannot fit the context, before paying to tokenize all of it."""
         t = self.target

@@ -223,6 +223,9 @@ class Server:
             if req.chat:
                 assert req.messages is not None
                 stream = self.pair.stream_chat(req.messages, req.options)
+            elif req.suffix is not None:
+                assert isinstance(req.prompt, str)
+                stream = self.pair.stream_infill(req.prompt, req.suffix, req.options)
             else:
                 assert req.prompt is not None
                 stream = self.pair.stream(req.prompt, req.options)

@@ -26,7 +26,7 @@ from .server_http import ApiError
 #: Request fields that would change the output and that localspec does not implement, with the values
 #: that mean "not used": anything else gets a 400 naming the field.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",),
+    "n": (1,), "best_of": (1,), "echo": (False,),
     "tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],), "function_call": ("none", "auto"),
     "parallel_tool_calls": (True, False), "ignore_eos": (False,), "typical_p": (1,),
     "mirostat": (0,), "audio": ({},), "modalities": (["text"],), "prediction": ({},),
@@ -101,7 +101,6 @@ class _Body(_Strict):
     n: Any = None
     best_of: Any = None
     echo: Any = None
-    suffix: Any = None
     tools: Any = None
     tool_choice: Any = None
     functions: Any = None
@@ -124,6 +123,7 @@ class ChatBody(_Body):
 
 class CompletionBody(_Body):
     prompt: Union[str, list[int], list[str], list[list[int]]]
+    suffix: Optional[str] = None  # fill-in-the-middle: the text after the one to generate
 
 
 #: Body fields -> GenerationOptions fields.
@@ -145,6 +145,7 @@ class ChatRequest:
     options: GenerationOptions
     stream: bool
     include_usage: bool
+    suffix: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,13 @@ def parse_request(body: Any, chat: bool, defaults: GenerationOptions, limits: Li
     if isinstance(req, ChatBody):
         return ChatRequest(True, _messages(req.messages), None, options, stream, include_usage)
     assert isinstance(req, CompletionBody)
-    return ChatRequest(False, None, _prompt(req.prompt), options, stream, include_usage)
+    prompt = _prompt(req.prompt)
+    if req.suffix:  # "" is OpenAI's "no suffix"
+        _check_text(req.suffix, "suffix", "suffix")
+        if not isinstance(prompt, str):
+            raise ApiError(400, "A 'suffix' goes with a text 'prompt' (the text before the one to fill in), not "
+                           "token ids.", param="suffix", code="invalid_value")
+    return ChatRequest(False, None, prompt, options, stream, include_usage, req.suffix or None)
 
 
 def _options(req: _Body, defaults: GenerationOptions, limits: Limits) -> GenerationOptions:

@@ -152,6 +152,12 @@ class ModelVocabulary:
         raw = ll.llama_model_chat_template(self._model, None)
         return raw.decode("utf-8") if raw else None
 
+    def fim_tokens(self) -> Optional[tuple[int, int, int]]:
+        """The fill-in-the-middle tokens (prefix, suffix, middle) as llama.cpp finds them, or None without."""
+        ids = tuple(int(f(self._vocab)) for f in (ll.llama_vocab_fim_pre, ll.llama_vocab_fim_suf,
+                                                  ll.llama_vocab_fim_mid))
+        return None if min(ids) < 0 else (ids[0], ids[1], ids[2])
+
     def special_text(self, token: int) -> str:
         """A special token's text as templates spell it (e.g. ``<|endoftext|>``)."""
         if token < 0:

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 @click.option("--prompt", "-p", default=None, help="Raw prompt text, sent as is.")
 @click.option("--message", default=None, help="One user message, formatted with the model's chat template.")
 @click.option("--system", default=None, help="System message to go with --message.")
+@click.option("--suffix", default=None,
+              help="Fill in the middle: the text after the one to generate (--prompt is the text before it).")
 @click.option("--recalibrate", is_flag=True, help="Measure this machine's costs again for auto.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, finish_reason, stats.")
 @click.option("--json-schema", "json_schema", type=click.Path(dir_okay=False, exists=True), default=None,
@@ -31,13 +33,15 @@ if TYPE_CHECKING:
               help="The reply follows this grammar file: GBNF as llama.cpp writes it (.gbnf), else Lark.")
 @friendly_errors
 def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str], message: Optional[str],
-             system: Optional[str], recalibrate: bool, as_json: bool, json_schema: Optional[str], json_object: bool,
-             regex: Optional[str], grammar_file: Optional[str]) -> None:
-    """Generate a continuation of --prompt, or a reply to --message."""
+             system: Optional[str], suffix: Optional[str], recalibrate: bool, as_json: bool,
+             json_schema: Optional[str], json_object: bool, regex: Optional[str], grammar_file: Optional[str]) -> None:
+    """Generate a continuation of --prompt, a reply to --message, or the middle between --prompt and --suffix."""
     if (prompt is None) == (message is None):
         raise click.UsageError("Give exactly one of --prompt (raw text) or --message (a chat turn).")
     if system is not None and message is None:
         raise click.UsageError("--system goes with --message, not with a raw --prompt.")
+    if suffix is not None and prompt is None:
+        raise click.UsageError("--suffix goes with --prompt (the text before the one to fill in).")
     if options.logprobs is not None and not as_json:
         raise click.UsageError("--logprobs shows in the --json output; add --json.")
     constraint = _constraint(json_schema, json_object, regex, grammar_file)
@@ -50,6 +54,8 @@ def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str
             messages = ([{"role": "system", "content": system}] if system else []) + [
                 {"role": "user", "content": message}]
             stream = pair.stream_chat(messages, options)
+        elif suffix is not None:
+            stream = pair.stream_infill(prompt or "", suffix, options)
         else:
             stream = pair.stream(prompt or "", options)
         if as_json:
