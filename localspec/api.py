@@ -425,7 +425,10 @@ class Pair:
                               else None,
                               # auto offers the head where it can run; --method mtp says why it cannot
                               head=(self.usable_head if method.adaptive else self.head) if self.target.n_nextn
-                              else None)
+                              else None,
+                              prediction=np.asarray(self.target.tokenize(opts.prediction, add_special=False,
+                                                                         parse_special=False), dtype=np.int32)
+                              if opts.prediction else None)
         return method.build(ctx), k
 
 

@@ -40,10 +40,11 @@ from .drafters import (
     ModelDrafter,
     MtpDrafter,
     build_lookup,
+    build_prediction,
 )
 from .errors import ConfigError
 from .history.drafter import HistoryDrafter
-from .methods import AUTO, AUTO_KMAX, DRAFT, HISTORY, LOOKUP, MTP, PLAIN, REGISTRY, Method
+from .methods import AUTO, AUTO_KMAX, DRAFT, HISTORY, LOOKUP, MTP, PLAIN, PREDICTION, REGISTRY, Method
 
 
 class AcceptanceEstimate:
@@ -243,9 +244,8 @@ class AutoDrafter(Drafter):
     def prefill(self, context: np.ndarray) -> None:
         if self.correction is not None:  # a generation starts: earlier generations' gains count less
             self.correction.new_generation()
-        for c in self.candidates:
-            if not c.free:
-                c.drafter.prefill(context)
+        for c in self.candidates:  # a draft model processes the prompt now; a search notes where it ends
+            c.drafter.prefill(context)
 
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """Choose a method and K for this round and return its draft (empty for plain)."""
@@ -370,6 +370,17 @@ def lookup_candidate(ctx: DraftingContext, prior: Optional[float] = None) -> Can
     return Candidate(LOOKUP, lookup, estimates, key=lambda: lookup.last_match, names=lambda n: f"{LOOKUP.name}{n}")
 
 
+def prediction_candidate(ctx: DraftingContext) -> Optional[Candidate]:
+    """The request's predicted output, when it gave one: a free guesser trusted as a near copy at first
+    (it is the caller's own guess of the output), one estimate per n-gram length of the alignment."""
+    if ctx.prediction is None or not len(ctx.prediction):
+        return None
+    drafter = build_prediction(ctx)
+    estimates = {n: AcceptanceEstimate(min(0.95, 0.7 + 0.05 * (n - 1))) for n in range(1, drafter.max_ngram + 1)}
+    return Candidate(PREDICTION, drafter, estimates, key=lambda: drafter.last_match,
+                     names=lambda n: f"{PREDICTION.name}{n}")
+
+
 def history_candidate(ctx: DraftingContext) -> Optional[Candidate]:
     """History, with one estimate per match-length band, carried over from the pair's earlier generations."""
     if ctx.history is None:
@@ -429,6 +440,7 @@ def build_auto(ctx: DraftingContext, extra: Sequence[Candidate] = ()) -> AutoDra
 
 REGISTRY.attach(AUTO.name, build=build_auto)
 REGISTRY.attach(LOOKUP.name, candidate=lookup_candidate)
+REGISTRY.attach(PREDICTION.name, candidate=prediction_candidate)
 REGISTRY.attach(HISTORY.name, candidate=history_candidate)
 REGISTRY.attach(DRAFT.name, candidate=model_candidate)
 REGISTRY.attach(MTP.name, candidate=mtp_candidate)

@@ -19,7 +19,7 @@ generations instead of the current context.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from .backend import Model
 from .costs import CostCorrection, CostProfile, RoundTiming
 from .errors import ConfigError
 from .history.index import HistoryIndex
-from .methods import DRAFT, LOOKUP, MTP, REGISTRY
+from .methods import DRAFT, LOOKUP, MTP, PREDICTION, REGISTRY
 from .nextn import MtpHead
 from .options import LOOKUP_NGRAM, GenerationOptions, SamplingParams
 
@@ -93,6 +93,7 @@ class DraftingContext:
         profile: the machine's measured cost profile, what auto decides by (None for a method that decides nothing).
         correction: what real rounds have shown about that profile, kept by the pair across generations.
         head: the target's MTP head, opened on first call (None: the target has none).
+        prediction: the predicted output's token ids (``GenerationOptions.prediction``), or None.
     """
 
     options: GenerationOptions
@@ -105,6 +106,7 @@ class DraftingContext:
     profile: Optional[CostProfile] = None
     correction: Optional[CostCorrection] = None
     head: Optional[Callable[[], Any]] = None
+    prediction: Optional[np.ndarray] = None
 
 
 class Drafter:
@@ -245,6 +247,50 @@ class PromptLookupDrafter(Drafter):
         return Draft([int(t) for t in context[best + 1 : best + 1 + k]], None, "lookup")
 
 
+class PredictionDrafter(Drafter):
+    """Drafts from the output the caller predicted (OpenAI's Predicted Outputs).
+
+    What was generated is aligned to the prediction by its longest last n-gram, as prompt lookup
+    aligns a copy (the earliest match at or after the previous one first, so a prediction that
+    repeats itself is followed in order), and the prediction's next tokens are the guess.
+
+    Args:
+        prediction: the predicted output's token ids.
+        max_ngram: longest n-gram tried first.
+        min_ngram: shortest n-gram accepted as a match.
+    """
+
+    name = "prediction"
+
+    def __init__(self, prediction: Union[Sequence[int], np.ndarray], max_ngram: int = LOOKUP_NGRAM[1],
+                 min_ngram: int = LOOKUP_NGRAM[0]):
+        self.prediction = np.asarray(prediction, dtype=np.int32)
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.models: tuple[Model, ...] = ()
+        #: Length of the n-gram behind the last proposal (0: no match).
+        self.last_match = 0
+        self._start = 0  # where the output begins in the context
+        self._at = 0  # the prediction's position after the last alignment
+
+    def prefill(self, context: np.ndarray) -> None:
+        """The output starts after ``context`` (the prompt), and the alignment at the prediction's start."""
+        self._start, self._at = len(context), 0
+
+    def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
+        """The ``k`` predicted tokens after the best alignment of the output's end, or none."""
+        self.last_match = 0
+        out, pred = context[self._start:], self.prediction
+        for n in range(min(self.max_ngram, len(out), len(pred) - 1), self.min_ngram - 1, -1):
+            windows = np.lib.stride_tricks.sliding_window_view(pred[:-1], n)  # each leaves a token after it
+            starts = np.flatnonzero((windows == out[-n:]).all(axis=1))
+            if starts.size:
+                later = starts[starts + n > self._at]  # past the last alignment: the reply moved on
+                i = int((later if later.size else starts)[0]) + n
+                self.last_match, self._at = n, i
+                return Draft([int(t) for t in pred[i:i + k]], None, self.name)
+        return EMPTY_DRAFT
+
+
 class MtpDrafter(Drafter):
     """Drafts with the target's own MTP head (``nextn.MtpHead``): no draft model, no search.
 
@@ -293,6 +339,15 @@ def build_lookup(ctx: DraftingContext) -> PromptLookupDrafter:
     return PromptLookupDrafter(max_ngram=hi, min_ngram=lo)
 
 
+def build_prediction(ctx: DraftingContext) -> PredictionDrafter:
+    """Method "prediction": the request's predicted output, aligned over the options' n-gram range."""
+    if ctx.prediction is None or not len(ctx.prediction):
+        raise ConfigError("Method 'prediction' drafts from a predicted output; give one (prediction=..., "
+                          "--prediction TEXT), or use 'auto' or 'lookup'.")
+    lo, hi = ctx.options.ngram
+    return PredictionDrafter(ctx.prediction, max_ngram=hi, min_ngram=lo)
+
+
 def build_model_drafter(ctx: DraftingContext) -> ModelDrafter:
     """Method "draft": the pair's draft model, sampling as the target does (``Pair`` checks there is one)."""
     if ctx.draft is None:
@@ -301,5 +356,6 @@ def build_model_drafter(ctx: DraftingContext) -> ModelDrafter:
 
 
 REGISTRY.attach(LOOKUP.name, build=build_lookup)
+REGISTRY.attach(PREDICTION.name, build=build_prediction)
 REGISTRY.attach(DRAFT.name, build=build_model_drafter)
 REGISTRY.attach(MTP.name, build=build_mtp)

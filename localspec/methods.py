@@ -161,6 +161,7 @@ AUTO = Method("auto", "lookup, history, the draft model, the MTP head or plain, 
 PLAIN = Method("plain", "plain decoding", 0, plain_cost)
 LOOKUP = Method("lookup", "prompt lookup", 8, search_cost, colour="cyan", bench_k=(2, 4, 8), bench_k_quick=(2, 4))
 HISTORY = Method("history", "earlier generations", 8, search_cost, colour="blue", uses_history=True)
+PREDICTION = Method("prediction", "the request's predicted output", 8, search_cost, colour="yellow")
 DRAFT = Method("draft", "the draft model", 4, model_cost, colour="green", needs_draft=True, bench_k=(1, 2, 4, 8),
                bench_k_quick=(1, 2))
 MTP = Method("mtp", "the model's own MTP head", 3, head_cost, colour="magenta", needs_head=True, bench_k=(1, 2, 3),
@@ -168,7 +169,7 @@ MTP = Method("mtp", "the model's own MTP head", 3, head_cost, colour="magenta", 
 
 #: Every drafting method localspec knows. ``register`` adds one (a plugin's): the one deliberate piece of
 #: module-level state, as a plugin registry must be.
-REGISTRY = Registry({m.name: m for m in (AUTO, PLAIN, LOOKUP, HISTORY, DRAFT, MTP)})
+REGISTRY = Registry({m.name: m for m in (AUTO, PLAIN, LOOKUP, PREDICTION, HISTORY, DRAFT, MTP)})
 
 
 def register(method: Method, replace: bool = False) -> Method:

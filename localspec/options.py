@@ -174,6 +174,8 @@ class GenerationOptions:
         repeat_penalty, frequency_penalty, presence_penalty: llama.cpp's penalties over the last
             ``repeat_last_n`` generated tokens (see ``localspec.processors``). Every method stays exact
             under them and the bias.
+        prediction: text the output is expected to be (much) like; auto drafts from it where the reply
+            matches it (method "prediction": only from it). The output stays plain decoding's.
         logprobs: None, or give every token its log-probability under the processed logits it was chosen
             from (bias, penalties and grammar applied, at temperature 1) and this many likeliest alternatives.
     """
@@ -204,6 +206,8 @@ class GenerationOptions:
     presence_penalty: float = _opt(0.0, "Lower the logit of every token among them by this (-2 to 2; 0: off).",
                                    "--presence-penalty")
     repeat_last_n: int = _opt(64, "How many of the latest generated tokens the penalties look at.", "--repeat-last-n")
+    prediction: Optional[str] = _opt(None, "The output you expect, or most of it (as OpenAI's predicted outputs): "
+                                           "drafted from wherever the reply matches it.", "--prediction")
     logprobs: Optional[int] = _opt(None, f"Give each token's log-probability and the N likeliest alternatives "
                                          f"(0 to {MAX_LOGPROBS}).", "--logprobs")
 
@@ -247,6 +251,8 @@ class GenerationOptions:
                 raise SamplingError(f"{name} must be a number from -2 to 2 (0 turns it off), got {value!r}.")
         if not _is_whole(n) or not 0 <= n <= MAX_LAST_N:
             raise SamplingError(f"repeat_last_n must be a whole number from 0 to {MAX_LAST_N}, got {n!r}.")
+        if self.prediction is not None and not (isinstance(self.prediction, str) and _is_utf8(self.prediction)):
+            raise ConfigError("prediction must be text (the output you expect).")
         lp = self.logprobs
         if lp is not None and not (_is_whole(lp) and 0 <= lp <= MAX_LOGPROBS):
             raise ConfigError(f"logprobs must be a whole number from 0 to {MAX_LOGPROBS} (the likeliest "

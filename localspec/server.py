@@ -46,7 +46,7 @@ from starlette.middleware.cors import CORSMiddleware
 from . import server_logprobs
 from .api import Pair
 from .errors import ConfigError, ContextOverflowError, LocalspecError, NotInstalledError, SamplingError, TokenIdError
-from .methods import REGISTRY
+from .methods import PREDICTION, REGISTRY
 from .options import GenerationOptions
 from .results import Result, Stream
 from .server_access import LOOPBACK_NAMES
@@ -88,9 +88,18 @@ def _stats(r: Result) -> dict[str, Any]:
     return {"timings": timings, "localspec": ours}
 
 
-def _usage(r: Result) -> dict[str, int]:
+def _usage(job: Job, r: Result) -> dict[str, Any]:
+    """OpenAI's usage; with a prediction, how many of its tokens were accepted and rejected, as OpenAI counts."""
+    predicted = job.request.options.prediction is not None
     n = len(r.tokens)
-    return {"prompt_tokens": len(r.prompt_tokens), "completion_tokens": n, "total_tokens": len(r.prompt_tokens) + n}
+    usage: dict[str, Any] = {"prompt_tokens": len(r.prompt_tokens), "completion_tokens": n,
+                             "total_tokens": len(r.prompt_tokens) + n}
+    if predicted:
+        accepted = r.stats.accepted_by.get(PREDICTION.name, 0)
+        usage["completion_tokens_details"] = {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": r.stats.drafted_by.get(PREDICTION.name, 0) - accepted}
+    return usage
 
 
 @dataclass(eq=False)  # compared (and hashed) by identity: the server keeps a set of them
@@ -379,7 +388,8 @@ async def _whole(server: Server, job: Job, request: Request) -> Any:
         choice["message"] = {"role": "assistant", "content": "".join(text)}
     else:
         choice["text"] = "".join(text)
-    return {**_envelope(server, job, rid, False), "choices": [choice], "usage": _usage(r), **_stats(r)}
+    return {**_envelope(server, job, rid, False), "choices": [choice], "usage": _usage(job, r),
+            **_stats(r)}
 
 
 async def _stream(server: Server, job: Job, request: Request) -> Any:
@@ -431,7 +441,7 @@ async def _stream(server: Server, job: Job, request: Request) -> Any:
                             final["choices"][0]["delta"] = {}
                         yield _sse(final)
                         if job.request.include_usage:
-                            yield _sse({**_envelope(server, job, rid, True), "choices": [], "usage": _usage(r),
+                            yield _sse({**_envelope(server, job, rid, True), "choices": [], "usage": _usage(job, r),
                                        **_stats(r)})
                     yield "data: [DONE]\n\n"
                     break

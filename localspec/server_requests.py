@@ -29,7 +29,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "n": (1,), "best_of": (1,), "echo": (False,),
     "tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],), "function_call": ("none", "auto"),
     "parallel_tool_calls": (True, False), "ignore_eos": (False,), "typical_p": (1,),
-    "mirostat": (0,), "audio": ({},), "modalities": (["text"],), "prediction": ({},),
+    "mirostat": (0,), "audio": ({},), "modalities": (["text"],),
 }
 #: The fields that constrain the output, and the constraint each asks for: OpenAI's, then llama-server's.
 CONSTRAINT_FIELDS: dict[str, Callable[[Any], Optional[Constraint]]] = {
@@ -57,6 +57,13 @@ class Speculative(_Strict):
     method: Optional[str] = None
     k: Optional[int] = None
     history: Optional[bool] = None
+
+
+class Prediction(_Strict):
+    """OpenAI's predicted output: ``{"type": "content", "content": TEXT or text parts}``."""
+
+    type: Literal["content"]
+    content: Union[str, list[dict[str, Any]]]
 
 
 class Message(_Strict):
@@ -113,7 +120,7 @@ class _Body(_Strict):
     json_schema: Any = None
     audio: Any = None
     modalities: Any = None
-    prediction: Any = None
+    prediction: Optional[Prediction] = None
     response_format: Any = None
 
 
@@ -233,6 +240,8 @@ def _options(req: _Body, defaults: GenerationOptions, limits: Limits) -> Generat
     constraint = _constraint(req)
     if constraint is not None:
         given["grammar"] = constraint
+    if req.prediction is not None:
+        given["prediction"] = _prediction(req.prediction) or None
     if req.logprobs is not None or req.top_logprobs is not None:  # given: on or off, whatever the default
         given["logprobs"] = _logprobs(req)
     try:
@@ -243,6 +252,20 @@ def _options(req: _Body, defaults: GenerationOptions, limits: Limits) -> Generat
     if limits.max_tokens is not None and options.max_tokens > limits.max_tokens:
         options = options.replace(max_tokens=limits.max_tokens)  # the operator's cap, as llama-server's n_predict
     return options
+
+
+def _prediction(p: Prediction) -> str:
+    """A predicted output's text (its text parts joined)."""
+    if isinstance(p.content, str):
+        text = p.content
+    elif all(part.get("type") == "text" and isinstance(part.get("text"), str) and set(part) <= {"type", "text"}
+             for part in p.content):
+        text = "".join(part["text"] for part in p.content)
+    else:
+        raise ApiError(400, "prediction.content must be text, or a list of {\"type\": \"text\", \"text\": ...} "
+                       "parts.", param="prediction", code="invalid_value")
+    _check_text(text, "prediction.content", "prediction")
+    return text
 
 
 def _logprobs(req: _Body) -> Optional[int]:
