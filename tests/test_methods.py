@@ -60,8 +60,8 @@ def test_a_registered_drafter_runs_through_generate_auto_stats_bench_and_chat(to
 def test_an_unknown_or_duplicate_method_is_one_sentence(toy):
     with pytest.raises(ConfigError, match="already registered"):
         register(Method("toy", "again", 1, search_cost))
-    with pytest.raises(ConfigError, match=r"Unknown method 'nope'; choose one of auto, plain, lookup, history, "
-                                          r"draft, mtp, toy\."):
+    with pytest.raises(ConfigError, match=r"Unknown method 'nope'; choose one of auto, plain, lookup, prediction, "
+                                          r"history, draft, mtp, toy\."):
         GenerationOptions(method="nope")
 
 
