@@ -338,8 +338,9 @@ class Pair:
                       **changes: Any) -> Stream:
         """Like ``infill``, yielding TokenEvents.
 
-        The prompt is the model's own fill-in-the-middle tokens around the two texts, as llama.cpp's
-        server builds it: [BOS] FIM_PRE prefix FIM_SUF suffix FIM_MID.
+        The prompt is the model's own fill-in-the-middle tokens around the two texts, in the layout
+        llama.cpp's server gives one file: [BOS] FIM_PRE prefix FIM_SUF suffix FIM_MID (without its
+        repository and file-name tokens, and uncut).
 
         Raises:
             ConfigError: the target's vocabulary has no fill-in-the-middle tokens.
@@ -351,10 +352,11 @@ class Pair:
             raise ConfigError(f"{t.path.name} has no fill-in-the-middle tokens (such as <|fim_prefix|>), so it "
                               "cannot fill in between a prefix and a suffix; use a coder model that has them.")
         self._check_length(prefix + suffix)
+
         def text(s: str) -> list[int]:  # a user's text: "<|fim_suffix|>" in it is text, not the token
             return t.tokenize(s, add_special=False, parse_special=False)
 
-        tokens = [*t.tokenize("", add_special=True), fim[0], *text(prefix), fim[1], *text(suffix), fim[2]]
+        tokens = [*([t.bos] if t.adds_bos else []), fim[0], *text(prefix), fim[1], *text(suffix), fim[2]]
         return self._start(tokens, prefix + suffix, opts)
 
     def _check_length(self, text: str) -> None:

@@ -251,8 +251,9 @@ class PredictionDrafter(Drafter):
     """Drafts from the output the caller predicted (OpenAI's Predicted Outputs).
 
     What was generated is aligned to the prediction by its longest last n-gram, as prompt lookup
-    aligns a copy (the earliest match at or after the previous one first, so a prediction that
-    repeats itself is followed in order), and the prediction's next tokens are the guess.
+    aligns a copy; among several matches, the one nearest to where the reply should be by now (the
+    last alignment moved on by the tokens generated since) wins, so a prediction that repeats itself
+    is followed in order. The prediction's next tokens are the guess.
 
     Args:
         prediction: the predicted output's token ids.
@@ -271,24 +272,36 @@ class PredictionDrafter(Drafter):
         self.last_match = 0
         self._start = 0  # where the output begins in the context
         self._at = 0  # the prediction's position after the last alignment
+        self._out_at = 0  # the output's length then
 
     def prefill(self, context: np.ndarray) -> None:
         """The output starts after ``context`` (the prompt), and the alignment at the prediction's start."""
-        self._start, self._at = len(context), 0
+        self._start, self._at, self._out_at = len(context), 0, 0
 
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """The ``k`` predicted tokens after the best alignment of the output's end, or none."""
         self.last_match = 0
         out, pred = context[self._start:], self.prediction
-        for n in range(min(self.max_ngram, len(out), len(pred) - 1), self.min_ngram - 1, -1):
-            windows = np.lib.stride_tricks.sliding_window_view(pred[:-1], n)  # each leaves a token after it
-            starts = np.flatnonzero((windows == out[-n:]).all(axis=1))
-            if starts.size:
-                later = starts[starts + n > self._at]  # past the last alignment: the reply moved on
-                i = int((later if later.size else starts)[0]) + n
-                self.last_match, self._at = n, i
-                return Draft([int(t) for t in pred[i:i + k]], None, self.name)
-        return EMPTY_DRAFT
+        if k <= 0 or not len(out) or len(pred) < 2:
+            return EMPTY_DRAFT
+        # As prompt lookup searches: the positions holding the output's last token (each with a token after
+        # it), extended to the left while the output's earlier tokens agree.
+        ends = np.flatnonzero(pred[:-1] == out[-1])
+        found, n = None, 1
+        while ends.size and n <= self.max_ngram:
+            if n >= self.min_ngram:
+                found, self.last_match = ends, n
+            if n == self.max_ngram or n >= len(out):
+                break
+            ends = ends[ends >= n]
+            ends = ends[pred[ends - n] == out[-1 - n]]
+            n += 1
+        if found is None:
+            return EMPTY_DRAFT
+        expected = self._at + len(out) - self._out_at  # where the reply would be had it kept to the prediction
+        i = int(found[np.argmin(np.abs(found + 1 - expected))]) + 1  # nearest; the first of equals
+        self._at, self._out_at = i, len(out)
+        return Draft([int(t) for t in pred[i:i + k]], None, self.name)
 
 
 class MtpDrafter(Drafter):

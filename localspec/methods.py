@@ -155,13 +155,14 @@ class Registry:
         return iter(list(self.methods.values()))
 
 
-AUTO = Method("auto", "lookup, history, the draft model, the MTP head or plain, and K, chosen each round", AUTO_KMAX,
+AUTO = Method("auto", "lookup, a prediction, history, the draft model, the MTP head or plain, and K, chosen each round",
+              AUTO_KMAX,
               plain_cost,  # never charged itself: each of its rounds costs what the method it chose costs
               uses_history=True, adaptive=True)
 PLAIN = Method("plain", "plain decoding", 0, plain_cost)
 LOOKUP = Method("lookup", "prompt lookup", 8, search_cost, colour="cyan", bench_k=(2, 4, 8), bench_k_quick=(2, 4))
 HISTORY = Method("history", "earlier generations", 8, search_cost, colour="blue", uses_history=True)
-PREDICTION = Method("prediction", "the request's predicted output", 8, search_cost, colour="yellow")
+PREDICTION = Method("prediction", "the request's predicted output", 8, search_cost, colour="bright_yellow")
 DRAFT = Method("draft", "the draft model", 4, model_cost, colour="green", needs_draft=True, bench_k=(1, 2, 4, 8),
                bench_k_quick=(1, 2))
 MTP = Method("mtp", "the model's own MTP head", 3, head_cost, colour="magenta", needs_head=True, bench_k=(1, 2, 3),

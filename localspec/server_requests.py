@@ -211,7 +211,7 @@ def parse_request(body: Any, chat: bool, defaults: GenerationOptions, limits: Li
     if isinstance(req, ChatBody):
         return ChatRequest(True, _messages(req.messages), None, options, stream, include_usage)
     assert isinstance(req, CompletionBody)
-    prompt = _prompt(req.prompt)
+    prompt = "" if req.suffix and req.prompt == "" else _prompt(req.prompt)  # FIM at a file's start
     if req.suffix:  # "" is OpenAI's "no suffix"
         _check_text(req.suffix, "suffix", "suffix")
         if not isinstance(prompt, str):

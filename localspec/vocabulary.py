@@ -152,6 +152,11 @@ class ModelVocabulary:
         raw = ll.llama_model_chat_template(self._model, None)
         return raw.decode("utf-8") if raw else None
 
+    @property
+    def adds_bos(self) -> bool:
+        """Whether the vocabulary puts BOS before a prompt (``tokenize`` with ``add_special``)."""
+        return bool(ll.llama_vocab_get_add_bos(self._vocab))
+
     def fim_tokens(self) -> Optional[tuple[int, int, int]]:
         """The fill-in-the-middle tokens (prefix, suffix, middle) as llama.cpp finds them, or None without."""
         ids = tuple(int(f(self._vocab)) for f in (ll.llama_vocab_fim_pre, ll.llama_vocab_fim_suf,

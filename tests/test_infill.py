@@ -37,8 +37,9 @@ def test_the_prompt_is_the_models_own_fim_tokens_around_the_texts(coder):
     r = coder.infill(PREFIX, SUFFIX, max_tokens=8, method="plain")
     t = coder.target
     assert t.fim_tokens() == (N, N + 1, N + 2)
-    text = [*t.tokenize("", add_special=True)]
-    expected = [*text, N, *t.tokenize(PREFIX, add_special=False), N + 1, *t.tokenize(SUFFIX, add_special=False),
+    bos = [t.bos] if t.adds_bos else []
+    assert bos == t.tokenize("", add_special=True)  # this vocabulary adds no EOS
+    expected = [*bos, N, *t.tokenize(PREFIX, add_special=False), N + 1, *t.tokenize(SUFFIX, add_special=False),
                 N + 2]
     assert r.prompt_tokens == expected
     literal = coder.infill("x <|fim_suffix|> y", "", max_tokens=2, method="plain")
@@ -79,6 +80,9 @@ def test_the_server_fills_in_with_suffix(fim_dir, coder, tmp_path):
                                           stream=stream)
             text = "".join(c.choices[0].text for c in r) if stream else r.choices[0].text
             assert text == want.text
+        start = coder.infill("", SUFFIX, max_tokens=8, method="plain")  # filling in at a file's start
+        r = client.completions.create(model="coder", prompt="", suffix=SUFFIX, max_tokens=8, temperature=0)
+        assert r.choices[0].text == start.text
         status, reply, _ = s.post("/v1/completions", json.dumps({"prompt": [5, 6], "suffix": "x"}).encode())
         assert status == 400 and reply["error"]["param"] == "suffix"
         status, reply, _ = s.post("/v1/chat/completions", json.dumps(

@@ -26,6 +26,11 @@ def test_the_prediction_is_followed_where_the_output_matches_it():
     twice.prefill(prompt)
     assert twice.propose(ctx(7), 2, None).tokens == [8, 7]
     assert twice.propose(ctx(7, 8, 7), 2, None).tokens == [8, 9]  # the second 7, in order, not the first
+    stale = PredictionDrafter([1, 9, 2, 3, 9, 4, 5, 9, 6], max_ngram=2, min_ngram=1)
+    stale.prefill(prompt)
+    assert stale.propose(ctx(1, 9), 2, None).tokens == [2, 3]
+    # kept 2 3 9 4, then a 7 the prediction lacks, then 9: the 9 where the reply should be by now, not an old one
+    assert stale.propose(ctx(1, 9, 2, 3, 9, 4, 7, 9), 2, None).tokens == [6]
 
 
 def edited(text: str) -> str:
