@@ -196,6 +196,27 @@ class ModelDrafter(Drafter):
         self.model.truncate(self.model.common_prefix(context))
 
 
+def suffix_matches(source: np.ndarray, query: np.ndarray, max_ngram: int, min_ngram: int) -> tuple[np.ndarray, int]:
+    """Where in ``source`` the longest n-gram ending ``query`` (``min_ngram`` <= n <= ``max_ngram``) occurs.
+
+    Returns:
+        The positions in ``source`` of each match's last token, in order, and n; (empty, 0) when none.
+    """
+    # Every position holding the query's last token ends a 1-gram match; matches are extended one token to
+    # the left while the query's earlier tokens agree.
+    ends = np.flatnonzero(source == query[-1])
+    found, length, n = ends[:0], 0, 1
+    while ends.size and n <= max_ngram:
+        if n >= min_ngram:
+            found, length = ends, n
+        if n == max_ngram or n >= len(query):
+            break
+        ends = ends[ends >= n]
+        ends = ends[source[ends - n] == query[-1 - n]]
+        n += 1
+    return found, length
+
+
 class PromptLookupDrafter(Drafter):
     """Copies what followed the first earlier match of the context's longest matching last n-gram.
 
@@ -223,27 +244,15 @@ class PromptLookupDrafter(Drafter):
 
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """The ``k`` tokens after the first match of the longest n-gram, or none when nothing matches."""
-        self.last_match = 0
         n_ctx = len(context)
         if k <= 0 or n_ctx < 2:
+            self.last_match = 0
             return EMPTY_DRAFT
-        # Every earlier position holding the last token ends a 1-gram match;
-        # excluding the final position guarantees something follows each match.
-        ends = np.flatnonzero(context[: n_ctx - 1] == context[n_ctx - 1])
-        best: Optional[int] = None
-        n = 1
-        while ends.size and n <= self.max_ngram:
-            if n >= self.min_ngram:
-                best = int(ends[0])  # first match of the longest n-gram so far
-                self.last_match = n
-            if n == self.max_ngram or n >= n_ctx - 1:
-                break
-            # Extend every surviving match one token to the left.
-            ends = ends[ends >= n]
-            ends = ends[context[ends - n] == context[n_ctx - 1 - n]]
-            n += 1
-        if best is None:
+        # excluding the final position guarantees something follows each match
+        ends, self.last_match = suffix_matches(context[: n_ctx - 1], context, self.max_ngram, self.min_ngram)
+        if not ends.size:
             return EMPTY_DRAFT
+        best = int(ends[0])  # the first match of the longest n-gram
         return Draft([int(t) for t in context[best + 1 : best + 1 + k]], None, "lookup")
 
 
@@ -280,23 +289,12 @@ class PredictionDrafter(Drafter):
 
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """The ``k`` predicted tokens after the best alignment of the output's end, or none."""
-        self.last_match = 0
         out, pred = context[self._start:], self.prediction
         if k <= 0 or not len(out) or len(pred) < 2:
+            self.last_match = 0
             return EMPTY_DRAFT
-        # As prompt lookup searches: the positions holding the output's last token (each with a token after
-        # it), extended to the left while the output's earlier tokens agree.
-        ends = np.flatnonzero(pred[:-1] == out[-1])
-        found, n = None, 1
-        while ends.size and n <= self.max_ngram:
-            if n >= self.min_ngram:
-                found, self.last_match = ends, n
-            if n == self.max_ngram or n >= len(out):
-                break
-            ends = ends[ends >= n]
-            ends = ends[pred[ends - n] == out[-1 - n]]
-            n += 1
-        if found is None:
+        found, self.last_match = suffix_matches(pred[:-1], out, self.max_ngram, self.min_ngram)  # each leaves a token
+        if not found.size:
             return EMPTY_DRAFT
         expected = self._at + len(out) - self._out_at  # where the reply would be had it kept to the prediction
         i = int(found[np.argmin(np.abs(found + 1 - expected))]) + 1  # nearest; the first of equals
