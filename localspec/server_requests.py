@@ -241,7 +241,7 @@ def _options(req: _Body, defaults: GenerationOptions, limits: Limits) -> Generat
     if constraint is not None:
         given["grammar"] = constraint
     if req.prediction is not None:
-        given["prediction"] = _prediction(req.prediction) or None
+        given["prediction"] = _text_of(req.prediction.content, "prediction", "prediction") or None
     if req.logprobs is not None or req.top_logprobs is not None:  # given: on or off, whatever the default
         given["logprobs"] = _logprobs(req)
     try:
@@ -254,18 +254,19 @@ def _options(req: _Body, defaults: GenerationOptions, limits: Limits) -> Generat
     return options
 
 
-def _prediction(p: Prediction) -> str:
-    """A predicted output's text (its text parts joined)."""
-    if isinstance(p.content, str):
-        text = p.content
-    elif all(part.get("type") == "text" and isinstance(part.get("text"), str) and set(part) <= {"type", "text"}
-             for part in p.content):
-        text = "".join(part["text"] for part in p.content)
-    else:
-        raise ApiError(400, "prediction.content must be text, or a list of {\"type\": \"text\", \"text\": ...} "
-                       "parts.", param="prediction", code="invalid_value")
-    _check_text(text, "prediction.content", "prediction")
-    return text
+def _text_of(content: Union[str, list[dict[str, Any]]], where: str, param: str) -> str:
+    """A message's or a prediction's ``content``: the text, or its text parts joined (nothing else is read)."""
+    if isinstance(content, list):  # content parts: text only
+        if not all(p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            raise ApiError(400, f"{where} has a non-text content part; localspec models read text only.",
+                           param=param, code="unsupported_parameter")
+        unknown = next((key for p in content for key in p if key not in ("type", "text")), None)
+        if unknown is not None:
+            raise ApiError(400, f"{where} has a content part with {unknown!r}, which localspec does not "
+                           "take; send only type and text.", param=param, code="unknown_parameter")
+        content = "".join(p["text"] for p in content)
+    _check_text(content, f"{where}.content", param)
+    return content
 
 
 def _logprobs(req: _Body) -> Optional[int]:
@@ -362,18 +363,7 @@ def _messages(messages: list[Message]) -> list[dict[str, str]]:
             if getattr(m, extra) not in (None, [], ""):
                 raise ApiError(400, f"messages[{i}].{extra} is not supported by localspec; leave it out.",
                                param="messages", code="unsupported_parameter")
-        if isinstance(m.content, list):  # content parts: text only
-            if not all(p.get("type") == "text" and isinstance(p.get("text"), str) for p in m.content):
-                raise ApiError(400, f"messages[{i}] has a non-text content part; localspec models read text only.",
-                               param="messages", code="unsupported_parameter")
-            unknown = next((key for p in m.content for key in p if key not in ("type", "text")), None)
-            if unknown is not None:
-                raise ApiError(400, f"messages[{i}] has a content part with {unknown!r}, which localspec does not "
-                               "take; send only type and text.", param="messages", code="unknown_parameter")
-            content = "".join(p["text"] for p in m.content)
-        else:
-            content = m.content or ""
-        _check_text(content, f"messages[{i}].content", "messages")
+        content = _text_of(m.content or "", f"messages[{i}]", "messages")
         role = "system" if m.role == "developer" else m.role
         out.append({"role": role, "content": content})
     return out
