@@ -1,4 +1,4 @@
-"""Statistical helpers shared by the distribution tests."""
+"""Helpers shared by the tests: sampled token counts and their comparison, and llama-cpp-python's own decoding."""
 
 from __future__ import annotations
 
@@ -25,3 +25,22 @@ def same_distribution(a: dict[int, int], b: dict[int, int]) -> float:
     pooled = np.column_stack([table[:, common], table[:, ~common].sum(axis=1)])
     pooled = pooled[:, pooled.sum(axis=0) > 0]
     return float(stats.chi2_contingency(pooled).pvalue)
+
+
+def lcp_greedy(path, prompt, n, *, sampling=None, **settings):
+    """llama-cpp-python's own greedy decoding of ``path`` (its high-level ``Llama``, built with ``settings``),
+    end token excluded; ``sampling`` adds to ``Llama.generate``'s arguments (penalties, logits processors)."""
+    import llama_cpp
+    from llama_cpp import Llama
+
+    llama = Llama(str(path), n_ctx=1024, flash_attn=False, verbose=False, **settings)
+    try:
+        out: list[int] = []
+        for tok in llama.generate(prompt, **{"temp": 0.0, "top_k": 1, "repeat_penalty": 1.0, "reset": True,
+                                             **(sampling or {})}):
+            if llama_cpp.llama_vocab_is_eog(llama._model.vocab, tok) or len(out) == n:
+                break
+            out.append(int(tok))
+        return out
+    finally:
+        llama.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import helpers
 import numpy as np
 import openai
 import pytest
@@ -35,20 +36,8 @@ def arch_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def lcp_greedy(path: Path, prompt: list[int], n: int = N, **settings: int) -> list[int]:
-    """llama-cpp-python's own greedy decoding of ``path`` (its high-level ``Llama``), end token excluded."""
-    import llama_cpp
-    from llama_cpp import Llama
-
-    llama = Llama(str(path), n_ctx=1024, flash_attn=False, verbose=False, **settings)
-    try:
-        out: list[int] = []
-        for tok in llama.generate(prompt, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
-            if llama_cpp.llama_vocab_is_eog(llama._model.vocab, tok) or len(out) == n:
-                break
-            out.append(int(tok))
-        return out
-    finally:
-        llama.close()
+    """llama-cpp-python's own greedy decoding of ``path``, ``N`` tokens unless told."""
+    return helpers.lcp_greedy(path, prompt, n, **settings)
 
 
 @pytest.fixture(scope="module")

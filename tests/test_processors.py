@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 from clirun import run_cli
-from helpers import same_distribution, token_counts
+from helpers import lcp_greedy, same_distribution, token_counts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -87,7 +87,6 @@ def test_every_method_gives_plain_decodings_tokens_under_bias_and_penalties(tiny
 
 def test_plain_decoding_is_llama_cpp_pythons_own_under_the_same_penalties(tiny_dir, tiny_pair):
     import llama_cpp
-    from llama_cpp import Llama
 
     prompt = PROMPTS[1]
     tokens = tiny_pair.tokenize(prompt)
@@ -102,17 +101,10 @@ def test_plain_decoding_is_llama_cpp_pythons_own_under_the_same_penalties(tiny_d
             out[token] += value
         return out
 
-    llama = Llama(str(tiny_dir / "target.gguf"), n_ctx=1024, flash_attn=False, verbose=False,
-                  n_threads=tiny_pair.target.n_threads, n_threads_batch=tiny_pair.target.n_threads_batch)
-    try:
-        theirs: list[int] = []
-        for tok in llama.generate(tokens, temp=0.0, repeat_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.3,
-                                  logits_processor=llama_cpp.LogitsProcessorList([biased]), reset=True):
-            if llama_cpp.llama_vocab_is_eog(llama._model.vocab, tok) or len(theirs) == n:
-                break
-            theirs.append(int(tok))
-    finally:
-        llama.close()
+    sampling = {"repeat_penalty": 1.3, "frequency_penalty": 0.4, "presence_penalty": 0.3,
+                "logits_processor": llama_cpp.LogitsProcessorList([biased])}
+    theirs = lcp_greedy(tiny_dir / "target.gguf", tokens, n, sampling=sampling, n_threads=tiny_pair.target.n_threads,
+                        n_threads_batch=tiny_pair.target.n_threads_batch)
     assert mine[: len(theirs)] == theirs and len(theirs) == min(n, len(mine))
 
 
