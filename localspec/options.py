@@ -232,6 +232,12 @@ class GenerationOptions:
                               f".lark(...), .gbnf(...)), got {type(self.grammar).__name__}.")
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))  # frozen: normalised like seed
         self._check_penalties()
+        if self.prediction is not None and not (isinstance(self.prediction, str) and _is_utf8(self.prediction)):
+            raise ConfigError("prediction must be text (the output you expect).")
+        lp = self.logprobs
+        if lp is not None and not (_is_whole(lp) and 0 <= lp <= MAX_LOGPROBS):
+            raise ConfigError(f"logprobs must be a whole number from 0 to {MAX_LOGPROBS} (the likeliest "
+                              f"alternatives to give with each token), got {lp!r}.")
         if not isinstance(self.history, bool):
             raise ConfigError(f"history must be true or false, got {self.history!r}.")
         if len(self.stop) > MAX_STOPS:
@@ -251,12 +257,6 @@ class GenerationOptions:
                 raise SamplingError(f"{name} must be a number from -2 to 2 (0 turns it off), got {value!r}.")
         if not _is_whole(n) or not 0 <= n <= MAX_LAST_N:
             raise SamplingError(f"repeat_last_n must be a whole number from 0 to {MAX_LAST_N}, got {n!r}.")
-        if self.prediction is not None and not (isinstance(self.prediction, str) and _is_utf8(self.prediction)):
-            raise ConfigError("prediction must be text (the output you expect).")
-        lp = self.logprobs
-        if lp is not None and not (_is_whole(lp) and 0 <= lp <= MAX_LOGPROBS):
-            raise ConfigError(f"logprobs must be a whole number from 0 to {MAX_LOGPROBS} (the likeliest "
-                              f"alternatives to give with each token), got {lp!r}.")
 
     @property
     def sampling(self) -> SamplingParams:
