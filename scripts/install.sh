@@ -28,6 +28,11 @@ if [[ -z "${CMAKE_ARGS:-}" && "$(uname -s)" == Linux && "$(uname -m)" == x86_64 
   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAVA_BUILD=OFF"
 fi
 export CMAKE_ARGS="${CMAKE_ARGS:-}"
+# Skip llama.cpp's "common" library, which the Python package never loads (see the file); the cache key
+# below names the file's content rather than this checkout's path, so clones share the built wheel.
+lean=scripts/llama_cpp_lean.cmake
+key_args="$CMAKE_ARGS|$(sha256sum "$lean" | cut -c1-16)"
+export CMAKE_ARGS="$CMAKE_ARGS -DCMAKE_PROJECT_llama.cpp_INCLUDE=$PWD/$lean"
 # Compile on every core whichever generator CMake picks (Make alone would compile one file at a time).
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)}"
 
@@ -40,7 +45,7 @@ if [[ -n "$fetch_models" ]]; then
   fetch_pid=$!
 fi
 
-key=$(printf '%s|%s|%s|%s' "$LLAMA_VERSION" "$(uname -sm)" "$(.venv/bin/python -c 'import sys; print(sys.version_info[:2])')" "$CMAKE_ARGS" | sha256sum | cut -c1-16)
+key=$(printf '%s|%s|%s|%s' "$LLAMA_VERSION" "$(uname -sm)" "$(.venv/bin/python -c 'import sys; print(sys.version_info[:2])')" "$key_args" | sha256sum | cut -c1-16)
 wheels="${XDG_CACHE_HOME:-$HOME/.cache}/localspec/wheels/$key"
 if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   echo "building llama-cpp-python $LLAMA_VERSION (a few minutes; CMAKE_ARGS=$CMAKE_ARGS)" >&2
