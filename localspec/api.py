@@ -34,7 +34,7 @@ from .costs import CostCorrection, CostProfile
 from .drafters import Drafter, DraftingContext
 from .engine import Generation, check_prompt
 from .errors import ConfigError, ContextOverflowError
-from .grammar import Matcher, tokenizer_for
+from .grammar import GrammarState, Matcher, TriggeredMatcher, tokenizer_for
 from .history import PROMPT_KEEP, HistoryStore, history_dir
 from .llama import read_vocab
 from .methods import AUTO_KMAX, HISTORY, get_method
@@ -43,6 +43,7 @@ from .nextn import MtpHead
 from .options import GenerationOptions, check_k
 from .processors import Processing
 from .results import Result, Stream
+from .tools import ToolUse, check_template, template_messages, tool_use
 
 PathLike = Union[str, os.PathLike]
 
@@ -103,15 +104,23 @@ class Pair:
             self._head = MtpHead(self.target)
         return self._head
 
-    def matcher(self, constraint: Constraint) -> Matcher:
+    def matcher(self, constraint: Constraint) -> GrammarState:
         """A fresh grammar state for one generation under ``constraint``, over the target's vocabulary.
 
         Raises:
-            ConfigError: the constraint does not compile, or llguidance (the 'structured' extra) is missing.
+            ConfigError: the constraint does not compile, llguidance (the 'structured' extra) is missing,
+                or its trigger is not one token of the target's vocabulary.
         """
         if self._grammar_tokenizer is None:
             self._grammar_tokenizer = tokenizer_for(self.target.vocab_pointer, self.target.eos)
-        return Matcher(constraint, self._grammar_tokenizer, self.target.n_vocab)
+        inner = Matcher(constraint, self._grammar_tokenizer, self.target.n_vocab)
+        if constraint.trigger is None:
+            return inner
+        trigger = self.target.tokenize(constraint.trigger, add_special=False)
+        if len(trigger) != 1:
+            raise ConfigError(f"{self.target.path.name} has no single {constraint.trigger} token (its vocabulary "
+                              f"spells it in {len(trigger)} tokens), which {constraint.describe()} starts with.")
+        return TriggeredMatcher(inner, trigger[0])
 
     def usable_head(self) -> Optional[MtpHead]:
         """The target's MTP head for auto and calibration: None when it has none, or when this build cannot
@@ -238,8 +247,15 @@ class Pair:
         """Raw text to target token ids (BOS added if the model wants it, special tokens parsed)."""
         return self.target.tokenize(text)
 
-    def format_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+    def format_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+                    tools: Sequence[Mapping[str, Any]] = ()) -> str:
         """Render chat messages with the chat template stored in the target GGUF.
+
+        Args:
+            messages: dicts with role and content; an assistant's earlier ``tool_calls`` and ``tool``
+                messages (with ``tool_call_id``) as OpenAI writes them.
+            add_generation_prompt: end with the start of the assistant's reply.
+            tools: the tools offered, in OpenAI's shape (``tools.ToolUse.offered``).
 
         Raises:
             ConfigError: the GGUF has no chat template, or the template rejects the messages.
@@ -259,7 +275,8 @@ class Pair:
             add_generation_prompt=add_generation_prompt,
         )
         try:
-            return formatter(messages=[dict(m) for m in messages]).prompt  # type: ignore[misc]
+            return formatter(messages=template_messages(messages),  # type: ignore[arg-type]
+                             tools=list(tools) or None).prompt  # type: ignore[arg-type]
         except Exception as exc:  # jinja2 errors and the template's own raise_exception
             raise ConfigError(f"The chat template of {self.target.path.name} rejected the messages: {exc}") from exc
 
@@ -316,18 +333,45 @@ class Pair:
         """
         return self.stream(prompt, options, **changes).finish()
 
-    def chat(self, messages: Sequence[Mapping[str, str]], options: Optional[GenerationOptions] = None,
-             **changes: Any) -> Result:
-        """Generate the assistant's reply to chat ``messages`` (dicts with role and content)."""
-        return self.stream_chat(messages, options, **changes).finish()
+    def chat(self, messages: Sequence[Mapping[str, Any]], options: Optional[GenerationOptions] = None, *,
+             tools: Union[None, ToolUse, Sequence[Mapping[str, Any]]] = None, tool_choice: Any = None,
+             parallel_tool_calls: Optional[bool] = None, **changes: Any) -> Result:
+        """Generate the assistant's reply to chat ``messages`` (dicts with role and content).
 
-    def stream_chat(self, messages: Sequence[Mapping[str, str]], options: Optional[GenerationOptions] = None,
-                    **changes: Any) -> Stream:
-        """Like ``chat``, yielding TokenEvents."""
+        Args:
+            messages: the conversation (see ``format_chat``).
+            options, changes: as for ``generate``.
+            tools: functions the model may call, in OpenAI's shape (``{"type": "function", "function":
+                {"name", "description", "parameters"}}``) or as a ``tools.ToolUse``. The reply's
+                ``tool_calls`` then holds the calls, their arguments valid against each function's
+                ``parameters`` schema, and ``content`` the text around them.
+            tool_choice: "auto" (the default: the model decides), "none", "required", or a function's
+                name (or OpenAI's ``{"type": "function", "function": {"name": ...}}``).
+            parallel_tool_calls: whether one reply may hold several calls (default: yes).
+
+        Raises:
+            ConfigError: a tool or the choice is malformed, the template cannot write tool calls,
+                or tools come with another constraint (``grammar``).
+        """
+        return self.stream_chat(messages, options, tools=tools, tool_choice=tool_choice,
+                                parallel_tool_calls=parallel_tool_calls, **changes).finish()
+
+    def stream_chat(self, messages: Sequence[Mapping[str, Any]], options: Optional[GenerationOptions] = None, *,
+                    tools: Union[None, ToolUse, Sequence[Mapping[str, Any]]] = None, tool_choice: Any = None,
+                    parallel_tool_calls: Optional[bool] = None, **changes: Any) -> Stream:
+        """Like ``chat``, yielding TokenEvents (``tools.CallReader`` reads the calls as they stream)."""
         opts = self.options(options, **changes)
-        text = self.format_chat(messages)
+        use = tool_use(tools, tool_choice, parallel_tool_calls)
+        calls = use is not None and use.choice != "none"
+        if use is not None and calls:
+            check_template(self.target.chat_template() or "", self.target.path.name)
+            if opts.grammar is not None:
+                raise ConfigError(f"A reply that may call tools follows the calls' grammar, so it cannot also follow "
+                                  f"{opts.grammar.describe()}; leave one out (or give tool_choice 'none').")
+            opts = opts.replace(grammar=use.constraint())
+        text = self.format_chat(messages, tools=use.offered() if use is not None else ())
         self._check_length(text)
-        return self._start(self.target.tokenize(text, add_special=False), text, opts)
+        return self._start(self.target.tokenize(text, add_special=False), text, opts, calls=calls)
 
     def infill(self, prefix: str, suffix: str, options: Optional[GenerationOptions] = None,
                **changes: Any) -> Result:
@@ -369,7 +413,8 @@ class Pair:
                 f"(no token of {t.path.name} covers more than {t.longest_token_bytes} characters); "
                 "shorten the prompt or raise the context length (--ctx).")
 
-    def _start(self, prompt_tokens: list[int], prompt_text: Optional[str], opts: GenerationOptions) -> Stream:
+    def _start(self, prompt_tokens: list[int], prompt_text: Optional[str], opts: GenerationOptions,
+               calls: bool = False) -> Stream:
         check_prompt(self.target, len(prompt_tokens))  # before any work, calibration included
         processing = Processing.from_options(opts, self.target.n_vocab)
         self.choose_threads()  # once per machine (cached); plain decoding runs at the fastest count too
@@ -383,7 +428,8 @@ class Pair:
                        method=opts.method, matcher=self.matcher(opts.grammar) if opts.grammar else None,
                        processing=processing, logprobs=opts.logprobs)
         store = self.history if opts.history else None
-        return Stream(g, prompt_tokens, (lambda done: self._record(store, prompt_tokens, done)) if store else None)
+        return Stream(g, prompt_tokens, (lambda done: self._record(store, prompt_tokens, done)) if store else None,
+                      calls=calls)
 
     def _record(self, store: HistoryStore, prompt_tokens: list[int], done: Generation) -> None:
         """Record a finished generation: the prompt's new part (what the cache did not hold) and the reply."""

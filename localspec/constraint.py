@@ -30,7 +30,7 @@ from typing import Any, Optional, Union
 from .errors import ConfigError, NotInstalledError
 
 #: The kinds of constraint, as ``Constraint.kind`` names them.
-KINDS = ("json_schema", "json_object", "regex", "lark", "gbnf")
+KINDS = ("json_schema", "json_object", "regex", "lark", "gbnf", "tools")
 
 
 def llguidance() -> Any:
@@ -49,11 +49,15 @@ class Constraint:
 
     Attributes:
         kind: one of ``KINDS``.
-        source: what the caller gave (the schema as JSON text, the regex, the grammar).
+        source: what the caller gave (the schema as JSON text, the regex, the grammar); for "tools", the
+            Lark grammar of the calls (``tools.ToolUse.constraint`` writes it).
+        trigger: the text of one token: the output is free until the model writes it, and the grammar
+            holds from that token on (llama.cpp's lazy grammar). None: it holds from the first token.
     """
 
     kind: str
     source: str
+    trigger: Optional[str] = None
 
     @classmethod
     def json_schema(cls, schema: Union[dict, str]) -> Constraint:
@@ -129,7 +133,7 @@ class Constraint:
             return str(m.grammar_from_json_schema(self.source, overrides={"whitespace_flexible": False}))
         if self.kind == "regex":
             return str(m.grammar_from_regex(self.source))
-        if self.kind == "lark":
+        if self.kind in ("lark", "tools"):
             return str(m.grammar_from_lark(self.source))
         if self.kind == "gbnf":
             return str(llg.grammar_from("gbnf", self.source))
@@ -138,5 +142,6 @@ class Constraint:
     def describe(self, capital: bool = False) -> str:
         """What this constraint is, for a sentence (``capital``: to begin one)."""
         what = {"json_schema": "the JSON schema", "json_object": "JSON mode", "regex": "the regex",
-                "lark": "the Lark grammar", "gbnf": "the GBNF grammar"}[self.kind]
+                "lark": "the Lark grammar", "gbnf": "the GBNF grammar",
+                "tools": "the tool calls' grammar (from the tools' parameter schemas)"}[self.kind]
         return what[0].upper() + what[1:] if capital else what

@@ -39,7 +39,7 @@ from .events import (
     GenerationStats,
     TokenEvent,
 )
-from .grammar import Matcher
+from .grammar import GrammarState
 from .methods import PLAIN
 from .options import SamplingParams
 from .processors import Processing
@@ -98,7 +98,7 @@ def speculative_round(
     k: int,
     params: SamplingParams,
     rng: np.random.Generator,
-    matcher: Optional[Matcher] = None,
+    matcher: Optional[GrammarState] = None,
     processing: Optional[Processing] = None,
     prompt_len: int = 0,
     keep_rows: bool = False,
@@ -170,7 +170,7 @@ def speculative_round(
     return Round(draft, kept, nxt, timing, kept_rows)
 
 
-def masked_rows(rows: np.ndarray, tokens: list[int], matcher: Matcher,
+def masked_rows(rows: np.ndarray, tokens: list[int], matcher: GrammarState,
                 is_eog: Callable[[int], bool]) -> tuple[np.ndarray, int]:
     """``rows`` (len(tokens) + 1 of them) with each masked by the grammar's state after ``tokens[:i]``, and
     how many of ``tokens`` the matcher consumed.
@@ -261,7 +261,7 @@ class Generation:
         rng: Optional[np.random.Generator] = None,
         stop: Sequence[str] = (),
         method: Optional[str] = None,
-        matcher: Optional[Matcher] = None,
+        matcher: Optional[GrammarState] = None,
         processing: Optional[Processing] = None,
         logprobs: Optional[int] = None,
     ):

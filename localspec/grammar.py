@@ -5,7 +5,7 @@ The running half of ``localspec.constraint``, over llguidance; see there.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -119,3 +119,57 @@ def tokenizer_for(vocab: Any, eos: int) -> Any:
     with warnings.catch_warnings():  # it reads token attributes through a name llama-cpp-python deprecated
         warnings.simplefilter("ignore", DeprecationWarning)
         return lltokenizer_from_vocab(vocab, eos_token=eos)
+
+
+class TriggeredMatcher:
+    """A grammar that holds from a trigger token on; until the model writes that token, any token goes.
+
+    The same five calls as ``Matcher`` (the engine cannot tell them apart). The
+    inner matcher is fed the trigger token first, so its grammar starts with it.
+
+    Args:
+        inner: the grammar, fresh.
+        trigger: the token that starts it.
+    """
+
+    def __init__(self, inner: Matcher, trigger: int):
+        self._inner = inner
+        self._trigger = trigger
+        self._n = 0  # tokens consumed in all
+        self._at: Optional[int] = None  # how many had been consumed when the trigger came (None: not yet)
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        return self._inner.mask(logits) if self._at is not None else np.array(logits, dtype=np.float32, copy=True)
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        if self._at is not None:
+            return self._inner.valid_prefix(tokens)
+        if self._trigger not in tokens:
+            return len(tokens)
+        free = tokens.index(self._trigger)  # the tokens before it are free; the grammar judges the rest
+        return free + self._inner.valid_prefix(tokens[free:])
+
+    def forced_tokens(self, k: int) -> list[int]:
+        return self._inner.forced_tokens(k) if self._at is not None else []
+
+    def consume(self, tokens: list[int]) -> None:
+        if self._at is None and self._trigger in tokens:
+            free = tokens.index(self._trigger)
+            self._n += free
+            self._at, tokens = self._n, tokens[free:]
+        if self._at is not None:
+            self._inner.consume(tokens)
+        self._n += len(tokens)
+
+    def rollback(self, n: int) -> None:
+        if n <= 0:
+            return
+        if self._at is not None:
+            self._inner.rollback(min(n, self._n - self._at))
+            if self._n - n <= self._at:  # back before the trigger: free again
+                self._at = None
+        self._n -= n
+
+
+#: What the engine drives: a grammar that holds throughout, or one from a trigger token on.
+GrammarState = Union[Matcher, TriggeredMatcher]

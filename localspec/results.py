@@ -7,6 +7,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from .engine import Generation
 from .events import SOURCE_GRAMMAR, GenerationStats, TokenEvent
+from .tools import ToolCall, read_calls
 
 
 @dataclass
@@ -17,12 +18,17 @@ class Result:
         text: the generated text (end-of-generation token not included).
         tokens: the generated token ids.
         finish_reason: "stop" (the model ended its answer, or a stop string
-            came: the text ends before it), "length" (max_tokens reached or
-            the context is full) or "interrupted".
+            came: the text ends before it), "tool_calls" (it ended after calling
+            tools), "length" (max_tokens reached or the context is full) or
+            "interrupted".
         stats: counts and timings.
         prompt_tokens: the prompt's token ids.
         logprobs: with ``logprobs`` asked for, each token's (log-probability, likeliest alternatives as
             (id, log-probability) pairs); else None.
+        tool_calls: with tools offered, the calls in the reply (finish_reason is then "tool_calls" where
+            the model ended it); else None.
+        content: with tools offered, the reply's text without its calls (None when it is only calls);
+            else the text.
     """
 
     text: str
@@ -31,6 +37,8 @@ class Result:
     stats: GenerationStats
     prompt_tokens: list[int]
     logprobs: Optional[list[tuple[float, tuple[tuple[int, float], ...]]]] = None
+    tool_calls: Optional[list[ToolCall]] = None
+    content: Optional[str] = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON shape printed by ``localspec generate --json``."""
@@ -39,6 +47,9 @@ class Result:
         if self.logprobs is not None:
             out["logprobs"] = [{"token": t, "logprob": lp, "top_logprobs": [[i, v] for i, v in top]}
                                for t, (lp, top) in zip(self.tokens, self.logprobs, strict=True)]
+        if self.tool_calls is not None:
+            out["content"] = self.content
+            out["tool_calls"] = [c.to_openai() for c in self.tool_calls]
         return out
 
     def summary_line(self) -> str:
@@ -65,8 +76,9 @@ class Stream:
     """
 
     def __init__(self, generation: Generation, prompt_tokens: list[int],
-                 on_end: Optional[Callable[[Generation], None]] = None):
+                 on_end: Optional[Callable[[Generation], None]] = None, calls: bool = False):
         self._g = generation
+        self._calls = calls
         self._prompt_tokens = prompt_tokens
         self._text: list[str] = []
         self._logprobs: list[tuple[float, tuple[tuple[int, float], ...]]] = []
@@ -89,8 +101,14 @@ class Stream:
     @property
     def result(self) -> Result:
         """The generation so far (final once iteration has ended)."""
-        return Result("".join(self._text), list(self._g.tokens), self._g.finish_reason, self._g.stats,
-                      self._prompt_tokens, list(self._logprobs) if self._g.logprobs is not None else None)
+        text, finish = "".join(self._text), self._g.finish_reason
+        content: Optional[str] = text
+        calls = None
+        if self._calls:
+            content, calls = read_calls(text)
+            finish = "tool_calls" if calls and finish == "stop" else finish
+        return Result(text, list(self._g.tokens), finish, self._g.stats, self._prompt_tokens,
+                      list(self._logprobs) if self._g.logprobs is not None else None, calls, content)
 
     def cancel(self) -> None:
         """End the generation soon; safe to call from another thread (e.g. when a client leaves).

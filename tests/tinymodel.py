@@ -12,7 +12,7 @@ acceptance tests need. ``noise=0`` gives an identical copy.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import gguf
 import numpy as np
@@ -32,10 +32,12 @@ def byte_tokens() -> list[str]:
     return [table[b] for b in range(256)]
 
 
-def vocabulary(pad_to: int = 0, rename: Optional[dict[int, str]] = None) -> tuple[list[str], list[int]]:
-    """Token texts and types; ``pad_to`` appends padding tokens, ``rename`` alters texts."""
-    tokens = byte_tokens() + [m.replace(" ", "") for m in MERGES] + SPECIALS
-    types = [1] * (len(tokens) - len(SPECIALS)) + [3] * len(SPECIALS)
+def vocabulary(pad_to: int = 0, rename: Optional[dict[int, str]] = None,
+               user_tokens: Sequence[str] = ()) -> tuple[list[str], list[int]]:
+    """Token texts and types; ``user_tokens`` appends user-defined tokens (as Qwen's ``<tool_call>``),
+    ``pad_to`` padding tokens, ``rename`` alters texts."""
+    tokens = byte_tokens() + [m.replace(" ", "") for m in MERGES] + SPECIALS + list(user_tokens)
+    types = [1] * (len(tokens) - len(SPECIALS) - len(user_tokens)) + [3] * len(SPECIALS) + [4] * len(user_tokens)
     while len(tokens) < pad_to:
         tokens.append(f"[PAD{len(tokens)}]")
         types.append(5)  # unused
@@ -63,6 +65,7 @@ def write_tiny_model(
     eos: Optional[int] = None,
     pad_clones: bool = False,
     metadata: Optional[dict[str, Any]] = None,
+    user_tokens: Sequence[str] = (),
 ) -> Path:
     """Write a tiny llama GGUF and return its path.
 
@@ -83,10 +86,12 @@ def write_tiny_model(
             vocabulary), and the real tokens keep the unpadded model's weights.
         metadata: extra key/values (``general.size_label``, ``general.type``...):
             a str, bool, int (stored as uint64) or float (float32) each.
+        user_tokens: user-defined tokens after the special ones (``<tool_call>``, ``</tool_call>``).
     """
-    tokens, types = vocabulary(pad_to, rename)
+    tokens, types = vocabulary(pad_to, rename, user_tokens)
     n_vocab = len(tokens)
-    n_real = len(vocabulary()[0]) if pad_clones else n_vocab  # rows drawn at random; the rest are clones
+    # rows drawn at random; the rest are clones
+    n_real = len(vocabulary(0, None, user_tokens)[0]) if pad_clones else n_vocab
 
     def rows(scale: float) -> np.ndarray:
         w = weight(n_real, n_embd, scale=scale)

@@ -1,0 +1,352 @@
+"""Tool calls: the tools a chat offers, the grammar their calls follow, and the calls read back.
+
+The chat template in the GGUF decides how tools are shown to the model. How
+the model writes a call is the template's format too; localspec knows the one
+Qwen2.5 (and the other Hermes-style templates) use: each call is a JSON object
+``{"name": ..., "arguments": {...}}`` on its own line between the
+``<tool_call>`` and ``</tool_call>`` tokens. A template that does not write
+``<tool_call>`` is refused with tools rather than guessed at.
+
+The calls are constrained: under ``tool_choice`` "required" or a function's
+name the whole reply is calls; under "auto" the reply is free until the model
+writes ``<tool_call>``, and from there the grammar holds (llama.cpp's lazy
+grammar). Either way a call's arguments follow its function's parameter schema.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+
+from .constraint import Constraint
+from .errors import ConfigError
+
+#: The tokens around one call in the Hermes format (Qwen2.5's template writes them).
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+#: The tool_choice words; any other choice names a function.
+CHOICES = ("none", "auto", "required")
+#: How a call starts once inside the tokens: its name, then its arguments (separators as the grammar writes).
+_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\S)')
+_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One function a model may call.
+
+    Attributes:
+        name: what the model calls it.
+        parameters: the JSON schema of its arguments, as JSON text.
+        description: what it does, for the model.
+    """
+
+    name: str
+    parameters: str = '{"type": "object", "properties": {}}'
+    description: Optional[str] = None
+
+    @classmethod
+    def from_openai(cls, value: Any, where: str = "tools[0]") -> Tool:
+        """A tool from OpenAI's shape, ``{"type": "function", "function": {"name", "description",
+        "parameters"}}``.
+
+        Raises:
+            ConfigError: not that shape (the message names the place, ``where``).
+        """
+        if not isinstance(value, Mapping) or value.get("type") != "function" or \
+                not isinstance(value.get("function"), Mapping):
+            raise ConfigError(f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}.")
+        fn = value["function"]
+        unknown = sorted(set(fn) - {"name", "description", "parameters", "strict"})
+        if unknown:
+            raise ConfigError(f"{where}.function has {unknown[0]!r}, which localspec does not take; send name, "
+                              "description and parameters.")
+        name = fn.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ConfigError(f"{where}.function.name must be 1 to 64 letters, digits, '_', '.', ':' or '-', "
+                              f"got {name!r}.")
+        description = fn.get("description")
+        if description is not None and not isinstance(description, str):
+            raise ConfigError(f"{where}.function.description must be a string.")
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, Mapping):
+            raise ConfigError(f"{where}.function.parameters must be a JSON schema object.")
+        return cls(name, json.dumps(params), description)
+
+    def to_openai(self) -> dict[str, Any]:
+        """OpenAI's shape, as chat templates render it."""
+        fn: dict[str, Any] = {"name": self.name}
+        if self.description is not None:
+            fn["description"] = self.description
+        fn["parameters"] = json.loads(self.parameters)
+        return {"type": "function", "function": fn}
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """The tools a chat offers and how the model may use them.
+
+    Attributes:
+        tools: the functions offered.
+        choice: "none" (the reply is text; the tools are not shown), "auto" (text or calls, the model
+            decides), "required" (one call or more) or a function's name (a call of it).
+        parallel: whether one reply may hold several calls.
+    """
+
+    tools: tuple[Tool, ...]
+    choice: str = "auto"
+    parallel: bool = True
+
+    def __post_init__(self) -> None:
+        names = [t.name for t in self.tools]
+        if len(set(names)) < len(names):
+            twice = next(n for n in names if names.count(n) > 1)
+            raise ConfigError(f"Two tools are named {twice!r}; give each function one name.")
+        if self.choice not in CHOICES and self.choice not in names:
+            raise ConfigError(f"tool_choice names the function {self.choice!r}, which is not among the tools "
+                              f"({', '.join(names) or 'none given'}).")
+        if self.choice != "none" and not self.tools:
+            raise ConfigError(f"tool_choice {self.choice!r} needs at least one tool.")
+
+    @classmethod
+    def from_openai(cls, tools: Optional[Sequence[Any]], tool_choice: Any = None,
+                    parallel_tool_calls: Optional[bool] = None) -> Optional[ToolUse]:
+        """The tool use OpenAI's request fields ask for (None when no tools are given).
+
+        Raises:
+            ConfigError: a tool, or the choice, is not in OpenAI's shape, or names an unknown function.
+        """
+        if not tools:
+            if tool_choice not in (None, "none", "auto"):
+                raise ConfigError(f"tool_choice {_choice_text(tool_choice)} needs tools; give 'tools'.")
+            return None
+        if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
+            raise ConfigError("tools must be a list of {\"type\": \"function\", \"function\": {...}} objects.")
+        parsed = tuple(Tool.from_openai(t, f"tools[{i}]") for i, t in enumerate(tools))
+        return cls(parsed, _choice(tool_choice), True if parallel_tool_calls is None else bool(parallel_tool_calls))
+
+    def offered(self) -> list[dict[str, Any]]:
+        """The tools as the chat template is given them (none under choice "none")."""
+        return [] if self.choice == "none" else [t.to_openai() for t in self.tools]
+
+    def constraint(self) -> Optional[Constraint]:
+        """The grammar the reply follows (None under choice "none": the reply is free text)."""
+        if self.choice == "none":
+            return None
+        callable_ = [t for t in self.tools if self.choice in ("auto", "required") or t.name == self.choice]
+        calls = {"anyOf": [_call_schema(t) for t in callable_],
+                 # Qwen writes JSON with spaces after ':' and ','; the grammar keeps that habit
+                 "x-guidance": {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}}
+        more = ' ("\\n" call)*' if self.parallel else ""
+        grammar = (f'start: call{more} "\\n"?\n'  # the newline a model may write before it ends
+                   f'call: {OPEN} "\\n" body "\\n" {CLOSE}\n'
+                   f"body: %json {json.dumps(calls)}\n")
+        return Constraint("tools", grammar, trigger=OPEN if self.choice == "auto" else None)
+
+
+def _call_schema(tool: Tool) -> dict[str, Any]:
+    return {"type": "object", "properties": {"name": {"const": tool.name}, "arguments": json.loads(tool.parameters)},
+            "required": ["name", "arguments"], "additionalProperties": False}
+
+
+def _choice(value: Any) -> str:
+    """A tool_choice (a word, a function's name, or OpenAI's ``{"type": "function", "function": {"name": ...}}``)
+    as a word or a name."""
+    if value is None:
+        return "auto"
+    if isinstance(value, str):
+        return value
+    fn = value.get("function") if isinstance(value, Mapping) and value.get("type") == "function" else None
+    name = fn.get("name") if isinstance(fn, Mapping) else None
+    if not isinstance(name, str):
+        raise ConfigError(f"tool_choice must be none, auto, required or {{\"type\": \"function\", \"function\": "
+                          f"{{\"name\": ...}}}}, got {_choice_text(value)}.")
+    return name
+
+
+def _choice_text(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_template(template: str, model: str) -> None:
+    """Refuse tools for a chat template that does not write calls in the format localspec reads.
+
+    Raises:
+        ConfigError: the template never mentions ``<tool_call>``.
+    """
+    if OPEN not in template:
+        raise ConfigError(f"The chat template of {model} does not write tool calls as <tool_call> JSON (the "
+                          "format of Qwen2.5 and other Hermes-style templates, the one localspec reads), so "
+                          "localspec cannot offer it tools; use a model whose template does, or leave out tools.")
+
+
+def template_messages(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages as templates read them: an earlier call's arguments as an object, not JSON text."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            m["tool_calls"] = [_template_call(c) for c in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
+def _template_call(call: Mapping[str, Any]) -> dict[str, Any]:
+    fn = dict(call.get("function") or {})
+    if isinstance(fn.get("arguments"), str):
+        try:
+            fn["arguments"] = json.loads(fn["arguments"])
+        except ValueError:
+            pass  # not JSON: the template shows it as the text it is
+    return {**call, "function": fn}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model made.
+
+    Attributes:
+        id: its id, for the ``tool`` message that answers it.
+        name: the function called.
+        arguments: the arguments, as JSON text (as OpenAI gives them).
+    """
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass
+class CallEvent:
+    """What reading more of a reply found: ``content`` text, a call's start (``name``, ``id``), or more of a
+    call's ``arguments``; ``index`` is the call's place in the reply."""
+
+    kind: str  # "content", "call" or "arguments"
+    text: str = ""
+    index: int = 0
+    id: str = ""
+
+
+@dataclass
+class CallReader:
+    """Reads a reply as it streams: its text content, and the tool calls in it.
+
+    Feed it text with ``feed`` and end with ``close``; each returns what it
+    could tell so far. Text that might still turn out to be the start of
+    ``<tool_call>`` (or the end of a call's arguments) is held back until it can
+    be told.
+    """
+
+    calls: list[ToolCall] = field(default_factory=list)
+    content: list[str] = field(default_factory=list)
+    _buf: str = ""
+    _in_call: bool = False
+    _name: Optional[str] = None  # the open call's name, once its header is read
+    _id: str = ""  # and its id
+    _args: list[str] = field(default_factory=list)  # the open call's arguments sent so far
+
+    def feed(self, text: str) -> list[CallEvent]:
+        self._buf += text
+        return self._read(final=False)
+
+    def close(self) -> list[CallEvent]:
+        return self._read(final=True)
+
+    def _read(self, final: bool) -> list[CallEvent]:
+        out: list[CallEvent] = []
+        while True:
+            before = (self._buf, self._in_call, self._name)
+            if self._in_call:
+                self._read_call(out, final)
+            else:
+                self._read_content(out, final)
+            if (self._buf, self._in_call, self._name) == before:
+                return out
+
+    def _read_content(self, out: list[CallEvent], final: bool) -> None:
+        at = self._buf.find(OPEN)
+        if at >= 0:
+            self._say(out, self._buf[:at].rstrip())
+            self._buf, self._in_call = self._buf[at + len(OPEN):], True
+            return
+        if self.calls:  # the newlines between calls are nobody's content
+            self._buf = self._buf.lstrip()
+        cut = len(self._buf) - (0 if final else _held(self._buf))
+        self._say(out, self._buf[:cut])
+        self._buf = self._buf[cut:]
+
+    def _read_call(self, out: list[CallEvent], final: bool) -> None:
+        if self._name is None:
+            header = _HEADER.match(self._buf)
+            if header is None:
+                if final or CLOSE in self._buf:  # not a call after all: the text it was
+                    self._say(out, OPEN + self._buf)
+                    self._buf, self._in_call = "", False
+                return
+            self._name, self._id = _unquote(header.group(1)), "call_" + uuid.uuid4().hex[:24]
+            self._buf = self._buf[header.end():]
+            out.append(CallEvent("call", self._name, len(self.calls), self._id))
+        end = self._buf.find(CLOSE)
+        if end >= 0 or final:
+            body = self._buf[:end] if end >= 0 else self._buf
+            if end >= 0:  # the body's own closing brace and the newline before CLOSE are not arguments
+                body = body.rstrip()
+                body = body[:-1] if body.endswith("}") else body
+            self._send(out, body[sum(map(len, self._args)):])
+            self.calls.append(ToolCall(self._id, self._name, "".join(self._args)))
+            self._buf = self._buf[end + len(CLOSE):] if end >= 0 else ""
+            self._in_call, self._name, self._args = False, None, []
+            return
+        sent = sum(map(len, self._args))
+        safe = max(sent, len(self._buf) - len(CLOSE) - 2)  # "}\n</tool_call>" may be what comes
+        self._send(out, self._buf[sent:safe])
+
+    def _send(self, out: list[CallEvent], text: str) -> None:
+        if text:
+            self._args.append(text)
+            out.append(CallEvent("arguments", text, len(self.calls)))
+
+    def _say(self, out: list[CallEvent], text: str) -> None:
+        if text:
+            self.content.append(text)
+            out.append(CallEvent("content", text))
+
+
+def _unquote(text: str) -> str:
+    try:
+        return str(json.loads(f'"{text}"'))
+    except ValueError:  # not a JSON string's inside (only where no grammar held the call)
+        return text
+
+
+def _held(text: str) -> int:
+    """How many characters at the end of ``text`` could begin ``<tool_call>``, with the whitespace before them."""
+    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if OPEN.startswith(text[-n:]):
+            return n + len(text[:-n]) - len(text[:-n].rstrip())
+    return len(text) - len(text.rstrip())
+
+
+def read_calls(text: str) -> tuple[Optional[str], list[ToolCall]]:
+    """A whole reply's content (None when it is only calls) and its tool calls."""
+    reader = CallReader()
+    reader.feed(text)
+    reader.close()
+    content = "".join(reader.content)
+    return (content or None) if reader.calls else content, reader.calls
+
+
+def tool_use(tools: Union[None, ToolUse, Sequence[Any]], tool_choice: Any = None,
+             parallel_tool_calls: Optional[bool] = None) -> Optional[ToolUse]:
+    """A ``ToolUse`` from what the Python API takes: one already built, or OpenAI's tool list and fields."""
+    if isinstance(tools, ToolUse) or tools is None:
+        if tools is None and tool_choice not in (None, "none", "auto"):
+            raise ConfigError(f"tool_choice {_choice_text(tool_choice)} needs tools.")
+        return tools
+    return ToolUse.from_openai(tools, tool_choice, parallel_tool_calls)

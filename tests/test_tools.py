@@ -1,0 +1,198 @@
+"""Tool calls: offered through the chat template, constrained by each function's parameter schema (from
+``<tool_call>`` on under tool_choice "auto"), read back as OpenAI's tool_calls, exact under every method."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from helpers import same_distribution, token_counts
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tinymodel import write_tiny_model
+
+import localspec
+from localspec.constraint import Constraint
+from localspec.errors import ConfigError
+from localspec.tools import CLOSE, OPEN, CallReader, ToolUse, read_calls
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"zone": {"enum": ["utc", "cet", "pst"]}}, "required": ["zone"],
+        "additionalProperties": False}
+TOOLS = [{"type": "function",
+          "function": {"name": "get_weather", "description": "The forecast", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+MESSAGES = [{"role": "user", "content": "in the end, in the end, what is the weather in the end"}]
+METHODS = [("lookup", 3), ("draft", 2), ("draft", 5), ("auto", None)]
+# A Hermes-style template of our own: the tools in the system turn, calls and their answers as Qwen2.5 writes them.
+TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nYou may call these functions:\n"
+    "{%- for t in tools %}\n{{ t | tojson }}{%- endfor %}\n"
+    'Call one as <tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call><|im_end|>\n{% endif %}'
+    "{%- for m in messages %}"
+    "{%- if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{%- elif m.tool_calls %}<|im_start|>assistant"
+    "{%- for c in m.tool_calls %}\n<tool_call>\n"
+    '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}\n</tool_call>'
+    "{%- endfor %}<|im_end|>\n"
+    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tool_pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tools")
+    for name, noise in (("t.gguf", 0.0), ("d.gguf", 0.35)):
+        write_tiny_model(d / name, seed=0, noise=noise, user_tokens=[OPEN, CLOSE], chat_template=TEMPLATE)
+    with localspec.load(d / "t.gguf", d / "d.gguf", n_ctx=1024, history=False) as pair:
+        yield pair
+
+
+def _open_token(pair) -> int:
+    (token,) = pair.target.tokenize(OPEN, add_special=False)
+    return token
+
+
+def _check_calls(result, names=("get_weather", "get_time")):
+    assert result.tool_calls, f"no tool call in {result.text!r}"
+    for call in result.tool_calls:
+        assert call.name in names and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+
+
+@pytest.mark.parametrize("choice", ["required", "get_time"])
+def test_required_calls_validate_and_every_method_gives_plain_decodings_tokens(tool_pair, choice):
+    plain = tool_pair.chat(MESSAGES, tools=TOOLS, tool_choice=choice, parallel_tool_calls=False,
+                           max_tokens=120, method="plain")
+    _check_calls(plain, ("get_time",) if choice == "get_time" else SCHEMAS)
+    assert len(plain.tool_calls) == 1 and plain.finish_reason == "tool_calls" and plain.content is None
+    assert plain.text.startswith(OPEN + "\n{")
+    for method, k in METHODS:
+        r = tool_pair.chat(MESSAGES, tools=TOOLS, tool_choice=choice, parallel_tool_calls=False, max_tokens=120,
+                           method=method, k=k)
+        assert r.tokens == plain.tokens, f"{method} k={k} diverged from plain decoding under the tools' grammar"
+        assert r.tool_calls[0].arguments == plain.tool_calls[0].arguments
+    assert r.stats.accepted_by.get("grammar", 0) > 0  # the call's keys and quotes cost no drafting
+
+
+def test_auto_is_free_text_until_the_model_writes_the_call_token(tool_pair):
+    free = tool_pair.chat(MESSAGES, max_tokens=40, method="plain")
+    bias = {_open_token(tool_pair): 6.0}  # so that this random model calls after a few words
+    plain = tool_pair.chat(MESSAGES, tools=TOOLS, parallel_tool_calls=False, max_tokens=160, method="plain",
+                           logit_bias=bias)
+    at = plain.tokens.index(_open_token(tool_pair))
+    assert at > 0, "the call came first: the test wants free text before it"
+    prompt = tool_pair.target.tokenize(tool_pair.format_chat(MESSAGES, tools=ToolUse.from_openai(TOOLS).offered()),
+                                       add_special=False)
+    unconstrained = tool_pair.generate(prompt, max_tokens=at + 1, method="plain", logit_bias=bias)
+    assert plain.tokens[:at + 1] == unconstrained.tokens  # free up to and with the call token
+    _check_calls(plain)
+    assert plain.finish_reason == "tool_calls" and len(plain.tool_calls) == 1
+    assert plain.content == plain.text[:plain.text.index(OPEN)].rstrip()
+    for method, k in METHODS:
+        r = tool_pair.chat(MESSAGES, tools=TOOLS, parallel_tool_calls=False, max_tokens=160, method=method, k=k,
+                           logit_bias=bias)
+        assert r.tokens == plain.tokens, f"{method} k={k} diverged from plain decoding under the lazy grammar"
+    assert tool_pair.chat(MESSAGES, tools=TOOLS, tool_choice="none", max_tokens=40, method="plain").tokens \
+        == free.tokens  # "none": the tools are not shown and nothing is constrained
+
+
+@pytest.mark.parametrize("method,k", [("draft", 3), ("lookup", 3)])
+def test_sampled_speculation_keeps_the_distribution_of_a_grammar_that_waits_for_its_trigger(tiny_pair, method, k):
+    prompt = "in the end, in the end, in the end, in the"
+    free = token_counts(tiny_pair, prompt, 300, 0, method="plain")
+    def one_token(t):
+        text = tiny_pair.target.detokenize([t])
+        return text.isascii() and text.isprintable() and tiny_pair.target.tokenize(text, add_special=False) == [t]
+
+    # the likeliest first token that is text of its own: many replies start the grammar, many do not
+    text = tiny_pair.target.detokenize([max(filter(one_token, free), key=free.__getitem__)])
+    lazy = Constraint("lark", f'start: {json.dumps(text)} " " animal "."\nanimal: "cat" | "dog" | "bird" | "fox"',
+                      trigger=text)
+    for position in (0, 2):  # the free first token, and the animal's first letter where the trigger came
+        plain = token_counts(tiny_pair, prompt, 1500, position, method="plain", grammar=lazy)
+        spec = token_counts(tiny_pair, prompt, 1500, position, method=method, k=k, grammar=lazy)
+        p = same_distribution(plain, spec)
+        assert p > 1e-3, f"{method} position {position}: chi-square p = {p:.2e}"
+
+
+def test_an_earlier_call_and_its_answer_go_back_into_the_template(tool_pair):
+    messages = [*MESSAGES,
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "days": 2}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "rain"}]
+    text = tool_pair.format_chat(messages, tools=ToolUse.from_openai(TOOLS).offered())
+    assert '"name": "get_weather"' in text and '"description": "The forecast"' in text  # the tools, shown
+    assert '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}' in text  # an object, not a string
+    assert "<tool_response>\nrain\n</tool_response>" in text
+    assert tool_pair.chat(messages, tools=TOOLS, tool_choice="required", max_tokens=120).tool_calls
+
+
+@pytest.mark.parametrize("tools,choice,needle", [
+    ([{"type": "function"}], None, "tools[0] must be"),
+    ([{"type": "function", "function": {"name": "a b"}}], None, "tools[0].function.name"),
+    ([{"type": "function", "function": {"name": "f", "parameters": []}}], None, "parameters must be"),
+    ([{"type": "function", "function": {"name": "f", "params": {}}}], None, "'params'"),
+    (TOOLS + TOOLS[:1], None, "Two tools are named 'get_weather'"),
+    (TOOLS, "get_tide", "'get_tide', which is not among the tools"),
+    (TOOLS, {"type": "function"}, "tool_choice must be"),
+    (TOOLS, "always", "'always', which is not among the tools"),
+    (None, "required", "needs tools"),
+])
+def test_malformed_tools_are_one_sentence(tool_pair, tools, choice, needle):
+    with pytest.raises(ConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        tool_pair.chat(MESSAGES, tools=tools, tool_choice=choice, max_tokens=4)
+
+
+def test_tools_need_a_template_that_writes_calls_and_no_second_constraint(tiny_pair, tool_pair):
+    with pytest.raises(ConfigError, match="does not write tool calls as <tool_call>"):
+        tiny_pair.chat(MESSAGES, tools=TOOLS, max_tokens=4)
+    with pytest.raises(ConfigError, match="cannot also follow the JSON schema"):
+        tool_pair.chat(MESSAGES, tools=TOOLS, max_tokens=4, grammar=Constraint.json_schema(WEATHER))
+    with pytest.raises(ConfigError, match="cannot be compiled"):
+        bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "minProperties": "x"}}}]
+        tool_pair.chat(MESSAGES, tools=bad, tool_choice="required", max_tokens=4)
+
+
+_text = st.text(st.one_of(st.characters(codec="utf-8"), st.sampled_from(list("<tool_call>/ \n"))), max_size=14) \
+    .filter(lambda t: OPEN not in t and CLOSE not in t)
+_call = st.tuples(st.sampled_from(["get_weather", "f.x", "g-2"]),
+                  st.dictionaries(st.sampled_from(["a", "b", "é"]), st.one_of(st.integers(), _text), max_size=3))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(_text, st.just("")), st.lists(_call, max_size=3), st.lists(st.integers(1, 30), max_size=40),
+       st.booleans())
+def test_the_reader_finds_the_same_content_and_calls_however_the_text_is_cut(content, calls, cuts, complete):
+    body = "\n".join(f'{OPEN}\n{{"name": "{n}", "arguments": {json.dumps(a, ensure_ascii=False)}}}\n{CLOSE}'
+                     for n, a in calls)
+    text = (content + "\n" if content and calls else content) + body
+    if not complete and calls:
+        text = text[:-len(CLOSE) - 3]  # cut inside the last call's arguments, as max_tokens would
+    whole_content, whole_calls = read_calls(text)
+    reader, events, start = CallReader(), [], 0
+    for n in cuts:
+        events += reader.feed(text[start:start + n])
+        start += n
+    events += reader.feed(text[start:]) + reader.close()
+    streamed = "".join(e.text for e in events if e.kind == "content")
+    assert [(c.name, c.arguments) for c in reader.calls] == [(c.name, c.arguments) for c in whole_calls]
+    assert streamed == "".join(reader.content) and (streamed or None if calls else streamed) == whole_content
+    assert [e.text for e in events if e.kind == "call"] == [c.name for c in reader.calls]
+    assert [e.id for e in events if e.kind == "call"] == [c.id for c in reader.calls]
+    for i, c in enumerate(reader.calls):
+        assert "".join(e.text for e in events if e.kind == "arguments" and e.index == i) == c.arguments
+    if calls:
+        assert [c.name for c in whole_calls] == [n for n, _ in calls]
+        done = calls if complete else calls[:-1]
+        assert [json.loads(c.arguments) for c in whole_calls[:len(done)]] == [a for _, a in done]
+        assert whole_content == (content.rstrip() or None)
+    else:
+        assert whole_content == content and not whole_calls
