@@ -29,6 +29,9 @@ from typing import Any, Optional, Union
 
 from .errors import ConfigError, NotInstalledError
 
+#: How JSON is written under a constraint: no optional whitespace, but a space after ':' and ',' as the
+#: models write JSON when free (Qwen's and GPT's habit); compact JSON pushes a small model off its answer.
+JSON_LAYOUT = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 #: The kinds of constraint, as ``Constraint.kind`` names them.
 KINDS = ("json_schema", "json_object", "regex", "lark", "gbnf", "tools")
 
@@ -129,8 +132,8 @@ class Constraint:
         """The llguidance grammar for this constraint (not yet checked against a vocabulary)."""
         llg = llguidance()
         m = llg.LLMatcher
-        if self.kind in ("json_schema", "json_object"):  # compact, as the JSON models write by default
-            return str(m.grammar_from_json_schema(self.source, overrides={"whitespace_flexible": False}))
+        if self.kind in ("json_schema", "json_object"):
+            return str(m.grammar_from_json_schema(self.source, overrides=JSON_LAYOUT))
         if self.kind == "regex":
             return str(m.grammar_from_regex(self.source))
         if self.kind in ("lark", "tools"):

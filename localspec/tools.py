@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
-from .constraint import Constraint
+from .constraint import JSON_LAYOUT, Constraint
 from .errors import ConfigError
 
 #: The tokens around one call in the Hermes format (Qwen2.5's template writes them).
@@ -136,9 +136,7 @@ class ToolUse:
         if self.choice == "none":
             return None
         callable_ = [t for t in self.tools if self.choice in ("auto", "required") or t.name == self.choice]
-        calls = {"anyOf": [_call_schema(t) for t in callable_],
-                 # Qwen writes JSON with spaces after ':' and ','; the grammar keeps that habit
-                 "x-guidance": {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}}
+        calls = {"anyOf": [_call_schema(t) for t in callable_], "x-guidance": JSON_LAYOUT}
         more = ' ("\\n" call)*' if self.parallel else ""
         grammar = (f'start: call{more} "\\n"?\n'  # the newline a model may write before it ends
                    f'call: {OPEN} "\\n" body "\\n" {CLOSE}\n'

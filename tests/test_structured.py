@@ -83,7 +83,7 @@ def test_the_output_is_in_the_language(tiny_pair, name):
 
 def test_a_grammar_cut_by_max_tokens_is_a_valid_prefix(tiny_pair):
     r = tiny_pair.generate(PROMPT, max_tokens=5, method="draft", k=4, grammar=CONSTRAINTS["schema"])
-    assert r.finish_reason == "length" and len(r.tokens) == 5 and '{"animal":"'.startswith(r.text)
+    assert r.finish_reason == "length" and len(r.tokens) == 5 and '{"animal": "'.startswith(r.text)
 
 
 @pytest.mark.parametrize("method,k", [("draft", 3), ("lookup", 3)])
