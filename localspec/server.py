@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional, Sequence
+from typing import Any, AsyncIterator, Iterator, Optional, Sequence
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -52,6 +52,7 @@ from .results import Result, Stream
 from .server_access import LOOPBACK_NAMES
 from .server_http import ApiError, Guard
 from .server_requests import ChatRequest, Limits, parse_body, parse_request
+from .tools import CallEvent, CallReader
 
 #: The largest request body by default, in bytes (a full 32k-token context of text is about 130 kB).
 MAX_BODY = 4 * 1024 * 1024
@@ -231,7 +232,7 @@ class Server:
         try:
             if req.chat:
                 assert req.messages is not None
-                stream = self.pair.stream_chat(req.messages, req.options)
+                stream = self.pair.stream_chat(req.messages, req.options, tools=req.tools)
             elif req.suffix is not None:
                 assert isinstance(req.prompt, str)
                 stream = self.pair.stream_infill(req.prompt, req.suffix, req.options)
@@ -386,6 +387,8 @@ async def _whole(server: Server, job: Job, request: Request) -> Any:
     choice: dict[str, Any] = {"index": 0, "finish_reason": r.finish_reason, "logprobs": _logprobs(job, entries)}
     if job.request.chat:
         choice["message"] = {"role": "assistant", "content": "".join(text)}
+        if r.tool_calls:  # the text was the calls and what came around them
+            choice["message"].update(content=r.content, tool_calls=[c.to_openai() for c in r.tool_calls])
     else:
         choice["text"] = "".join(text)
     return {**_envelope(server, job, rid, False), "choices": [choice], "usage": _usage(job, r),
@@ -406,7 +409,8 @@ async def _stream(server: Server, job: Job, request: Request) -> Any:
     entries: list[dict[str, Any]] = []  # the tokens of the text not yet sent
     offset = [0]  # where the next token's text starts (a completion's text_offset, counted as unstreamed)
 
-    def chunk(text: Optional[str], finish: Optional[str] = None, role: bool = False) -> dict[str, Any]:
+    def chunk(text: Optional[str], finish: Optional[str] = None, role: bool = False,
+              call: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
                                   "logprobs": _logprobs(job, entries, offset[0]) if not role else None}
         offset[0] += sum(len(e["token"]) for e in entries)
@@ -415,10 +419,25 @@ async def _stream(server: Server, job: Job, request: Request) -> Any:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
+            if call is not None:
+                delta["tool_calls"] = [call]
             choice["delta"] = delta
         else:
             choice["text"] = text or ""
         return {**_envelope(server, job, rid, True), "choices": [choice]}
+
+    reader = CallReader() if job.request.tools is not None and job.request.tools.choice != "none" else None
+
+    def pieces(found: list[CallEvent]) -> Iterator[str]:
+        """The chunks for what the reader found: content, a call's start, more of its arguments."""
+        for e in found:
+            if e.kind == "content":
+                yield _sse(chunk(e.text))
+            elif e.kind == "call":
+                yield _sse(chunk(None, call={"index": e.index, "id": e.id, "type": "function",
+                                             "function": {"name": e.text, "arguments": ""}}))
+            else:
+                yield _sse(chunk(None, call={"index": e.index, "function": {"arguments": e.text}}))
 
     async def events() -> AsyncIterator[str]:
         try:
@@ -429,12 +448,15 @@ async def _stream(server: Server, job: Job, request: Request) -> Any:
                 if kind == "logprobs":
                     entries.append(value)
                 elif kind == "text":
-                    yield _sse(chunk(value))
+                    for piece in pieces(reader.feed(value)) if reader else (_sse(chunk(value)),):
+                        yield piece
                 elif kind == "error":  # failed after streaming began: say so in the stream
                     yield _sse({"error": {"message": value.message, "type": value.type, "code": value.code}})
                     break
                 else:
                     if value is not None:
+                        for piece in pieces(reader.close()) if reader else ():
+                            yield piece
                         r: Result = value
                         final = {**chunk(None, r.finish_reason), **_stats(r)}
                         if job.request.chat:

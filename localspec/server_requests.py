@@ -22,13 +22,13 @@ from .errors import LocalspecError
 from .methods import HISTORY
 from .options import MAX_LOGPROBS, GenerationOptions
 from .server_http import ApiError
+from .tools import CHOICES, ToolUse
 
 #: Request fields that would change the output and that localspec does not implement, with the values
 #: that mean "not used": anything else gets a 400 naming the field.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "n": (1,), "best_of": (1,), "echo": (False,),
-    "tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],), "function_call": ("none", "auto"),
-    "parallel_tool_calls": (True, False), "ignore_eos": (False,), "typical_p": (1,),
+    "functions": ([],), "function_call": ("none", "auto"), "ignore_eos": (False,), "typical_p": (1,),
     "mirostat": (0,), "audio": ({},), "modalities": (["text"],),
 }
 #: The fields that constrain the output, and the constraint each asks for: OpenAI's, then llama-server's.
@@ -38,9 +38,9 @@ CONSTRAINT_FIELDS: dict[str, Callable[[Any], Optional[Constraint]]] = {
     "grammar": lambda v: Constraint.gbnf(v) if isinstance(v, str) and v else None,
 }
 #: Fields of an earlier assistant message that clients send back as they got them; only their empty values.
-MESSAGE_EXTRAS = ("name", "refusal", "tool_calls", "function_call", "audio", "annotations")
-#: The roles a chat template renders. "developer" is OpenAI's newer name for "system".
-Role = Literal["system", "user", "assistant", "developer"]
+MESSAGE_EXTRAS = ("name", "refusal", "function_call", "audio", "annotations")
+#: The roles a chat template renders. "developer" is OpenAI's newer name for "system"; "tool" answers a call.
+Role = Literal["system", "user", "assistant", "developer", "tool"]
 
 
 class _Strict(BaseModel):
@@ -66,12 +66,26 @@ class Prediction(_Strict):
     content: Union[str, list[dict[str, Any]]]
 
 
+class CalledFunction(_Strict):
+    name: str
+    arguments: str
+
+
+class MessageToolCall(_Strict):
+    """A call in an earlier assistant message, as the reply gave it."""
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class Message(_Strict):
     role: Role
     content: Union[str, list[dict[str, Any]], None] = None
     name: Optional[str] = None
     refusal: Optional[str] = None
-    tool_calls: Optional[list[Any]] = None
+    tool_calls: Optional[list[MessageToolCall]] = None
+    tool_call_id: Optional[str] = None
     function_call: Optional[Any] = None
     audio: Optional[Any] = None
     annotations: Optional[list[Any]] = None
@@ -104,15 +118,15 @@ class _Body(_Strict):
     repeat_last_n: Optional[int] = None
     logprobs: Union[bool, int, None] = None  # chat: true/false (with top_logprobs); completions: how many
     top_logprobs: Optional[int] = None
+    tools: Optional[list[Any]] = None  # checked by tools.ToolUse
+    tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: Optional[bool] = None
     # Not implemented: only the values in UNSUPPORTED are accepted.
     n: Any = None
     best_of: Any = None
     echo: Any = None
-    tools: Any = None
-    tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
-    parallel_tool_calls: Any = None
     ignore_eos: Any = None
     typical_p: Any = None
     mirostat: Any = None
@@ -147,12 +161,13 @@ class ChatRequest:
     """A checked request: what to continue, with which options, and how to answer."""
 
     chat: bool
-    messages: Optional[list[dict[str, str]]]
+    messages: Optional[list[dict[str, Any]]]
     prompt: Union[str, list[int], None]
     options: GenerationOptions
     stream: bool
     include_usage: bool
     suffix: Optional[str] = None
+    tools: Optional[ToolUse] = None  # chat: the tools offered, and how the reply may use them
 
 
 @dataclass(frozen=True)
@@ -209,8 +224,13 @@ def parse_request(body: Any, chat: bool, defaults: GenerationOptions, limits: Li
                        code="invalid_value")
     include_usage = req.stream_options.include_usage if req.stream_options else False
     if isinstance(req, ChatBody):
-        return ChatRequest(True, _messages(req.messages), None, options, stream, include_usage)
+        return ChatRequest(True, _messages(req.messages), None, options, stream, include_usage,
+                           tools=_tools(req))
     assert isinstance(req, CompletionBody)
+    given = next((f for f in ("tools", "tool_choice", "parallel_tool_calls") if getattr(req, f) is not None), None)
+    if given is not None:
+        raise ApiError(400, f"'{given}' goes with /v1/chat/completions: a completion continues raw text, which no "
+                       "chat template wraps with tools.", param=given, code="unsupported_parameter")
     prompt = "" if req.suffix and req.prompt == "" else _prompt(req.prompt)  # FIM at a file's start
     if req.suffix:  # "" is OpenAI's "no suffix"
         _check_text(req.suffix, "suffix", "suffix")
@@ -314,6 +334,19 @@ def _constraint(req: _Body) -> Optional[Constraint]:
     return found[0][1] if found else None
 
 
+def _tools(req: ChatBody) -> Optional[ToolUse]:
+    """The tools a chat request offers, and its tool_choice and parallel_tool_calls."""
+    choice = req.tool_choice
+    if isinstance(choice, str) and choice not in CHOICES:
+        raise ApiError(400, f"'tool_choice' must be none, auto, required or {{\"type\": \"function\", \"function\": "
+                       f"{{\"name\": ...}}}}, got {choice!r}.", param="tool_choice", code="invalid_value")
+    try:
+        return ToolUse.from_openai(req.tools, choice, req.parallel_tool_calls)
+    except LocalspecError as exc:
+        param = "tool_choice" if "tool_choice" in str(exc) else "tools"
+        raise ApiError(400, str(exc), param=param, code="invalid_value") from None
+
+
 def _is_neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
     """``value`` is one of the values that mean "not used" (``true`` is not 1 here)."""
     return any(value == n and isinstance(value, bool) == isinstance(n, bool) for n in neutral)
@@ -354,7 +387,7 @@ def _validation_error(exc: ValidationError) -> ApiError:
                     param=param, code="invalid_type")
 
 
-def _messages(messages: list[Message]) -> list[dict[str, str]]:
+def _messages(messages: list[Message]) -> list[dict[str, Any]]:
     if not messages:
         raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects.", param="messages")
     out = []
@@ -363,9 +396,20 @@ def _messages(messages: list[Message]) -> list[dict[str, str]]:
             if getattr(m, extra) not in (None, [], ""):
                 raise ApiError(400, f"messages[{i}].{extra} is not supported by localspec; leave it out.",
                                param="messages", code="unsupported_parameter")
-        content = _text_of(m.content or "", f"messages[{i}]", "messages")
-        role = "system" if m.role == "developer" else m.role
-        out.append({"role": role, "content": content})
+        if (m.role == "tool") != (m.tool_call_id is not None):
+            raise ApiError(400, f"messages[{i}] has role {m.role!r} " + ("but no tool_call_id (the id of the call it "
+                           "answers)." if m.role == "tool" else "and a tool_call_id, which only a 'tool' message has."),
+                           param="messages", code="invalid_value")
+        if m.tool_calls and m.role != "assistant":
+            raise ApiError(400, f"messages[{i}] has role {m.role!r} and tool_calls, which only an assistant message "
+                           "has.", param="messages", code="invalid_value")
+        message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                                   "content": _text_of(m.content or "", f"messages[{i}]", "messages")}
+        if m.tool_calls:
+            message["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
+        out.append(message)
     return out
 
 

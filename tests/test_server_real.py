@@ -160,3 +160,39 @@ def test_a_signal_mid_generation_ends_the_server_within_seconds(tmp_path, sig, d
                 assert reply.startswith(b"HTTP/1.1 503") and b"shutting down" in reply, reply[:200]
     finally:
         s.close()
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def test_structured_replies_and_tool_calls_on_the_real_pair(server):
+    import jsonschema
+
+    client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=120)
+    ask = [{"role": "user", "content": "Ada Lovelace was 36. Give her name and age as JSON."}]
+    r = client.chat.completions.create(model="target", messages=ask, max_tokens=40, temperature=0, response_format={
+        "type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
+    person = json.loads(r.choices[0].message.content)
+    jsonschema.validate(person, PERSON)
+    assert person == {"name": "Ada Lovelace", "age": 36}
+    r = client.chat.completions.create(model="target", messages=ask, max_tokens=120, temperature=0,
+                                       response_format={"type": "json_object"})
+    assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].message.content), dict)
+
+    weather = [{"role": "user", "content": "What's the weather in Paris, in celsius?"}]
+    r = client.chat.completions.create(model="target", messages=weather, tools=[WEATHER_TOOL], tool_choice="required",
+                                       parallel_tool_calls=False, max_tokens=60, temperature=0)
+    (call,) = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris", "unit": "C"}
+    chunks = list(client.chat.completions.create(model="target", messages=weather, tools=[WEATHER_TOOL],
+                                                 tool_choice="required", parallel_tool_calls=False, max_tokens=60,
+                                                 temperature=0, stream=True))
+    streamed = "".join(d.function.arguments or "" for c in chunks if c.choices
+                       for d in c.choices[0].delta.tool_calls or [])
+    assert streamed == call.function.arguments

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 
 import jsonschema
+import openai
 import pytest
 from helpers import same_distribution, token_counts
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from serverproc import ServeProcess
 from tinymodel import write_tiny_model
 
 import localspec
@@ -196,3 +198,68 @@ def test_the_reader_finds_the_same_content_and_calls_however_the_text_is_cut(con
         assert whole_content == (content.rstrip() or None)
     else:
         assert whole_content == content and not whole_calls
+
+
+@pytest.fixture(scope="module")
+def tool_server(tool_pair, tmp_path_factory):
+    home = tmp_path_factory.mktemp("tool-server")
+    server = ServeProcess(["-t", str(tool_pair.target.path), "-d", str(tool_pair.draft.path), "--ctx", "1024",
+                           "--no-history"], home)
+    yield server, openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=60)
+    server.close()
+
+
+def test_the_server_answers_tool_calls_whole_and_streamed_with_the_openai_client(tool_pair, tool_server):
+    server, client = tool_server
+    bias = {str(_open_token(tool_pair)): 6.0}
+    ask = dict(model="t", messages=MESSAGES, tools=TOOLS, max_tokens=160, temperature=0, logit_bias=bias,
+               parallel_tool_calls=False)
+    whole = client.chat.completions.create(**ask)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+    call = choice.message.tool_calls[0]
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    library = tool_pair.chat(MESSAGES, tools=TOOLS, parallel_tool_calls=False, max_tokens=160, logit_bias={
+        _open_token(tool_pair): 6.0}, method="plain")
+    assert choice.message.content == library.content and call.function.arguments == library.tool_calls[0].arguments
+
+    chunks = list(client.chat.completions.create(**ask, stream=True))
+    calls: dict[int, dict] = {}
+    for c in chunks:
+        for d in (c.choices[0].delta.tool_calls or []) if c.choices else []:
+            got = calls.setdefault(d.index, {"id": d.id, "name": d.function.name, "arguments": ""})
+            got["arguments"] += d.function.arguments or ""
+            assert d.id in (None, got["id"])
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert content == choice.message.content
+    assert list(calls.values()) == [{"id": calls[0]["id"], "name": call.function.name,
+                                     "arguments": call.function.arguments}]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.tool_calls) > 2  # the arguments, in pieces
+
+    answered = client.chat.completions.create(model="t", tools=TOOLS, tool_choice={"type": "function", "function": {
+        "name": "get_time"}}, max_tokens=120, temperature=0, messages=[
+        *MESSAGES, choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"}])
+    names = [c.function.name for c in answered.choices[0].message.tool_calls]
+    assert names and set(names) == {"get_time"}  # a named function, as often as the model calls it
+
+
+@pytest.mark.parametrize("body,param,needle", [
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "must be none, auto, required"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+     "'nope', which is not among the tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}, "tools", "parameters must be"),
+    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"tools": TOOLS, "response_format": {"type": "json_object"}}, None, "cannot also follow JSON mode"),
+])
+def test_bad_tool_requests_are_400s_naming_the_field(tool_server, body, param, needle):
+    server, _ = tool_server
+    status, reply, _ = server.post("/v1/chat/completions", json.dumps({"messages": MESSAGES, **body}).encode())
+    assert status == 400 and needle in reply["error"]["message"], reply
+    assert param is None or reply["error"]["param"] == param
+    status, reply, _ = server.post("/v1/completions", json.dumps({"prompt": "hi", "tools": TOOLS}).encode())
+    assert status == 400 and reply["error"]["param"] == "tools" and "chat/completions" in reply["error"]["message"]
+    status, reply, _ = server.post("/v1/chat/completions", json.dumps({"messages": [
+        {"role": "tool", "content": "x"}]}).encode())
+    assert status == 400 and "tool_call_id" in reply["error"]["message"]
