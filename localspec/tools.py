@@ -238,7 +238,8 @@ class CallReader:
     Feed it text with ``feed`` and end with ``close``; each returns what it
     could tell so far. Text that might still turn out to be the start of
     ``<tool_call>`` (or the end of a call's arguments) is held back until it can
-    be told.
+    be told. A call cut off by max_tokens is kept with the arguments it has,
+    unless it was cut before its name.
     """
 
     calls: list[ToolCall] = field(default_factory=list)
@@ -283,8 +284,10 @@ class CallReader:
         if self._name is None:
             header = _HEADER.match(self._buf)
             if header is None:
-                if final or CLOSE in self._buf:  # not a call after all: the text it was
+                if CLOSE in self._buf:  # not a call after all (only where no grammar held it): the text it was
                     self._say(out, OPEN + self._buf)
+                    self._buf, self._in_call = "", False
+                elif final:  # a call cut off before its name (max_tokens): nothing to give
                     self._buf, self._in_call = "", False
                 return
             self._name, self._id = _unquote(header.group(1)), "call_" + uuid.uuid4().hex[:24]

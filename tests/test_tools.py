@@ -171,13 +171,16 @@ _call = st.tuples(st.sampled_from(["get_weather", "f.x", "g-2"]),
 
 @settings(max_examples=200, deadline=None)
 @given(st.one_of(_text, st.just("")), st.lists(_call, max_size=3), st.lists(st.integers(1, 30), max_size=40),
-       st.booleans())
-def test_the_reader_finds_the_same_content_and_calls_however_the_text_is_cut(content, calls, cuts, complete):
+       st.sampled_from(["whole", "in the arguments", "before the name"]))
+def test_the_reader_finds_the_same_content_and_calls_however_the_text_is_cut(content, calls, cuts, end):
     body = "\n".join(f'{OPEN}\n{{"name": "{n}", "arguments": {json.dumps(a, ensure_ascii=False)}}}\n{CLOSE}'
                      for n, a in calls)
     text = (content + "\n" if content and calls else content) + body
-    if not complete and calls:
-        text = text[:-len(CLOSE) - 3]  # cut inside the last call's arguments, as max_tokens would
+    complete = end == "whole" or not calls
+    if end == "in the arguments" and calls:
+        text = text[:-len(CLOSE) - 3]  # as max_tokens would
+    if end == "before the name" and calls:
+        text = text[:text.rindex(OPEN) + len(OPEN) + 6]
     whole_content, whole_calls = read_calls(text)
     reader, events, start = CallReader(), [], 0
     for n in cuts:
@@ -186,16 +189,17 @@ def test_the_reader_finds_the_same_content_and_calls_however_the_text_is_cut(con
     events += reader.feed(text[start:]) + reader.close()
     streamed = "".join(e.text for e in events if e.kind == "content")
     assert [(c.name, c.arguments) for c in reader.calls] == [(c.name, c.arguments) for c in whole_calls]
-    assert streamed == "".join(reader.content) and (streamed or None if calls else streamed) == whole_content
+    assert streamed == "".join(reader.content) and (streamed or None if reader.calls else streamed) == whole_content
     assert [e.text for e in events if e.kind == "call"] == [c.name for c in reader.calls]
     assert [e.id for e in events if e.kind == "call"] == [c.id for c in reader.calls]
     for i, c in enumerate(reader.calls):
         assert "".join(e.text for e in events if e.kind == "arguments" and e.index == i) == c.arguments
     if calls:
-        assert [c.name for c in whole_calls] == [n for n, _ in calls]
+        named = calls[:-1] if end == "before the name" else calls
+        assert [c.name for c in whole_calls] == [n for n, _ in named]
         done = calls if complete else calls[:-1]
         assert [json.loads(c.arguments) for c in whole_calls[:len(done)]] == [a for _, a in done]
-        assert whole_content == (content.rstrip() or None)
+        assert whole_content == (content.rstrip() or (None if named else ""))
     else:
         assert whole_content == content and not whole_calls
 
@@ -263,3 +267,24 @@ def test_bad_tool_requests_are_400s_naming_the_field(tool_server, body, param, n
     status, reply, _ = server.post("/v1/chat/completions", json.dumps({"messages": [
         {"role": "tool", "content": "x"}]}).encode())
     assert status == 400 and "tool_call_id" in reply["error"]["message"]
+
+
+def test_generate_takes_a_tools_file_and_prints_the_calls(tool_pair, tmp_path):
+    from clirun import run_cli
+
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps(TOOLS))
+    base = ["generate", "-t", str(tool_pair.target.path), "--message", MESSAGES[0]["content"], "-n", "60",
+            "--method", "plain", "--tools", str(tools), "--tool-choice", "get_time", "--no-history"]
+    r = run_cli(base)
+    assert r.exit_code == 0, r.output
+    first = json.loads(r.stdout.splitlines()[1])  # the reply's content line (empty: it is only calls), then calls
+    assert r.stdout.splitlines()[0] == "" and first["function"]["name"] == "get_time"
+    jsonschema.validate(json.loads(first["function"]["arguments"]), TIME)
+    whole = json.loads(run_cli([*base, "--json"]).stdout)
+    assert whole["tool_calls"][0]["function"] == first["function"] and whole["content"] is None
+    (tmp_path / "bad.json").write_text('{"type": "function"}')
+    r = run_cli([*base[:-5], "--tools", str(tmp_path / "bad.json")])
+    assert r.exit_code == 2 and "must hold a JSON list of tools" in r.output
+    r = run_cli(["generate", "-t", str(tool_pair.target.path), "-p", "hi", "--tools", str(tools)])
+    assert r.exit_code == 2 and "go with --message" in r.output

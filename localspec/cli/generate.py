@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Optional
 import click
 
 from ..options import GenerationOptions
+from ..tools import CallReader, ToolUse
 from .shared import ModelArgs, friendly_errors, generation_options, model_options
 
 if TYPE_CHECKING:
@@ -31,10 +32,16 @@ if TYPE_CHECKING:
 @click.option("--regex", default=None, help="The reply matches this regular expression whole.")
 @click.option("--grammar", "grammar_file", type=click.Path(dir_okay=False, exists=True), default=None,
               help="The reply follows this grammar file: GBNF as llama.cpp writes it (.gbnf), else Lark.")
+@click.option("--tools", "tools_file", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Functions the model may call with --message: a JSON file of OpenAI's tools list "
+                   "(needs the 'structured' extra). The calls print as JSON lines after the reply.")
+@click.option("--tool-choice", default=None,
+              help="With --tools: auto (the model decides; the default), none, required, or a function's name.")
 @friendly_errors
 def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str], message: Optional[str],
              system: Optional[str], suffix: Optional[str], recalibrate: bool, as_json: bool,
-             json_schema: Optional[str], json_object: bool, regex: Optional[str], grammar_file: Optional[str]) -> None:
+             json_schema: Optional[str], json_object: bool, regex: Optional[str], grammar_file: Optional[str],
+             tools_file: Optional[str], tool_choice: Optional[str]) -> None:
     """Generate a continuation of --prompt, a reply to --message, or the middle between --prompt and --suffix."""
     if (prompt is None) == (message is None):
         raise click.UsageError("Give exactly one of --prompt (raw text) or --message (a chat turn).")
@@ -44,6 +51,11 @@ def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str
         raise click.UsageError("--suffix goes with --prompt (the text before the one to fill in).")
     if options.logprobs is not None and not as_json:
         raise click.UsageError("--logprobs shows in the --json output; add --json.")
+    if (tools_file is not None or tool_choice is not None) and message is None:
+        raise click.UsageError("--tools and --tool-choice go with --message (a chat turn).")
+    if tool_choice is not None and tools_file is None:
+        raise click.UsageError("--tool-choice goes with --tools FILE.")
+    tools = _tools(tools_file, tool_choice)
     constraint = _constraint(json_schema, json_object, regex, grammar_file)
     if constraint is not None:
         options = options.replace(grammar=constraint)
@@ -53,7 +65,7 @@ def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str
         if message is not None:
             messages = ([{"role": "system", "content": system}] if system else []) + [
                 {"role": "user", "content": message}]
-            stream = pair.stream_chat(messages, options)
+            stream = pair.stream_chat(messages, options, tools=tools)
         elif suffix is not None:
             stream = pair.stream_infill(prompt or "", suffix, options)
         else:
@@ -63,10 +75,31 @@ def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str
                 pass
             click.echo(json.dumps(stream.result.to_dict(), ensure_ascii=False))
             return
-        for ev in stream:
-            click.echo(ev.text, nl=False)
+        reader = CallReader() if tools is not None and tools.choice != "none" else None
+        for ev in stream:  # with tools, the reply's content as it comes (its calls are printed whole below)
+            click.echo("".join(e.text for e in reader.feed(ev.text) if e.kind == "content") if reader else ev.text,
+                       nl=False)
+        result = stream.result
+        if reader is not None:
+            click.echo("".join(e.text for e in reader.close() if e.kind == "content"), nl=False)
         click.echo()
-        click.echo(stream.result.summary_line(), err=True)
+        for call in result.tool_calls or []:
+            click.echo(json.dumps(call.to_openai(), ensure_ascii=False))
+        click.echo(result.summary_line(), err=True)
+
+
+def _tools(tools_file: Optional[str], tool_choice: Optional[str]) -> Optional[ToolUse]:
+    """The tools in ``--tools FILE`` (None without it)."""
+    if tools_file is None:
+        return None
+    try:
+        listed = json.loads(Path(tools_file).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise click.UsageError(f"--tools {tools_file} is not a JSON file ({exc}).") from None
+    if not isinstance(listed, list):
+        raise click.UsageError(f"--tools {tools_file} must hold a JSON list of tools, as OpenAI's 'tools' field: "
+                               '[{"type": "function", "function": {"name": ..., "parameters": {...}}}].')
+    return ToolUse.from_openai(listed, tool_choice)
 
 
 def _constraint(json_schema: Optional[str], json_object: bool, regex: Optional[str],
