@@ -33,9 +33,20 @@ STALE_TOLERANCE = 0.25
 STALE_FLOOR = 0.001
 #: Repetitions whose 75th percentile exceeds the fastest by this factor mean the machine was busy.
 BUSY_SPREAD = 1.3
-#: Bumped whenever ``measure`` or what it measures changes (3: huge pages for the model buffers),
+#: What "busy" means, and what becomes of a busy measurement: it is cached like any other, since measuring
+#: again at every start costs more than it saves on a virtual machine whose repetitions always disagree a
+#: little; a later start whose check finds steps faster than cached (``_stale``) measures again.
+_BUSY_WHY = "other programs running, or repeated steps that disagree"
+_KEPT = ("; kept all the same, and measured again when a later start finds steps faster than they were "
+         "(or by `localspec calibrate`)")
+#: Seconds a measurement of one shape may take in the thread sweep, and one whole ``measure``, before it takes
+#: fewer repetitions (never under 3): a slow machine is measured no worse for it, and sooner.
+SWEEP_SHAPE_SECONDS = 1.5
+MEASURE_SECONDS = 8.0
+#: Bumped whenever ``measure`` or what it measures changes (3: huge pages for the model buffers; 4: a
+#: 128-token context, whose prefill took a newcomer's slow machine 15 s at 256, and fewer passes there),
 #: so profiles measured the old way are measured again.
-CALIBRATION_VERSION = 3
+CALIBRATION_VERSION = 4
 _CALIBRATION_TEXT = (
     "def merge(a, b):\n    out = []\n    i = j = 0\n    while i < len(a) and j < len(b):\n"
     "        if a[i] <= b[j]:\n            out.append(a[i]); i += 1\n        else:\n"
@@ -103,16 +114,13 @@ def choose_threads(target: Model, refresh: bool = False,
         say("localspec: measuring the fastest thread counts for this machine (once; --threads and "
             "--threads-batch override)")
     steps, batches, noisy = measure_threads(target, default_threads())
-    if noisy:  # once more, in case it passes
-        steps, batches, noisy = measure_threads(target, default_threads())
     choice = ThreadChoice(min(steps, key=lambda n: steps[n]), min(batches, key=lambda n: batches[n]), steps, batches)
     if noisy:
-        say("localspec: the machine looks busy (other programs running, or repeated steps that disagree), "
-            "so this thread measurement is used for this session only and not cached")
-        return choice
+        say(f"localspec: the machine looked busy while measuring the thread counts ({_BUSY_WHY}){_KEPT}")
     store = _read_store(path)
     store[key] = {"threads": choice.threads, "batch_threads": choice.batch_threads, "step_seconds": steps,
-                  "batch_seconds": batches, "target": str(target.path), "measured_at": time.time()}
+                  "batch_seconds": batches, "target": str(target.path), "measured_at": time.time(),
+                  "busy": noisy}
     _save_store(path, store, notify)
     return choice
 
@@ -147,6 +155,12 @@ def _times(fn: Callable[[], object], reps: int) -> list[float]:
 
 def _median_time(fn: Callable[[], object], reps: int) -> float:
     return float(np.median(_times(fn, reps)))
+
+
+def _reps(first: float, most: int, budget: float) -> int:
+    """Repetitions of a measurement whose first run took ``first`` seconds: ``most``, fewer where they would
+    take longer than ``budget`` seconds, never under 3 (a median needs them)."""
+    return max(3, min(most, int(budget / max(first, 1e-9))))
 
 
 def busy(times: list[float]) -> bool:
@@ -213,7 +227,7 @@ def step_seconds(target: Model, threads: Optional[int] = None, reps: int = 3) ->
 
 
 def measure(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, reps: int = 5,
-            context_tokens: int = 256, head: Optional[MtpHead] = None) -> CostProfile:
+            context_tokens: int = 128, head: Optional[MtpHead] = None) -> CostProfile:
     """Time verification of 1..kmax+1 tokens on the target, one draft step, and one step of the target's
     MTP head (``head``).
 
@@ -223,7 +237,8 @@ def measure(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, reps: 
     saving, which a drafting round pays first, is the profile's ``rollback``.
 
     Runs after a context of ``context_tokens`` tokens (a typical prompt), with
-    warm caches, like a real round. ``reps`` passes over every n, alternating
+    warm caches, like a real round. ``reps`` passes over every n (fewer, not
+    under 3, where they would take over ``MEASURE_SECONDS``), alternating
     upwards and downwards so drift hits all n alike; each n takes the median.
     Leaves both caches holding that calibration context. The profile's
     ``source`` is "measured, busy" when other programs wanted the CPU (see
@@ -250,8 +265,10 @@ def measure(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, reps: 
     target.truncate(0)
     target.eval(ctx, logits="none")
     target.checkpoint()  # a recurrent state goes back to the context by a restore, not a replay
-    for n in (kmax + 1, 1):
-        run(target, n)  # warm-up: buffers sized for the largest batch, and the single-token graph
+    # warm-up: buffers sized for the largest batch, and the single-token graph; a pass over every n costs
+    # about their mean, n times over
+    ends = [_times(functools.partial(run, target, n), 1)[0] for n in (kmax + 1, 1)]
+    reps = _reps(sum(ends) / 2 * (kmax + 1), reps, MEASURE_SECONDS)
     sizes = list(range(1, kmax + 2))
     times: dict[int, list[float]] = {n: [] for n in sizes}
     for rep in range(reps):
@@ -317,8 +334,8 @@ def measure_threads(target: Model, max_threads: int,
         for n in range(1, max_threads + 1):
             target.set_threads(n, n)
             for tokens, out in ((base[:1], step_times), (batch, batch_times)):
-                run(tokens)  # warm-up at this thread count and shape
-                times = _times(functools.partial(run, tokens), steps)
+                first = _times(functools.partial(run, tokens), 1)[0]  # warm-up at this thread count and shape
+                times = _times(functools.partial(run, tokens), _reps(first, steps, SWEEP_SHAPE_SECONDS))
                 out[n] = float(np.median(times))
                 noisy = noisy or busy(times)
     finally:
@@ -393,19 +410,17 @@ def calibrate(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, refr
         say("localspec: measuring this machine's costs for auto mode (a few seconds, once per models and "
             "settings; `localspec calibrate` shows them)")
     profile = measure(target, draft, kmax, head=head)
-    if profile.source.endswith("busy"):  # once more, in case it passes
-        profile = measure(target, draft, kmax, head=head)
     target.reset()
     if draft is not None:
         draft.reset()
     if profile.source.endswith("busy"):
-        say("localspec: the machine looks busy (other programs running, or repeated steps that disagree), "
-            "so these costs are used for this session only and not cached; real rounds will correct them")
-        return profile
+        say(f"localspec: the machine looked busy while measuring auto's costs ({_BUSY_WHY}){_KEPT}; real rounds "
+            "correct them meanwhile")
     store = _read_store(path)  # another process may have added profiles meanwhile
     store[key] = {"verify": profile.verify, "draft_step": profile.draft_step, "lookup": profile.lookup,
                   "mtp_step": profile.mtp_step, "rollback": profile.rollback,
                   "target": str(target.path), "draft": str(draft.path) if draft else None,
+                  "busy": profile.source.endswith("busy"),
                   "threads": target.n_threads, "gpu_layers": target.n_gpu_layers, "measured_at": time.time()}
     _save_store(path, store, notify)
     return profile
