@@ -261,6 +261,22 @@ def test_a_huge_body_is_refused_at_once(server):
     assert server.get("/health")["status"] == "ok"
 
 
+def test_a_client_that_writes_its_whole_too_large_body_before_reading_still_reads_the_413(server):
+    import requests
+
+    from localspec.server import MAX_BODY
+
+    big = b'{"prompt": "' + b"x" * (3 * MAX_BODY) + b'"}'
+    r = requests.post(f"{server.url}/completions", data=big, headers={"Content-Type": "application/json"},
+                      timeout=60)  # requests writes the whole body, then reads
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(big)}\r\n\r\n").encode()
+    status, reply = server.raw(head + big)  # a raw socket, the same way
+    assert status == 413 and error_of(reply)["code"] == "body_too_large"
+    assert server.get("/health")["status"] == "ok"
+
+
 def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized(server):
     status, reply, _ = server.post("/v1/completions", json.dumps({"prompt": "x" * 3_000_000}).encode())
     assert status == 400 and reply["error"]["code"] == "context_length_exceeded"
