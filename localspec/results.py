@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from .engine import Generation
 from .events import SOURCE_GRAMMAR, GenerationStats, TokenEvent
-from .tools import ToolCall, read_calls
+from .tools import CallReader, ToolCall, read_calls
 
 
 @dataclass
@@ -79,6 +79,7 @@ class Stream:
                  on_end: Optional[Callable[[Generation], None]] = None, calls: bool = False):
         self._g = generation
         self._calls = calls
+        self._read: Optional[tuple[str, CallReader]] = None
         self._prompt_tokens = prompt_tokens
         self._text: list[str] = []
         self._logprobs: list[tuple[float, tuple[tuple[int, float], ...]]] = []
@@ -105,8 +106,12 @@ class Stream:
         content: Optional[str] = text
         calls = None
         if self._calls:
-            content, calls = read_calls(text)
-            finish = "tool_calls" if calls and finish == "stop" else finish
+            if self._read is None or self._read[0] != text:  # read once per text: the calls' ids stay
+                self._read = (text, read_calls(text))
+            reader = self._read[1]
+            calls, content = reader.calls, "".join(reader.content)
+            content = content or None if calls else content
+            finish = "tool_calls" if calls and finish == "stop" and not reader.cut else finish
         return Result(text, list(self._g.tokens), finish, self._g.stats, self._prompt_tokens,
                       list(self._logprobs) if self._g.logprobs is not None else None, calls, content)
 

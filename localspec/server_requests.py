@@ -77,6 +77,7 @@ class MessageToolCall(_Strict):
     id: str
     type: Literal["function"]
     function: CalledFunction
+    index: Optional[int] = None  # kept by clients that put the call together from streamed deltas
 
 
 class Message(_Strict):
@@ -393,7 +394,7 @@ def _messages(messages: list[Message]) -> list[dict[str, Any]]:
     out = []
     for i, m in enumerate(messages):
         for extra in MESSAGE_EXTRAS:
-            if getattr(m, extra) not in (None, [], ""):
+            if getattr(m, extra) not in (None, [], "") and not (extra == "name" and m.role == "tool"):
                 raise ApiError(400, f"messages[{i}].{extra} is not supported by localspec; leave it out.",
                                param="messages", code="unsupported_parameter")
         if (m.role == "tool") != (m.tool_call_id is not None):
@@ -406,9 +407,11 @@ def _messages(messages: list[Message]) -> list[dict[str, Any]]:
         message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
                                    "content": _text_of(m.content or "", f"messages[{i}]", "messages")}
         if m.tool_calls:
-            message["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+            message["tool_calls"] = [c.model_dump(exclude={"index"}) for c in m.tool_calls]
         if m.tool_call_id is not None:
             message["tool_call_id"] = m.tool_call_id
+        if m.role == "tool" and m.name:
+            message["name"] = m.name  # the function answered, which some templates show
         out.append(message)
     return out
 

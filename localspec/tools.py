@@ -70,9 +70,15 @@ class Tool:
         description = fn.get("description")
         if description is not None and not isinstance(description, str):
             raise ConfigError(f"{where}.function.description must be a string.")
-        params = fn.get("parameters", {"type": "object", "properties": {}})
+        params = fn.get("parameters")
+        if params is None or params == {}:  # OpenAI's function without arguments
+            params = {"type": "object", "properties": {}}
         if not isinstance(params, Mapping):
             raise ConfigError(f"{where}.function.parameters must be a JSON schema object.")
+        try:
+            json.dumps(params)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}.function.parameters is not JSON ({exc}).") from None
         return cls(name, json.dumps(params), description)
 
     def to_openai(self) -> dict[str, Any]:
@@ -109,6 +115,12 @@ class ToolUse:
                               f"({', '.join(names) or 'none given'}).")
         if self.choice != "none" and not self.tools:
             raise ConfigError(f"tool_choice {self.choice!r} needs at least one tool.")
+        reserved = next((n for n in names if n in CHOICES), None)
+        if reserved is not None:
+            raise ConfigError(f"A tool is named {reserved!r}, which is a tool_choice word; name the function "
+                              "otherwise.")
+        if not isinstance(self.parallel, bool):
+            raise ConfigError(f"parallel_tool_calls must be true or false, got {self.parallel!r}.")
 
     @classmethod
     def from_openai(cls, tools: Optional[Sequence[Any]], tool_choice: Any = None,
@@ -124,19 +136,22 @@ class ToolUse:
             return None
         if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
             raise ConfigError("tools must be a list of {\"type\": \"function\", \"function\": {...}} objects.")
-        parsed = tuple(Tool.from_openai(t, f"tools[{i}]") for i, t in enumerate(tools))
-        return cls(parsed, _choice(tool_choice), True if parallel_tool_calls is None else bool(parallel_tool_calls))
+        parsed = tuple(t if isinstance(t, Tool) else Tool.from_openai(t, f"tools[{i}]") for i, t in enumerate(tools))
+        return cls(parsed, _choice(tool_choice), True if parallel_tool_calls is None else parallel_tool_calls)
 
     def offered(self) -> list[dict[str, Any]]:
-        """The tools as the chat template is given them (none under choice "none")."""
-        return [] if self.choice == "none" else [t.to_openai() for t in self.tools]
+        """The tools as the chat template is given them (under choice "none" too, as OpenAI shows them: the
+        prompt stays the same from turn to turn, and ``Pair.stream_chat`` bans the call token instead)."""
+        return [t.to_openai() for t in self.tools]
 
     def constraint(self) -> Optional[Constraint]:
         """The grammar the reply follows (None under choice "none": the reply is free text)."""
         if self.choice == "none":
             return None
-        callable_ = [t for t in self.tools if self.choice in ("auto", "required") or t.name == self.choice]
-        calls = {"anyOf": [_call_schema(t) for t in callable_], "x-guidance": JSON_LAYOUT}
+        callable_ = [(i, t) for i, t in enumerate(self.tools) if self.choice in CHOICES or t.name == self.choice]
+        defs: dict[str, Any] = {}
+        calls = {"anyOf": [_call_schema(t, f"tool{i}", defs) for i, t in callable_], "$defs": defs,
+                 "x-guidance": JSON_LAYOUT}
         more = ' ("\\n" call)*' if self.parallel else ""
         grammar = (f'start: call{more} "\\n"?\n'  # the newline a model may write before it ends
                    f'call: {OPEN} "\\n" body "\\n" {CLOSE}\n'
@@ -144,9 +159,36 @@ class ToolUse:
         return Constraint("tools", grammar, trigger=OPEN if self.choice == "auto" else None)
 
 
-def _call_schema(tool: Tool) -> dict[str, Any]:
-    return {"type": "object", "properties": {"name": {"const": tool.name}, "arguments": json.loads(tool.parameters)},
+def _call_schema(tool: Tool, key: str, defs: dict[str, Any]) -> dict[str, Any]:
+    """One call's schema in the calls' union. The tool's parameters move into the union's ``$defs`` under
+    ``key`` (its own ``$defs`` and ``definitions`` beside them, renamed), with every local ``$ref`` rewritten
+    to match, since a pointer such as ``#/$defs/Item`` is read from the root of the whole schema."""
+    params = json.loads(tool.parameters)
+    if isinstance(params, dict):
+        for section in ("$defs", "definitions"):
+            for name, sub in (params.pop(section, None) or {}).items():
+                defs[f"{key}.{section.lstrip('$')}.{name}"] = _moved(sub, key)
+    defs[key] = _moved(params, key)
+    return {"type": "object", "properties": {"name": {"const": tool.name}, "arguments": {"$ref": f"#/$defs/{key}"}},
             "required": ["name", "arguments"], "additionalProperties": False}
+
+
+def _moved(schema: Any, key: str) -> Any:
+    """``schema`` with its local ``$ref``s pointed at where ``_call_schema`` put what they name."""
+    if isinstance(schema, list):
+        return [_moved(s, key) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _moved(v, key) for k, v in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+        parts = ref[2:].split("/", 2) if ref != "#" else []
+        if len(parts) >= 2 and parts[0] in ("$defs", "definitions"):  # into the tool's own definitions
+            rest = "/" + parts[2] if len(parts) == 3 else ""
+            out["$ref"] = f"#/$defs/{key}.{parts[0].lstrip('$')}.{parts[1]}{rest}"
+        else:  # into the parameters themselves ("#": the whole of them)
+            out["$ref"] = f"#/$defs/{key}" + ref[1:]
+    return out
 
 
 def _choice(value: Any) -> str:
@@ -173,9 +215,11 @@ def check_template(template: str, model: str) -> None:
     """Refuse tools for a chat template that does not write calls in the format localspec reads.
 
     Raises:
-        ConfigError: the template never mentions ``<tool_call>``.
+        ConfigError: the template never writes ``<tool_call>`` with a JSON ``"name"`` and ``arguments``
+            (Qwen3-Coder's and GLM's templates write ``<tool_call>`` around XML-like calls instead).
     """
-    if OPEN not in template:
+    hermes = OPEN in template and re.search(r'\\?"name\\?"', template) and "arguments" in template
+    if not hermes or "<function=" in template:
         raise ConfigError(f"The chat template of {model} does not write tool calls as <tool_call> JSON (the "
                           "format of Qwen2.5 and other Hermes-style templates, the one localspec reads), so "
                           "localspec cannot offer it tools; use a model whose template does, or leave out tools.")
@@ -237,18 +281,25 @@ class CallReader:
 
     Feed it text with ``feed`` and end with ``close``; each returns what it
     could tell so far. Text that might still turn out to be the start of
-    ``<tool_call>`` (or the end of a call's arguments) is held back until it can
-    be told. A call cut off by max_tokens is kept with the arguments it has,
-    unless it was cut before its name.
+    ``<tool_call>`` is held back until it can be told; a call's arguments end
+    where their JSON value closes. A call cut off by max_tokens is kept with
+    the arguments it has (``cut`` then says so), unless it was cut before its
+    name.
     """
 
     calls: list[ToolCall] = field(default_factory=list)
     content: list[str] = field(default_factory=list)
+    cut: bool = False  # the reply ended inside a call (max_tokens, or a stop string)
     _buf: str = ""
     _in_call: bool = False
+    _gap: str = ""  # the whitespace before the open call's <tool_call>, given back if it is no call
     _name: Optional[str] = None  # the open call's name, once its header is read
     _id: str = ""  # and its id
     _args: list[str] = field(default_factory=list)  # the open call's arguments sent so far
+    _closing: bool = False  # its arguments are complete; what is left of it runs to </tool_call>
+    _depth: int = 0  # where the arguments' JSON stands: nesting, inside a string, after a backslash
+    _string: bool = False
+    _escape: bool = False
 
     def feed(self, text: str) -> list[CallEvent]:
         self._buf += text
@@ -260,18 +311,20 @@ class CallReader:
     def _read(self, final: bool) -> list[CallEvent]:
         out: list[CallEvent] = []
         while True:
-            before = (self._buf, self._in_call, self._name)
+            before = (self._buf, self._in_call, self._name, self._closing)
             if self._in_call:
                 self._read_call(out, final)
             else:
                 self._read_content(out, final)
-            if (self._buf, self._in_call, self._name) == before:
+            if (self._buf, self._in_call, self._name, self._closing) == before:
                 return out
 
     def _read_content(self, out: list[CallEvent], final: bool) -> None:
         at = self._buf.find(OPEN)
         if at >= 0:
-            self._say(out, self._buf[:at].rstrip())
+            text = self._buf[:at]
+            self._say(out, text.rstrip())
+            self._gap = text[len(text.rstrip()):]
             self._buf, self._in_call = self._buf[at + len(OPEN):], True
             return
         if self.calls:  # the newlines between calls are nobody's content
@@ -281,32 +334,65 @@ class CallReader:
         self._buf = self._buf[cut:]
 
     def _read_call(self, out: list[CallEvent], final: bool) -> None:
-        if self._name is None:
-            header = _HEADER.match(self._buf)
-            if header is None:
-                if CLOSE in self._buf:  # not a call after all (only where no grammar held it): the text it was
-                    self._say(out, OPEN + self._buf)
-                    self._buf, self._in_call = "", False
-                elif final:  # a call cut off before its name (max_tokens): nothing to give
-                    self._buf, self._in_call = "", False
-                return
-            self._name, self._id = _unquote(header.group(1)), "call_" + uuid.uuid4().hex[:24]
-            self._buf = self._buf[header.end():]
-            out.append(CallEvent("call", self._name, len(self.calls), self._id))
-        end = self._buf.find(CLOSE)
-        if end >= 0 or final:
-            body = self._buf[:end] if end >= 0 else self._buf
-            if end >= 0:  # the body's own closing brace and the newline before CLOSE are not arguments
-                body = body.rstrip()
-                body = body[:-1] if body.endswith("}") else body
-            self._send(out, body[sum(map(len, self._args)):])
-            self.calls.append(ToolCall(self._id, self._name, "".join(self._args)))
-            self._buf = self._buf[end + len(CLOSE):] if end >= 0 else ""
-            self._in_call, self._name, self._args = False, None, []
+        if self._closing:
+            end = self._buf.find(CLOSE)
+            if end >= 0 or final:
+                self._buf = self._buf[end + len(CLOSE):] if end >= 0 else ""
+                self._in_call = self._closing = False
             return
-        sent = sum(map(len, self._args))
-        safe = max(sent, len(self._buf) - len(CLOSE) - 2)  # "}\n</tool_call>" may be what comes
-        self._send(out, self._buf[sent:safe])
+        if self._name is None and not self._read_header(out, final):
+            return
+        end = self._arguments_end()
+        self._send(out, self._buf[:end])
+        self._buf = self._buf[end:]
+        if end or final:
+            complete = self._depth == 0 and not self._string and bool(self._args)
+            if complete or final:
+                assert self._name is not None
+                self.calls.append(ToolCall(self._id, self._name, "".join(self._args)))
+                self.cut = self.cut or not complete
+                self._name, self._args, self._closing = None, [], True
+
+    def _read_header(self, out: list[CallEvent], final: bool) -> bool:
+        """Read ``{"name": ..., "arguments": `` once it is all there; whether it was."""
+        header = _HEADER.match(self._buf)
+        if header is None:
+            end = self._buf.find(CLOSE)
+            if end >= 0:  # not a call after all (only where no grammar held it): the text it was
+                self._say(out, self._gap + OPEN + self._buf[:end + len(CLOSE)])
+                self._buf, self._in_call = self._buf[end + len(CLOSE):], False
+            elif final:  # a call cut off before its name (max_tokens): nothing to give
+                self._buf, self._in_call, self.cut = "", False, True
+            return False
+        self._name, self._id = _unquote(header.group(1)), "call_" + uuid.uuid4().hex[:24]
+        self._buf = self._buf[header.end():]
+        self._depth, self._string, self._escape = 0, False, False
+        out.append(CallEvent("call", self._name, len(self.calls), self._id))
+        return True
+
+    def _arguments_end(self) -> int:
+        """How much of the buffer is still the call's arguments: up to where their JSON value closes (tracked
+        across pieces, so a '}' or '</tool_call>' inside a string is not taken for the end), else all of it."""
+        for i, c in enumerate(self._buf):
+            if self._string:
+                if self._escape:
+                    self._escape = False
+                elif c == "\\":
+                    self._escape = True
+                elif c == '"':
+                    self._string = False
+                    if self._depth == 0:
+                        return i + 1
+            elif c == '"':
+                self._string = True
+            elif c in "{[":
+                self._depth += 1
+            elif c in "}]":
+                self._depth -= 1
+                if self._depth <= 0:
+                    self._depth = 0
+                    return i + 1
+        return len(self._buf)
 
     def _send(self, out: list[CallEvent], text: str) -> None:
         if text:
@@ -334,13 +420,12 @@ def _held(text: str) -> int:
     return len(text) - len(text.rstrip())
 
 
-def read_calls(text: str) -> tuple[Optional[str], list[ToolCall]]:
-    """A whole reply's content (None when it is only calls) and its tool calls."""
+def read_calls(text: str) -> CallReader:
+    """A whole reply, read: its ``content`` pieces, its ``calls``, and whether it was ``cut`` inside one."""
     reader = CallReader()
     reader.feed(text)
     reader.close()
-    content = "".join(reader.content)
-    return (content or None) if reader.calls else content, reader.calls
+    return reader
 
 
 def tool_use(tools: Union[None, ToolUse, Sequence[Any]], tool_choice: Any = None,

@@ -101,8 +101,9 @@ def test_auto_is_free_text_until_the_model_writes_the_call_token(tool_pair):
         r = tool_pair.chat(MESSAGES, tools=TOOLS, parallel_tool_calls=False, max_tokens=160, method=method, k=k,
                            logit_bias=bias)
         assert r.tokens == plain.tokens, f"{method} k={k} diverged from plain decoding under the lazy grammar"
-    assert tool_pair.chat(MESSAGES, tools=TOOLS, tool_choice="none", max_tokens=40, method="plain").tokens \
-        == free.tokens  # "none": the tools are not shown and nothing is constrained
+    none = tool_pair.chat(MESSAGES, tools=TOOLS, tool_choice="none", max_tokens=40, method="plain", logit_bias=bias)
+    assert _open_token(tool_pair) not in none.tokens and none.tool_calls is None  # shown the tools, it cannot call
+    assert free.tokens != none.tokens  # the tools are in the prompt under "none" too, as OpenAI shows them
 
 
 @pytest.mark.parametrize("method,k", [("draft", 3), ("lookup", 3)])
@@ -137,6 +138,20 @@ def test_an_earlier_call_and_its_answer_go_back_into_the_template(tool_pair):
     assert tool_pair.chat(messages, tools=TOOLS, tool_choice="required", max_tokens=120).tool_calls
 
 
+def test_parameter_schemas_with_their_own_definitions_compile_and_the_arguments_follow_them(tool_pair):
+    order = {"$defs": {"Size": {"enum": ["s", "m"]},
+                       "Item": {"type": "object", "properties": {"size": {"$ref": "#/$defs/Size"}},
+                                "required": ["size"], "additionalProperties": False}},
+             "type": "object", "properties": {"item": {"$ref": "#/$defs/Item"}, "note": {"$ref": "#/properties/tag"},
+                                              "tag": {"enum": ["x", "y"]}},
+             "required": ["item", "note"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "order", "parameters": order}}, TOOLS[1]]
+    r = tool_pair.chat(MESSAGES, tools=tools, tool_choice="order", parallel_tool_calls=False, max_tokens=200,
+                       method="plain")
+    assert r.finish_reason == "tool_calls"
+    jsonschema.validate(json.loads(r.tool_calls[0].arguments), order)
+
+
 @pytest.mark.parametrize("tools,choice,needle", [
     ([{"type": "function"}], None, "tools[0] must be"),
     ([{"type": "function", "function": {"name": "a b"}}], None, "tools[0].function.name"),
@@ -147,6 +162,7 @@ def test_an_earlier_call_and_its_answer_go_back_into_the_template(tool_pair):
     (TOOLS, {"type": "function"}, "tool_choice must be"),
     (TOOLS, "always", "'always', which is not among the tools"),
     (None, "required", "needs tools"),
+    ([{"type": "function", "function": {"name": "auto"}}], None, "tool_choice word"),
 ])
 def test_malformed_tools_are_one_sentence(tool_pair, tools, choice, needle):
     with pytest.raises(ConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
@@ -164,9 +180,12 @@ def test_tools_need_a_template_that_writes_calls_and_no_second_constraint(tiny_p
 
 
 _text = st.text(st.one_of(st.characters(codec="utf-8"), st.sampled_from(list("<tool_call>/ \n"))), max_size=14) \
-    .filter(lambda t: OPEN not in t and CLOSE not in t)
+    .filter(lambda t: OPEN not in t)
+_value = st.lists(st.one_of(st.characters(codec="utf-8"), st.sampled_from(['"', "\\", "{", "}", "[", "]", CLOSE])),
+                  max_size=8).map("".join)  # what an argument's string may hold, the call's own end tag included
 _call = st.tuples(st.sampled_from(["get_weather", "f.x", "g-2"]),
-                  st.dictionaries(st.sampled_from(["a", "b", "é"]), st.one_of(st.integers(), _text), max_size=3))
+                  st.dictionaries(st.sampled_from(["a", "b", "é"]),
+                                  st.one_of(st.integers(), _value, st.lists(_value, max_size=2)), max_size=3))
 
 
 @settings(max_examples=200, deadline=None)
@@ -181,7 +200,9 @@ def test_the_reader_finds_the_same_content_and_calls_however_the_text_is_cut(con
         text = text[:-len(CLOSE) - 3]  # as max_tokens would
     if end == "before the name" and calls:
         text = text[:text.rindex(OPEN) + len(OPEN) + 6]
-    whole_content, whole_calls = read_calls(text)
+    whole = read_calls(text)
+    whole_calls = whole.calls
+    whole_content = ("".join(whole.content) or None) if whole_calls else "".join(whole.content)
     reader, events, start = CallReader(), [], 0
     for n in cuts:
         events += reader.feed(text[start:start + n])
@@ -194,6 +215,7 @@ def test_the_reader_finds_the_same_content_and_calls_however_the_text_is_cut(con
     assert [e.id for e in events if e.kind == "call"] == [c.id for c in reader.calls]
     for i, c in enumerate(reader.calls):
         assert "".join(e.text for e in events if e.kind == "arguments" and e.index == i) == c.arguments
+    assert whole.cut == (not complete) and reader.cut == whole.cut
     if calls:
         named = calls[:-1] if end == "before the name" else calls
         assert [c.name for c in whole_calls] == [n for n, _ in named]
@@ -241,10 +263,11 @@ def test_the_server_answers_tool_calls_whole_and_streamed_with_the_openai_client
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
     assert sum(1 for c in chunks if c.choices and c.choices[0].delta.tool_calls) > 2  # the arguments, in pieces
 
+    echoed = choice.message.model_dump(exclude_none=True)
+    echoed["tool_calls"][0]["index"] = 0  # as a client that put the call together from the deltas keeps it
     answered = client.chat.completions.create(model="t", tools=TOOLS, tool_choice={"type": "function", "function": {
         "name": "get_time"}}, max_tokens=120, temperature=0, messages=[
-        *MESSAGES, choice.message.model_dump(exclude_none=True),
-        {"role": "tool", "tool_call_id": call.id, "content": "sunny"}])
+        *MESSAGES, echoed, {"role": "tool", "tool_call_id": call.id, "name": call.function.name, "content": "sunny"}])
     names = [c.function.name for c in answered.choices[0].message.tool_calls]
     assert names and set(names) == {"get_time"}  # a named function, as often as the model calls it
 

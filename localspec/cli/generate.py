@@ -76,12 +76,17 @@ def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str
             click.echo(json.dumps(stream.result.to_dict(), ensure_ascii=False))
             return
         reader = CallReader() if tools is not None and tools.choice != "none" else None
+        shown = 0
         for ev in stream:  # with tools, the reply's content as it comes (its calls are printed whole below)
             click.echo("".join(e.text for e in reader.feed(ev.text) if e.kind == "content") if reader else ev.text,
                        nl=False)
+            shown += len(ev.text)
         result = stream.result
+        rest = result.text[shown:]  # held back to the end: an incomplete last character
         if reader is not None:
-            click.echo("".join(e.text for e in reader.close() if e.kind == "content"), nl=False)
+            click.echo("".join(e.text for e in reader.feed(rest) + reader.close() if e.kind == "content"), nl=False)
+        else:
+            click.echo(rest, nl=False)
         click.echo()
         for call in result.tool_calls or []:
             click.echo(json.dumps(call.to_openai(), ensure_ascii=False))
@@ -96,7 +101,7 @@ def _tools(tools_file: Optional[str], tool_choice: Optional[str]) -> Optional[To
         listed = json.loads(Path(tools_file).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise click.UsageError(f"--tools {tools_file} is not a JSON file ({exc}).") from None
-    if not isinstance(listed, list):
+    if not isinstance(listed, list) or not listed:
         raise click.UsageError(f"--tools {tools_file} must hold a JSON list of tools, as OpenAI's 'tools' field: "
                                '[{"type": "function", "function": {"name": ..., "parameters": {...}}}].')
     return ToolUse.from_openai(listed, tool_choice)
