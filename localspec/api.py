@@ -363,22 +363,25 @@ class Pair:
         opts = self.options(options, **changes)
         use = tool_use(tools, tool_choice, parallel_tool_calls)
         calls = use is not None and use.choice != "none"
+        shown: Sequence[Mapping[str, Any]] = ()
         if use is not None:
-            opts = self._tool_options(use, opts)
-        text = self.format_chat(messages, tools=use.offered() if use is not None else ())
+            opts, show = self._tool_options(use, opts)
+            shown = use.offered() if show else ()
+        text = self.format_chat(messages, tools=shown)
         self._check_length(text)
         return self._start(self.target.tokenize(text, add_special=False), text, opts, calls=calls)
 
-    def _tool_options(self, use: ToolUse, opts: GenerationOptions) -> GenerationOptions:
-        """``opts`` for a reply under ``use``: the calls' grammar, or under "none" a ban on the call token."""
+    def _tool_options(self, use: ToolUse, opts: GenerationOptions) -> tuple[GenerationOptions, bool]:
+        """``opts`` for a reply under ``use`` (the calls' grammar, or under "none" a ban on the call token), and
+        whether the template is shown the tools (under "none" only where the ban holds the model to text)."""
         name, template = self.target.path.name, self.target.chat_template() or ""
         marks = [self.target.tokenize(m, add_special=False) for m in (OPEN, CLOSE)]
         single = all(len(m) == 1 and self.target.detokenize(m) == text
                      for m, text in zip(marks, (OPEN, CLOSE), strict=True))
         if use.choice == "none":  # shown the tools, the model must not call one (whatever else biases it)
             if OPEN not in template or not single:
-                return opts
-            return opts.replace(logit_bias={**dict(opts.logit_bias), marks[0][0]: -100.0})
+                return opts, False
+            return opts.replace(logit_bias={**dict(opts.logit_bias), marks[0][0]: -100.0}), True
         check_template(template, name)
         if not single:
             raise ConfigError(f"{name} has no single {OPEN} and {CLOSE} tokens that print as themselves, which "
@@ -386,7 +389,7 @@ class Pair:
         if opts.grammar is not None:
             raise ConfigError(f"A reply that may call tools follows the calls' grammar, so it cannot also follow "
                               f"{opts.grammar.describe()}; leave one out (or give tool_choice 'none').")
-        return opts.replace(grammar=use.constraint())
+        return opts.replace(grammar=use.constraint()), True
 
     def infill(self, prefix: str, suffix: str, options: Optional[GenerationOptions] = None,
                **changes: Any) -> Result:

@@ -165,12 +165,21 @@ def _call_schema(tool: Tool, key: str, defs: dict[str, Any]) -> dict[str, Any]:
     to match, since a pointer such as ``#/$defs/Item`` is read from the root of the whole schema."""
     params = json.loads(tool.parameters)
     if isinstance(params, dict):
+        for dropped in ("$id", "$schema"):  # an $id would make the rewritten refs resolve inside it
+            params.pop(dropped, None)
         for section in ("$defs", "definitions"):
-            for name, sub in (params.pop(section, None) or {}).items():
+            found = params.pop(section, None) or {}
+            if not isinstance(found, dict):
+                raise ConfigError(f"The parameters of the tool {tool.name!r} have a {section} that is not an object.")
+            for name, sub in found.items():
                 defs[f"{key}.{section.lstrip('$')}.{name}"] = _moved(sub, key)
     defs[key] = _moved(params, key)
     return {"type": "object", "properties": {"name": {"const": tool.name}, "arguments": {"$ref": f"#/$defs/{key}"}},
             "required": ["name", "arguments"], "additionalProperties": False}
+
+
+#: Schema keywords whose values are JSON data, not schemas: a "$ref" inside them is a value, left as it is.
+_VALUES = ("const", "enum", "default", "examples")
 
 
 def _moved(schema: Any, key: str) -> Any:
@@ -179,7 +188,7 @@ def _moved(schema: Any, key: str) -> Any:
         return [_moved(s, key) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: _moved(v, key) for k, v in schema.items()}
+    out = {k: v if k in _VALUES else _moved(v, key) for k, v in schema.items()}
     ref = schema.get("$ref")
     if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
         parts = ref[2:].split("/", 2) if ref != "#" else []
@@ -297,6 +306,8 @@ class CallReader:
     _id: str = ""  # and its id
     _args: list[str] = field(default_factory=list)  # the open call's arguments sent so far
     _closing: bool = False  # its arguments are complete; what is left of it runs to </tool_call>
+    _after_call: bool = False  # a call has just closed (the whitespace that follows is dropped)
+    _scalar: bool = False  # the arguments are a bare number or word (not an object), read to a delimiter
     _depth: int = 0  # where the arguments' JSON stands: nesting, inside a string, after a backslash
     _string: bool = False
     _escape: bool = False
@@ -327,8 +338,9 @@ class CallReader:
             self._gap = text[len(text.rstrip()):]
             self._buf, self._in_call = self._buf[at + len(OPEN):], True
             return
-        if self.calls:  # the newlines between calls are nobody's content
+        if self._after_call:  # the newlines between calls are nobody's content
             self._buf = self._buf.lstrip()
+            self._after_call = not self._buf
         cut = len(self._buf) - (0 if final else _held(self._buf))
         self._say(out, self._buf[:cut])
         self._buf = self._buf[cut:]
@@ -339,34 +351,38 @@ class CallReader:
             if end >= 0 or final:
                 self._buf = self._buf[end + len(CLOSE):] if end >= 0 else ""
                 self._in_call = self._closing = False
+                self._after_call = True
             return
         if self._name is None and not self._read_header(out, final):
             return
         end = self._arguments_end()
         self._send(out, self._buf[:end])
         self._buf = self._buf[end:]
-        if end or final:
-            complete = self._depth == 0 and not self._string and bool(self._args)
-            if complete or final:
-                assert self._name is not None
-                self.calls.append(ToolCall(self._id, self._name, "".join(self._args)))
-                self.cut = self.cut or not complete
-                self._name, self._args, self._closing = None, [], True
+        complete = self._depth == 0 and not self._string and not self._scalar and bool(self._args)
+        if complete or final:
+            assert self._name is not None
+            self.calls.append(ToolCall(self._id, self._name, "".join(self._args)))
+            self.cut = self.cut or not complete
+            self._name, self._args, self._closing = None, [], True
 
     def _read_header(self, out: list[CallEvent], final: bool) -> bool:
         """Read ``{"name": ..., "arguments": `` once it is all there; whether it was."""
         header = _HEADER.match(self._buf)
         if header is None:
             end = self._buf.find(CLOSE)
-            if end >= 0:  # not a call after all (only where no grammar held it): the text it was
-                self._say(out, self._gap + OPEN + self._buf[:end + len(CLOSE)])
-                self._buf, self._in_call = self._buf[end + len(CLOSE):], False
+            start = self._buf.lstrip()
+            if end >= 0 or (start and not start.startswith("{")) or (final and not start):
+                # not a call after all (only where no grammar held it, as a <tool_call> spelt in pieces under
+                # "auto"): the text it was, to its </tool_call> if it has one
+                upto = end + len(CLOSE) if end >= 0 else len(self._buf)
+                self._say(out, self._gap + OPEN + self._buf[:upto])
+                self._buf, self._in_call = self._buf[upto:], False
             elif final:  # a call cut off before its name (max_tokens): nothing to give
                 self._buf, self._in_call, self.cut = "", False, True
             return False
         self._name, self._id = _unquote(header.group(1)), "call_" + uuid.uuid4().hex[:24]
         self._buf = self._buf[header.end():]
-        self._depth, self._string, self._escape = 0, False, False
+        self._depth, self._string, self._escape, self._scalar = 0, False, False, False
         out.append(CallEvent("call", self._name, len(self.calls), self._id))
         return True
 
@@ -374,7 +390,12 @@ class CallReader:
         """How much of the buffer is still the call's arguments: up to where their JSON value closes (tracked
         across pieces, so a '}' or '</tool_call>' inside a string is not taken for the end), else all of it."""
         for i, c in enumerate(self._buf):
-            if self._string:
+            if self._scalar or (self._depth == 0 and not self._string and c not in '{["'):
+                if c in ",}]" or c.isspace():  # a bare value ends at its first delimiter
+                    self._scalar = False
+                    return i
+                self._scalar = True
+            elif self._string:
                 if self._escape:
                     self._escape = False
                 elif c == "\\":

@@ -169,7 +169,21 @@ def test_malformed_tools_are_one_sentence(tool_pair, tools, choice, needle):
         tool_pair.chat(MESSAGES, tools=tools, tool_choice=choice, max_tokens=4)
 
 
+def test_the_moved_schema_keeps_values_that_look_like_refs_and_drops_the_root_id():
+    params = {"$id": "https://example.com/p", "$defs": {"A": {"const": {"$ref": "#/not/a/schema"}}},
+              "type": "object", "properties": {"a": {"$ref": "#/$defs/A"}, "b": {"enum": [{"$ref": "#"}]}}}
+    source = ToolUse.from_openai([{"type": "function", "function": {"name": "f", "parameters": params}}]).constraint()
+    calls = json.loads(source.source.split("%json ", 1)[1])
+    assert calls["$defs"]["tool0.defs.A"] == {"const": {"$ref": "#/not/a/schema"}}  # data, not a pointer
+    assert calls["$defs"]["tool0"]["properties"] == {"a": {"$ref": "#/$defs/tool0.defs.A"},
+                                                     "b": {"enum": [{"$ref": "#"}]}}
+    assert "$id" not in calls["$defs"]["tool0"] and "$defs" in params  # the caller's schema is left as it was
+
+
 def test_tools_need_a_template_that_writes_calls_and_no_second_constraint(tiny_pair, tool_pair):
+    plain = tiny_pair.chat(MESSAGES, max_tokens=8, method="plain")  # "none" with a template that cannot call:
+    assert tiny_pair.chat(MESSAGES, tools=TOOLS, tool_choice="none", max_tokens=8, method="plain").tokens == \
+        plain.tokens  # the tools are not shown, since nothing could keep the model from its own call format
     with pytest.raises(ConfigError, match="does not write tool calls as <tool_call>"):
         tiny_pair.chat(MESSAGES, tools=TOOLS, max_tokens=4)
     with pytest.raises(ConfigError, match="cannot also follow the JSON schema"):
@@ -177,6 +191,31 @@ def test_tools_need_a_template_that_writes_calls_and_no_second_constraint(tiny_p
     with pytest.raises(ConfigError, match="cannot be compiled"):
         bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "minProperties": "x"}}}]
         tool_pair.chat(MESSAGES, tools=bad, tool_choice="required", max_tokens=4)
+
+
+@pytest.mark.parametrize("text,content,calls", [
+    ("text <tool_call> in prose, no close", "text <tool_call> in prose, no close", []),  # spelt out: no call
+    (f'{OPEN}\n{{"name": "f", "arguments": 123}}\n{CLOSE}', None, [("f", "123")]),  # a bare value
+    (f'{OPEN}\n{{"name": "f", "arguments": true}}\n{CLOSE}\nafter it', "after it", [("f", "true")]),
+    (f'{OPEN}\n{{"name": "f", "arguments": {{"a": 1}}}}\n{CLOSE}\nhi there friend', "hi there friend",
+     [("f", '{"a": 1}')]),  # text after a call keeps its spaces, however it streams
+])
+def test_the_reader_on_replies_no_grammar_held(text, content, calls):
+    import random
+
+    whole = read_calls(text)
+    assert [(c.name, c.arguments) for c in whole.calls] == calls and not whole.cut
+    assert ("".join(whole.content) or None if calls else "".join(whole.content)) == content
+    rng = random.Random(0)
+    for _ in range(30):
+        reader, start = CallReader(), 0
+        while start < len(text):
+            n = rng.randint(1, 4)
+            reader.feed(text[start:start + n])
+            start += n
+        reader.close()
+        assert [(c.name, c.arguments) for c in reader.calls] == calls
+        assert "".join(reader.content) == "".join(whole.content)
 
 
 _text = st.text(st.one_of(st.characters(codec="utf-8"), st.sampled_from(list("<tool_call>/ \n"))), max_size=14) \
