@@ -43,7 +43,7 @@ from .nextn import MtpHead
 from .options import GenerationOptions, check_k
 from .processors import Processing
 from .results import Result, Stream
-from .tools import CLOSE, OPEN, ToolUse, check_template, template_messages, tool_use
+from .tools import ToolUse, reply_options, template_messages, tool_use
 
 PathLike = Union[str, os.PathLike]
 
@@ -365,31 +365,11 @@ class Pair:
         calls = use is not None and use.choice != "none"
         shown: Sequence[Mapping[str, Any]] = ()
         if use is not None:
-            opts, show = self._tool_options(use, opts)
+            opts, show = reply_options(use, opts, self.target)
             shown = use.offered() if show else ()
         text = self.format_chat(messages, tools=shown)
         self._check_length(text)
         return self._start(self.target.tokenize(text, add_special=False), text, opts, calls=calls)
-
-    def _tool_options(self, use: ToolUse, opts: GenerationOptions) -> tuple[GenerationOptions, bool]:
-        """``opts`` for a reply under ``use`` (the calls' grammar, or under "none" a ban on the call token), and
-        whether the template is shown the tools (under "none" only where the ban holds the model to text)."""
-        name, template = self.target.path.name, self.target.chat_template() or ""
-        marks = [self.target.tokenize(m, add_special=False) for m in (OPEN, CLOSE)]
-        single = all(len(m) == 1 and self.target.detokenize(m) == text
-                     for m, text in zip(marks, (OPEN, CLOSE), strict=True))
-        if use.choice == "none":  # shown the tools, the model must not call one (whatever else biases it)
-            if OPEN not in template or not single:
-                return opts, False
-            return opts.replace(logit_bias={**dict(opts.logit_bias), marks[0][0]: -100.0}), True
-        check_template(template, name)
-        if not single:
-            raise ConfigError(f"{name} has no single {OPEN} and {CLOSE} tokens that print as themselves, which "
-                              "its template's tool calls need; localspec cannot read its calls.")
-        if opts.grammar is not None:
-            raise ConfigError(f"A reply that may call tools follows the calls' grammar, so it cannot also follow "
-                              f"{opts.grammar.describe()}; leave one out (or give tool_choice 'none').")
-        return opts.replace(grammar=use.constraint()), True
 
     def infill(self, prefix: str, suffix: str, options: Optional[GenerationOptions] = None,
                **changes: Any) -> Result:

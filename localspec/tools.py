@@ -19,10 +19,14 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence, Union
 
 from .constraint import JSON_LAYOUT, Constraint
 from .errors import ConfigError
+from .options import GenerationOptions
+
+if TYPE_CHECKING:  # a type only: importing the backend loads llama.cpp, which `localspec --help` must not wait for
+    from .backend import Model
 
 #: The tokens around one call in the Hermes format (Qwen2.5's template writes them).
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -141,7 +145,7 @@ class ToolUse:
 
     def offered(self) -> list[dict[str, Any]]:
         """The tools as the chat template is given them (under choice "none" too, as OpenAI shows them: the
-        prompt stays the same from turn to turn, and ``Pair.stream_chat`` bans the call token instead)."""
+        prompt stays the same from turn to turn, and ``reply_options`` bans the call token instead)."""
         return [t.to_openai() for t in self.tools]
 
     def constraint(self) -> Optional[Constraint]:
@@ -232,6 +236,31 @@ def check_template(template: str, model: str) -> None:
         raise ConfigError(f"The chat template of {model} does not write tool calls as <tool_call> JSON (the "
                           "format of Qwen2.5 and other Hermes-style templates, the one localspec reads), so "
                           "localspec cannot offer it tools; use a model whose template does, or leave out tools.")
+
+
+def reply_options(use: ToolUse, opts: GenerationOptions, target: Model) -> tuple[GenerationOptions, bool]:
+    """``opts`` for a reply of ``target`` under ``use`` (the calls' grammar, or under "none" a ban on the call
+    token), and whether its template is shown the tools (under "none" only where the ban holds it to text).
+
+    Raises:
+        ConfigError: the template or the vocabulary cannot write calls as localspec reads them, or ``opts``
+            already has a grammar.
+    """
+    name, template = target.path.name, target.chat_template() or ""
+    marks = [target.tokenize(m, add_special=False) for m in (OPEN, CLOSE)]
+    single = all(len(m) == 1 and target.detokenize(m) == text for m, text in zip(marks, (OPEN, CLOSE), strict=True))
+    if use.choice == "none":  # shown the tools, the model must not call one (whatever else biases it)
+        if OPEN not in template or not single:
+            return opts, False
+        return opts.replace(logit_bias={**dict(opts.logit_bias), marks[0][0]: -100.0}), True
+    check_template(template, name)
+    if not single:
+        raise ConfigError(f"{name} has no single {OPEN} and {CLOSE} tokens that print as themselves, which "
+                          "its template's tool calls need; localspec cannot read its calls.")
+    if opts.grammar is not None:
+        raise ConfigError(f"A reply that may call tools follows the calls' grammar, so it cannot also follow "
+                          f"{opts.grammar.describe()}; leave one out (or give tool_choice 'none').")
+    return opts.replace(grammar=use.constraint()), True
 
 
 def template_messages(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
