@@ -359,7 +359,7 @@ class Pair:
     def stream_chat(self, messages: Sequence[Mapping[str, Any]], options: Optional[GenerationOptions] = None, *,
                     tools: Union[None, ToolUse, Sequence[Mapping[str, Any]]] = None, tool_choice: Any = None,
                     parallel_tool_calls: Optional[bool] = None, **changes: Any) -> Stream:
-        """Like ``chat``, yielding TokenEvents (``tools.CallReader`` reads the calls as they stream)."""
+        """Like ``chat``, yielding TokenEvents (``tool_calls.CallReader`` reads the calls as they stream)."""
         opts = self.options(options, **changes)
         use = tool_use(tools, tool_choice, parallel_tool_calls)
         calls = use is not None and use.choice != "none"

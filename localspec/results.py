@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from .engine import Generation
 from .events import SOURCE_GRAMMAR, GenerationStats, TokenEvent
-from .tools import CallReader, ToolCall, read_calls
+from .tool_calls import CallReader, ToolCall, read_calls
 
 
 @dataclass

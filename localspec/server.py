@@ -52,7 +52,7 @@ from .results import Result, Stream
 from .server_access import LOOPBACK_NAMES
 from .server_http import ApiError, Guard
 from .server_requests import ChatRequest, Limits, parse_body, parse_request
-from .tools import CallEvent, CallReader
+from .tool_calls import CallEvent, CallReader
 
 #: The largest request body by default, in bytes (a full 32k-token context of text is about 130 kB).
 MAX_BODY = 4 * 1024 * 1024

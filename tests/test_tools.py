@@ -17,7 +17,8 @@ from tinymodel import write_tiny_model
 import localspec
 from localspec.constraint import Constraint
 from localspec.errors import ConfigError
-from localspec.tools import CLOSE, OPEN, CallReader, ToolUse, read_calls
+from localspec.tool_calls import CallReader, read_calls
+from localspec.tools import CLOSE, OPEN, ToolUse
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
                                             "days": {"type": "integer", "minimum": 1, "maximum": 7}},

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Optional
 import click
 
 from ..options import GenerationOptions
-from ..tools import CallReader, ToolUse
+from ..tool_calls import CallReader
+from ..tools import ToolUse
 from .shared import ModelArgs, friendly_errors, generation_options, model_options
 
 if TYPE_CHECKING:

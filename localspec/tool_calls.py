@@ -1,0 +1,212 @@
+"""A reply's tool calls, read back as it streams: ``CallReader``, and ``ToolCall`` in OpenAI's shape.
+
+The format is the one ``localspec.tools`` constrains calls to (Qwen2.5's and the other Hermes-style
+templates'): ``<tool_call>``, a newline, ``{"name": ..., "arguments": ...}``, a newline, ``</tool_call>``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .tools import CLOSE, OPEN
+
+#: How a call starts once inside the tokens: its name, then its arguments (separators as the grammar writes).
+_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\S)')
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model made.
+
+    Attributes:
+        id: its id, for the ``tool`` message that answers it.
+        name: the function called.
+        arguments: the arguments, as JSON text (as OpenAI gives them).
+    """
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass
+class CallEvent:
+    """What reading more of a reply found: ``content`` text, a call's start (``name``, ``id``), or more of a
+    call's ``arguments``; ``index`` is the call's place in the reply."""
+
+    kind: str  # "content", "call" or "arguments"
+    text: str = ""
+    index: int = 0
+    id: str = ""
+
+
+@dataclass
+class CallReader:
+    """Reads a reply as it streams: its text content, and the tool calls in it.
+
+    Feed it text with ``feed`` and end with ``close``; each returns what it
+    could tell so far. Text that might still turn out to be the start of
+    ``<tool_call>`` is held back until it can be told; a call's arguments end
+    where their JSON value closes. A call cut off by max_tokens is kept with
+    the arguments it has (``cut`` then says so), unless it was cut before its
+    name.
+    """
+
+    calls: list[ToolCall] = field(default_factory=list)
+    content: list[str] = field(default_factory=list)
+    cut: bool = False  # the reply ended inside a call (max_tokens, or a stop string)
+    _buf: str = ""
+    _in_call: bool = False
+    _gap: str = ""  # the whitespace before the open call's <tool_call>, given back if it is no call
+    _name: Optional[str] = None  # the open call's name, once its header is read
+    _id: str = ""  # and its id
+    _args: list[str] = field(default_factory=list)  # the open call's arguments sent so far
+    _closing: bool = False  # its arguments are complete; what is left of it runs to </tool_call>
+    _after_call: bool = False  # a call has just closed (the whitespace that follows is dropped)
+    _scalar: bool = False  # the arguments are a bare number or word (not an object), read to a delimiter
+    _depth: int = 0  # where the arguments' JSON stands: nesting, inside a string, after a backslash
+    _string: bool = False
+    _escape: bool = False
+
+    def feed(self, text: str) -> list[CallEvent]:
+        self._buf += text
+        return self._read(final=False)
+
+    def close(self) -> list[CallEvent]:
+        return self._read(final=True)
+
+    def _read(self, final: bool) -> list[CallEvent]:
+        out: list[CallEvent] = []
+        while True:
+            before = (self._buf, self._in_call, self._name, self._closing)
+            if self._in_call:
+                self._read_call(out, final)
+            else:
+                self._read_content(out, final)
+            if (self._buf, self._in_call, self._name, self._closing) == before:
+                return out
+
+    def _read_content(self, out: list[CallEvent], final: bool) -> None:
+        at = self._buf.find(OPEN)
+        if at >= 0:
+            text = self._buf[:at]
+            self._say(out, text.rstrip())
+            self._gap = text[len(text.rstrip()):]
+            self._buf, self._in_call = self._buf[at + len(OPEN):], True
+            return
+        if self._after_call:  # the newlines between calls are nobody's content
+            self._buf = self._buf.lstrip()
+            self._after_call = not self._buf
+        cut = len(self._buf) - (0 if final else _held(self._buf))
+        self._say(out, self._buf[:cut])
+        self._buf = self._buf[cut:]
+
+    def _read_call(self, out: list[CallEvent], final: bool) -> None:
+        if self._closing:
+            end = self._buf.find(CLOSE)
+            if end >= 0 or final:
+                self._buf = self._buf[end + len(CLOSE):] if end >= 0 else ""
+                self._in_call = self._closing = False
+                self._after_call = True
+            return
+        if self._name is None and not self._read_header(out, final):
+            return
+        end = self._arguments_end()
+        self._send(out, self._buf[:end])
+        self._buf = self._buf[end:]
+        complete = self._depth == 0 and not self._string and not self._scalar and bool(self._args)
+        if complete or final:
+            assert self._name is not None
+            self.calls.append(ToolCall(self._id, self._name, "".join(self._args)))
+            self.cut = self.cut or not complete
+            self._name, self._args, self._closing = None, [], True
+
+    def _read_header(self, out: list[CallEvent], final: bool) -> bool:
+        """Read ``{"name": ..., "arguments": `` once it is all there; whether it was."""
+        header = _HEADER.match(self._buf)
+        if header is None:
+            end = self._buf.find(CLOSE)
+            start = self._buf.lstrip()
+            if end >= 0 or (start and not start.startswith("{")) or (final and not start):
+                # not a call after all (only where no grammar held it, as a <tool_call> spelt in pieces under
+                # "auto"): the text it was, to its </tool_call> if it has one
+                upto = end + len(CLOSE) if end >= 0 else len(self._buf)
+                self._say(out, self._gap + OPEN + self._buf[:upto])
+                self._buf, self._in_call = self._buf[upto:], False
+            elif final:  # a call cut off before its name (max_tokens): nothing to give
+                self._buf, self._in_call, self.cut = "", False, True
+            return False
+        self._name, self._id = _unquote(header.group(1)), "call_" + uuid.uuid4().hex[:24]
+        self._buf = self._buf[header.end():]
+        self._depth, self._string, self._escape, self._scalar = 0, False, False, False
+        out.append(CallEvent("call", self._name, len(self.calls), self._id))
+        return True
+
+    def _arguments_end(self) -> int:
+        """How much of the buffer is still the call's arguments: up to where their JSON value closes (tracked
+        across pieces, so a '}' or '</tool_call>' inside a string is not taken for the end), else all of it."""
+        for i, c in enumerate(self._buf):
+            if self._scalar or (self._depth == 0 and not self._string and c not in '{["'):
+                if c in ",}]" or c.isspace():  # a bare value ends at its first delimiter
+                    self._scalar = False
+                    return i
+                self._scalar = True
+            elif self._string:
+                if self._escape:
+                    self._escape = False
+                elif c == "\\":
+                    self._escape = True
+                elif c == '"':
+                    self._string = False
+                    if self._depth == 0:
+                        return i + 1
+            elif c == '"':
+                self._string = True
+            elif c in "{[":
+                self._depth += 1
+            elif c in "}]":
+                self._depth -= 1
+                if self._depth <= 0:
+                    self._depth = 0
+                    return i + 1
+        return len(self._buf)
+
+    def _send(self, out: list[CallEvent], text: str) -> None:
+        if text:
+            self._args.append(text)
+            out.append(CallEvent("arguments", text, len(self.calls)))
+
+    def _say(self, out: list[CallEvent], text: str) -> None:
+        if text:
+            self.content.append(text)
+            out.append(CallEvent("content", text))
+
+
+def _unquote(text: str) -> str:
+    try:
+        return str(json.loads(f'"{text}"'))
+    except ValueError:  # not a JSON string's inside (only where no grammar held the call)
+        return text
+
+
+def _held(text: str) -> int:
+    """How many characters at the end of ``text`` could begin ``<tool_call>``, with the whitespace before them."""
+    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if OPEN.startswith(text[-n:]):
+            return n + len(text[:-n]) - len(text[:-n].rstrip())
+    return len(text) - len(text.rstrip())
+
+
+def read_calls(text: str) -> CallReader:
+    """A whole reply, read: its ``content`` pieces, its ``calls``, and whether it was ``cut`` inside one."""
+    reader = CallReader()
+    reader.feed(text)
+    reader.close()
+    return reader
