@@ -43,7 +43,7 @@ from .nextn import MtpHead
 from .options import GenerationOptions, check_k
 from .processors import Processing
 from .results import Result, Stream
-from .tools import ToolUse, reply_options, template_messages, tool_use
+from .tools import ToolUse, may_call, reply_options, template_messages, tool_use
 
 PathLike = Union[str, os.PathLike]
 
@@ -362,7 +362,7 @@ class Pair:
         """Like ``chat``, yielding TokenEvents (``tool_calls.CallReader`` reads the calls as they stream)."""
         opts = self.options(options, **changes)
         use = tool_use(tools, tool_choice, parallel_tool_calls)
-        calls = use is not None and use.choice != "none"
+        calls = may_call(use)
         shown: Sequence[Mapping[str, Any]] = ()
         if use is not None:
             opts, show = reply_options(use, opts, self.target)

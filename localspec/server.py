@@ -53,6 +53,7 @@ from .server_access import LOOPBACK_NAMES
 from .server_http import ApiError, Guard
 from .server_requests import ChatRequest, Limits, parse_body, parse_request
 from .tool_calls import CallEvent, CallReader
+from .tools import may_call
 
 #: The largest request body by default, in bytes (a full 32k-token context of text is about 130 kB).
 MAX_BODY = 4 * 1024 * 1024
@@ -426,7 +427,7 @@ async def _stream(server: Server, job: Job, request: Request) -> Any:
             choice["text"] = text or ""
         return {**_envelope(server, job, rid, True), "choices": [choice]}
 
-    reader = CallReader() if job.request.tools is not None and job.request.tools.choice != "none" else None
+    reader = CallReader() if may_call(job.request.tools) else None
 
     def pieces(found: list[CallEvent]) -> Iterator[str]:
         """The chunks for what the reader found: content, a call's start, more of its arguments."""

@@ -222,6 +222,11 @@ def _choice_text(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def may_call(use: Optional[ToolUse]) -> bool:
+    """Whether a reply under ``use`` may hold tool calls (tools offered, and tool_choice not "none")."""
+    return use is not None and use.choice != "none"
+
+
 def check_template(template: str, model: str) -> None:
     """Refuse tools for a chat template that does not write calls in the format localspec reads.
 

@@ -10,7 +10,7 @@ import click
 
 from ..options import GenerationOptions
 from ..tool_calls import CallReader
-from ..tools import ToolUse
+from ..tools import ToolUse, may_call
 from .shared import ModelArgs, friendly_errors, generation_options, model_options
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str
                 pass
             click.echo(json.dumps(stream.result.to_dict(), ensure_ascii=False))
             return
-        reader = CallReader() if tools is not None and tools.choice != "none" else None
+        reader = CallReader() if may_call(tools) else None
         shown = 0
         for ev in stream:  # with tools, the reply's content as it comes (its calls are printed whole below)
             click.echo("".join(e.text for e in reader.feed(ev.text) if e.kind == "content") if reader else ev.text,
