@@ -139,7 +139,9 @@ class TriggeredMatcher:
         self._at: Optional[int] = None  # how many had been consumed when the trigger came (None: not yet)
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
-        return self._inner.mask(logits) if self._at is not None else np.array(logits, dtype=np.float32, copy=True)
+        """The grammar's mask once triggered; before, the row itself (nothing is masked, so no copy is made:
+        the engine copies masked rows into its own array and only reads the first row)."""
+        return self._inner.mask(logits) if self._at is not None else logits
 
     def valid_prefix(self, tokens: list[int]) -> int:
         if self._at is not None:
