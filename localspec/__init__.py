@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "load": "api", "Pair": "api", "Result": "results", "Stream": "results",
+    "load": "loading", "Pair": "api", "Result": "results", "Stream": "results",
     "GenerationOptions": "options", "SamplingParams": "options",
     "GenerationStats": "events", "TokenEvent": "events",
     "BackendError": "errors", "ConfigError": "errors", "ContextOverflowError": "errors",
@@ -28,7 +28,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # the real imports, for type checkers and editors
-    from .api import Pair, load
+    from .api import Pair
     from .errors import (
         BackendError,
         ConfigError,
@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # the real imports, for type checkers and editors
         VocabMismatchError,
     )
     from .events import GenerationStats, TokenEvent
+    from .loading import load
     from .options import GenerationOptions, SamplingParams
     from .results import Result, Stream
 

@@ -1,4 +1,4 @@
-"""The Python API: load a target (and optionally a draft) and generate.
+"""The Python API: a loaded pair of models and its ways to generate (``localspec.load`` makes one, in ``loading``).
 
 Layers, each built on the one before: ``engine.Generation`` (token events
 over token ids) -> ``Pair.stream`` (text prompt, options checked, events with
@@ -28,27 +28,26 @@ import numpy as np
 from .auto import AcceptanceEstimate, history_estimates
 from .backend import Model
 from .calibration import ThreadChoice, calibrate, choose_threads, forget
-from .compat import check_vocab
 from .constraint import Constraint
 from .costs import CostCorrection, CostProfile
 from .drafters import Drafter, DraftingContext
 from .engine import Generation, check_prompt
-from .errors import ConfigError, ContextOverflowError
+from .errors import ConfigError
 from .grammar import GrammarState, Matcher, TriggeredMatcher, tokenizer_for
 from .history import PROMPT_KEEP, HistoryStore, history_dir
-from .llama import read_vocab
 from .methods import AUTO_KMAX, HISTORY, get_method
-from .naming import resolve_models
 from .nextn import MtpHead
 from .options import GenerationOptions, check_k
 from .processors import Processing
+from .prompts import chat_text, check_length, infill_tokens
 from .results import Result, Stream
-from .tools import ToolUse, may_call, reply_options, template_messages, tool_use
+from .tools import ToolUse, may_call, reply_options, tool_use
 
 PathLike = Union[str, os.PathLike]
 
 
-def _stderr(message: str) -> None:
+def notice_to_stderr(message: str) -> None:
+    """Where a pair's one-line notices go by default."""
     print(message, file=sys.stderr, flush=True)
 
 
@@ -81,7 +80,7 @@ class Pair:
         self.draft = draft
         self.defaults = defaults or GenerationOptions()
         self.draft_k = None if draft_k is None else check_k(draft_k, "The suggested draft length k")
-        self.notify = notify or _stderr
+        self.notify = notify or notice_to_stderr
         self._profile: Optional[CostProfile] = None
         #: What real rounds have shown about the cost profile (auto decides by both), kept across generations.
         self.cost_correction = CostCorrection()
@@ -260,25 +259,7 @@ class Pair:
         Raises:
             ConfigError: the GGUF has no chat template, or the template rejects the messages.
         """
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-        template = self.target.chat_template()
-        if not template:
-            raise ConfigError(
-                f"{self.target.path.name} has no chat template in its metadata; "
-                "use a raw prompt (--prompt) instead of chat messages."
-            )
-        formatter = Jinja2ChatFormatter(
-            template=template,
-            eos_token=self.target.special_text(self.target.eos),
-            bos_token=self.target.special_text(self.target.bos),
-            add_generation_prompt=add_generation_prompt,
-        )
-        try:
-            return formatter(messages=template_messages(messages),  # type: ignore[arg-type]
-                             tools=list(tools) or None).prompt  # type: ignore[arg-type]
-        except Exception as exc:  # jinja2 errors and the template's own raise_exception
-            raise ConfigError(f"The chat template of {self.target.path.name} rejected the messages: {exc}") from exc
+        return chat_text(self.target, messages, add_generation_prompt, tools)
 
     def chat_tokens(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """Chat messages to prompt token ids (the template writes any BOS itself)."""
@@ -308,7 +289,7 @@ class Pair:
         """
         opts = self.options(options, **changes)
         if isinstance(prompt, str):
-            self._check_length(prompt)
+            check_length(self.target, prompt)
             return self._start(self.tokenize(prompt), prompt, opts)
         return self._start(self.target.check_tokens(prompt).tolist(), None, opts)
 
@@ -368,7 +349,7 @@ class Pair:
             opts, show = reply_options(use, opts, self.target)
             shown = use.offered() if show else ()
         text = self.format_chat(messages, tools=shown)
-        self._check_length(text)
+        check_length(self.target, text)
         return self._start(self.target.tokenize(text, add_special=False), text, opts, calls=calls)
 
     def infill(self, prefix: str, suffix: str, options: Optional[GenerationOptions] = None,
@@ -388,28 +369,8 @@ class Pair:
             ConfigError: the target's vocabulary has no fill-in-the-middle tokens.
         """
         opts = self.options(options, **changes)
-        t = self.target
-        fim = t.fim_tokens()
-        if fim is None:
-            raise ConfigError(f"{t.path.name} has no fill-in-the-middle tokens (such as <|fim_prefix|>), so it "
-                              "cannot fill in between a prefix and a suffix; use a coder model that has them.")
-        self._check_length(prefix + suffix)
-
-        def text(s: str) -> list[int]:  # a user's text: "<|fim_suffix|>" in it is text, not the token
-            return t.tokenize(s, add_special=False, parse_special=False)
-
-        tokens = [*([t.bos] if t.adds_bos else []), fim[0], *text(prefix), fim[1], *text(suffix), fim[2]]
+        tokens = infill_tokens(self.target, prefix, suffix)
         return self._start(tokens, prefix + suffix, opts)
-
-    def _check_length(self, text: str) -> None:
-        """Refuse a text that cannot fit the context, before paying to tokenize all of it."""
-        t = self.target
-        # No token covers more than longest_token_bytes bytes (>= characters) of text.
-        if len(text) > t.longest_token_bytes * (t.n_ctx - 1):
-            raise ContextOverflowError(
-                f"The prompt is {len(text)} characters, which cannot fit in {t.n_ctx} tokens of context "
-                f"(no token of {t.path.name} covers more than {t.longest_token_bytes} characters); "
-                "shorten the prompt or raise the context length (--ctx).")
 
     def _start(self, prompt_tokens: list[int], prompt_text: Optional[str], opts: GenerationOptions,
                calls: bool = False) -> Stream:
@@ -476,83 +437,3 @@ class Pair:
                                                                          parse_special=False), dtype=np.int32)
                               if opts.prediction else None)
         return method.build(ctx), k
-
-
-def history_enabled() -> bool:
-    """History's global switch: on unless ``LOCALSPEC_HISTORY`` is off, 0, false or no."""
-    return os.environ.get("LOCALSPEC_HISTORY", "on").strip().lower() not in ("off", "0", "false", "no")
-
-
-def load(
-    target: PathLike,
-    draft: Optional[PathLike] = None,
-    *,
-    n_ctx: Optional[int] = None,
-    n_threads: Optional[int] = None,
-    n_threads_batch: Optional[int] = None,
-    n_gpu_layers: Optional[int] = None,
-    verbose: bool = False,
-    flash_attn: Optional[bool] = None,
-    huge_pages: bool = True,
-    defaults: Optional[GenerationOptions] = None,
-    draft_k: Optional[int] = None,
-    history: Optional[bool] = None,
-    notify: Optional[Callable[[str], None]] = None,
-) -> Pair:
-    """Load a target model and, optionally, a draft model of the same family.
-
-    Args:
-        target: the target .gguf; or a registered pair's name (``"qwen2.5-coder-1.5b"``: its target and
-            draft); or a name from the model stores on this machine (``"ollama:qwen2.5-coder:7b"``,
-            ``"lmstudio:..."``, ``"hf:ORG/REPO/FILE.gguf"``), as ``localspec models --scan`` lists them.
-        draft: the draft .gguf or store name (same vocabulary); ``"auto"`` for the best draft on this
-            machine (said through ``notify``); ``"none"`` for no draft; None for a pair's own draft, or
-            none with a target file (lookup, history and plain only).
-        n_ctx: context length for both models (0: the target's training context; default: the pair's,
-            else 4096).
-        n_threads: CPU threads for single-token steps, both models (default: the fastest, measured once).
-        n_threads_batch: CPU threads for batches: verification and prompts (default: the fastest, measured
-            with the steps; or ``n_threads`` when that is given).
-        n_gpu_layers: layers to offload for both; -1 all (default on GPU builds), 0 none.
-        verbose: show llama.cpp's log for these models.
-        flash_attn: force flash attention on or off (default: off on the CPU, llama.cpp's choice on a GPU).
-        huge_pages: on a CPU build under Linux, ask for transparent huge pages for llama.cpp's buffers
-            (see ``localspec.hugepages``); False leaves its pages as they are.
-        defaults: generation options used where a call does not give them.
-        draft_k: suggested draft length for the draft model (see ``Pair``; default: the pair's).
-        history: draft from the target's earlier generations and record new
-            ones (default: on, unless the environment sets ``LOCALSPEC_HISTORY=off``).
-            The store is opened on the first generation that uses it.
-        notify: where one-line notices go (default: stderr): which draft was found, measurements.
-
-    Raises:
-        ModelFileError: a file is missing, not a GGUF, or fails to load.
-        RegistryError: an unknown pair name, or a pair not downloaded yet (the message says how).
-        VocabMismatchError: the draft's vocabulary differs from the target's.
-    """
-    say = notify or _stderr
-    files = resolve_models(target, draft)
-    for notice in files.notices:
-        say(notice)
-    target, draft = files.target, files.draft
-    n_ctx = n_ctx if n_ctx is not None else 4096 if files.n_ctx is None else files.n_ctx  # a pair's 0: its own
-    draft_k = draft_k if draft_k is not None else files.draft_k
-    # A recurrent target that can roll back keeps snapshots for auto's longest draft (longer ones checkpoint);
-    # a draft model decodes one token at a time, which no rollback undoes, so it checkpoints instead.
-    t = Model(target, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, n_gpu_layers=n_gpu_layers,
-              flash_attn=flash_attn, huge_pages=huge_pages, rollback_tokens=AUTO_KMAX, verbose=verbose)
-    d = None
-    try:
-        if draft is not None:
-            check_vocab(t.vocab_info(), read_vocab(draft))  # before the draft's weights are loaded
-            d = Model(draft, n_ctx=t.n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch,
-                      n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, huge_pages=huge_pages, rollback_tokens=0,
-                      verbose=verbose)
-        if history is None:
-            history = history_enabled()
-        return Pair(t, d, defaults=defaults, draft_k=draft_k, history=history, notify=notify)
-    except BaseException:
-        t.close()
-        if d is not None:
-            d.close()
-        raise

@@ -20,7 +20,7 @@ its new tokens.
 
 Requests are checked at two depths: the HTTP boundary (Host, Origin, API key,
 content type, body size) in ``server_http``, the JSON body in
-``server_requests``.
+``server_requests``; the replies' OpenAI shapes are built in ``server_replies``.
 
 Needs the ``server`` extra (FastAPI, uvicorn); the rest of localspec does not.
 """
@@ -30,12 +30,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import json
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterator, Optional, Sequence
+from typing import Any, AsyncIterator, Optional, Sequence
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -44,15 +42,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from . import server_logprobs
+from . import server_replies as replies
 from .api import Pair
 from .errors import ConfigError, ContextOverflowError, LocalspecError, NotInstalledError, SamplingError, TokenIdError
-from .methods import PREDICTION, REGISTRY
+from .methods import REGISTRY
 from .options import GenerationOptions
-from .results import Result, Stream
+from .results import Stream
 from .server_access import LOOPBACK_NAMES
 from .server_http import ApiError, Guard
 from .server_requests import ChatRequest, Limits, parse_body, parse_request
-from .tool_calls import CallEvent, CallReader
+from .tool_calls import CallReader
 from .tools import may_call
 
 #: The largest request body by default, in bytes (a full 32k-token context of text is about 130 kB).
@@ -70,38 +69,6 @@ def _library_error(exc: LocalspecError, chat: bool) -> ApiError:
     if isinstance(exc, NotInstalledError):  # the server lacks a part, not the request
         return ApiError(501, str(exc), type="server_error", code="not_installed")
     return ApiError(500, str(exc), type="server_error")
-
-
-def _stats(r: Result) -> dict[str, Any]:
-    """llama-server's timings and localspec's speculation stats."""
-    s = r.stats
-    processed = s.prompt_tokens - s.cached_prompt_tokens  # the rest came from the cache
-    timings = {
-        "prompt_n": processed, "cache_n": s.cached_prompt_tokens, "prompt_ms": 1000 * s.prefill_seconds,
-        "prompt_per_second": processed / s.prefill_seconds if s.prefill_seconds else 0.0,
-        "predicted_n": s.generated_tokens, "predicted_ms": 1000 * s.decode_seconds,
-        "predicted_per_second": s.generated_tokens / s.decode_seconds if s.decode_seconds else 0.0,
-        "draft_n": s.drafted, "draft_n_accepted": s.accepted,
-    }
-    ours = {"method": s.method, "k": s.k, "rounds": s.rounds,
-            "rounds_per_method": {m: n for m, n in s.rounds_by_method.items() if n}, "drafted": s.drafted,
-            "accepted": s.accepted, "acceptance_rate": s.acceptance_rate, "tokens_per_round": s.tokens_per_round,
-            "drafted_by": s.drafted_by, "accepted_by": s.accepted_by}
-    return {"timings": timings, "localspec": ours}
-
-
-def _usage(job: Job, r: Result) -> dict[str, Any]:
-    """OpenAI's usage; with a prediction, how many of its tokens were accepted and rejected, as OpenAI counts."""
-    predicted = job.request.options.prediction is not None
-    n = len(r.tokens)
-    usage: dict[str, Any] = {"prompt_tokens": len(r.prompt_tokens), "completion_tokens": n,
-                             "total_tokens": len(r.prompt_tokens) + n}
-    if predicted:
-        accepted = r.stats.accepted_by.get(PREDICTION.name, 0)
-        usage["completion_tokens_details"] = {
-            "accepted_prediction_tokens": accepted,
-            "rejected_prediction_tokens": r.stats.drafted_by.get(PREDICTION.name, 0) - accepted}
-    return usage
 
 
 @dataclass(eq=False)  # compared (and hashed) by identity: the server keeps a set of them
@@ -342,30 +309,8 @@ async def _next_event(server: Server, job: Job, request: Request) -> tuple[str, 
             continue
 
 
-def _logprobs(job: Job, entries: list[dict[str, Any]], offset: int = 0) -> Optional[dict[str, Any]]:
-    """A choice's ``logprobs`` in the request's shape; None when it did not ask for them."""
-    if job.request.options.logprobs is None:
-        return None
-    if job.request.chat:
-        return server_logprobs.chat(list(entries))
-    prompt = job.request.prompt
-    return server_logprobs.completion(entries, offset + (len(prompt) if isinstance(prompt, str) else 0))
-
-
-def _sse(obj: Any) -> str:
-    """One server-sent event carrying ``obj`` as JSON."""
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-def _envelope(server: Server, job: Job, rid: str, chunk: bool) -> dict[str, Any]:
-    kind = "chat.completion" if job.request.chat else "text_completion"
-    return {"id": rid, "object": kind + (".chunk" if chunk and job.request.chat else ""), "created": int(time.time()),
-            "model": server.name}
-
-
 async def _whole(server: Server, job: Job, request: Request) -> Any:
     """Answer once the generation is done."""
-    rid = ("chatcmpl-" if job.request.chat else "cmpl-") + uuid.uuid4().hex[:24]
     text: list[str] = []
     entries: list[dict[str, Any]] = []
     try:
@@ -384,21 +329,11 @@ async def _whole(server: Server, job: Job, request: Request) -> Any:
         raise
     if value is None:  # cancelled: nobody is listening
         return JSONResponse({}, status_code=499)
-    r: Result = value
-    choice: dict[str, Any] = {"index": 0, "finish_reason": r.finish_reason, "logprobs": _logprobs(job, entries)}
-    if job.request.chat:
-        choice["message"] = {"role": "assistant", "content": "".join(text)}
-        if r.tool_calls:  # the text was the calls and what came around them
-            choice["message"].update(content=r.content, tool_calls=[c.to_openai() for c in r.tool_calls])
-    else:
-        choice["text"] = "".join(text)
-    return {**_envelope(server, job, rid, False), "choices": [choice], "usage": _usage(job, r),
-            **_stats(r)}
+    return replies.whole(server.name, job.request, value, "".join(text), entries)
 
 
 async def _stream(server: Server, job: Job, request: Request) -> Any:
     """Server-sent events; errors before the first token are answered as plain errors."""
-    rid = ("chatcmpl-" if job.request.chat else "cmpl-") + uuid.uuid4().hex[:24]
     try:
         first = await _next_event(server, job, request)  # prefill happens before it: a too-long prompt fails here
     except BaseException:
@@ -406,66 +341,29 @@ async def _stream(server: Server, job: Job, request: Request) -> Any:
         raise
     if first[0] == "error":
         return first[1].response()
-
-    entries: list[dict[str, Any]] = []  # the tokens of the text not yet sent
-    offset = [0]  # where the next token's text starts (a completion's text_offset, counted as unstreamed)
-
-    def chunk(text: Optional[str], finish: Optional[str] = None, role: bool = False,
-              call: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
-                                  "logprobs": _logprobs(job, entries, offset[0]) if not role else None}
-        offset[0] += sum(len(e["token"]) for e in entries)
-        entries.clear()
-        if job.request.chat:
-            delta: dict[str, Any] = {"role": "assistant"} if role else {}
-            if text is not None:
-                delta["content"] = text
-            if call is not None:
-                delta["tool_calls"] = [call]
-            choice["delta"] = delta
-        else:
-            choice["text"] = text or ""
-        return {**_envelope(server, job, rid, True), "choices": [choice]}
-
+    chunks = replies.Chunks(server.name, job.request)
     reader = CallReader() if may_call(job.request.tools) else None
-
-    def pieces(found: list[CallEvent]) -> Iterator[str]:
-        """The chunks for what the reader found: content, a call's start, more of its arguments."""
-        for e in found:
-            if e.kind == "content":
-                yield _sse(chunk(e.text))
-            elif e.kind == "call":
-                yield _sse(chunk(None, call={"index": e.index, "id": e.id, "type": "function",
-                                             "function": {"name": e.text, "arguments": ""}}))
-            else:
-                yield _sse(chunk(None, call={"index": e.index, "function": {"arguments": e.text}}))
 
     async def events() -> AsyncIterator[str]:
         try:
-            if job.request.chat:
-                yield _sse(chunk("", role=True))
+            for piece in chunks.start():
+                yield piece
             kind, value = first
             while True:
                 if kind == "logprobs":
-                    entries.append(value)
+                    chunks.add_logprobs(value)
                 elif kind == "text":
-                    for piece in pieces(reader.feed(value)) if reader else (_sse(chunk(value)),):
+                    for piece in chunks.calls(reader.feed(value)) if reader else (chunks.text(value),):
                         yield piece
                 elif kind == "error":  # failed after streaming began: say so in the stream
-                    yield _sse({"error": {"message": value.message, "type": value.type, "code": value.code}})
+                    yield replies.sse({"error": {"message": value.message, "type": value.type, "code": value.code}})
                     break
                 else:
                     if value is not None:
-                        for piece in pieces(reader.close()) if reader else ():
+                        for piece in chunks.calls(reader.close()) if reader else ():
                             yield piece
-                        r: Result = value
-                        final = {**chunk(None, r.finish_reason), **_stats(r)}
-                        if job.request.chat:
-                            final["choices"][0]["delta"] = {}
-                        yield _sse(final)
-                        if job.request.include_usage:
-                            yield _sse({**_envelope(server, job, rid, True), "choices": [], "usage": _usage(job, r),
-                                       **_stats(r)})
+                        for piece in chunks.end(value, job.request.include_usage):
+                            yield piece
                     yield "data: [DONE]\n\n"
                     break
                 kind, value = await _next_event(server, job, request)

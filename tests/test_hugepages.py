@@ -117,7 +117,7 @@ def test_huge_pages_can_be_turned_off_through_load_and_the_command_line(tmp_path
     from conftest import real_models_dir
 
     import localspec
-    import localspec.api
+    import localspec.loading
 
     target = real_models_dir() / "target.gguf"
     with localspec.load(target, n_ctx=256, n_threads=2, huge_pages=False, history=False) as pair:
@@ -126,14 +126,14 @@ def test_huge_pages_can_be_turned_off_through_load_and_the_command_line(tmp_path
         assert pair.target.huge_page_bytes > 100 * HUGE_PAGE
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
     loaded: list = []
-    real_load = localspec.api.load
+    real_load = localspec.loading.load
 
     def load(*args, **kwargs):
         pair = real_load(*args, **kwargs)
         loaded.append(pair.target.huge_page_bytes)
         return pair
 
-    monkeypatch.setattr(localspec.api, "load", load)
+    monkeypatch.setattr(localspec.loading, "load", load)
     for flag, off in (("--no-huge-pages", True), ("--huge-pages", False)):
         r = run_cli(["generate", "-t", str(target), "--ctx", "256", "--threads", "2", flag,
                                      "-p", "def f(x):", "-n", "2", "-m", "plain"])

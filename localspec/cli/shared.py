@@ -78,7 +78,7 @@ class ModelArgs:
         A target given without a draft gets the best draft found on this machine
         (``localspec models --scan``), said on stderr, unless ``method`` needs none.
         """
-        from ..api import load
+        from ..loading import load
         from ..naming import default_draft, names_a_model
 
         if self.pair_name and self.target:

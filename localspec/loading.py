@@ -1,0 +1,96 @@
+"""Loading a pair: a name or paths to the two models, loaded and checked, as a ``Pair``."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Optional, Union
+
+from .api import Pair, notice_to_stderr
+from .backend import Model
+from .compat import check_vocab
+from .llama import read_vocab
+from .methods import AUTO_KMAX
+from .naming import resolve_models
+from .options import GenerationOptions
+
+PathLike = Union[str, os.PathLike]
+
+
+def history_enabled() -> bool:
+    """History's global switch: on unless ``LOCALSPEC_HISTORY`` is off, 0, false or no."""
+    return os.environ.get("LOCALSPEC_HISTORY", "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+def load(
+    target: PathLike,
+    draft: Optional[PathLike] = None,
+    *,
+    n_ctx: Optional[int] = None,
+    n_threads: Optional[int] = None,
+    n_threads_batch: Optional[int] = None,
+    n_gpu_layers: Optional[int] = None,
+    verbose: bool = False,
+    flash_attn: Optional[bool] = None,
+    huge_pages: bool = True,
+    defaults: Optional[GenerationOptions] = None,
+    draft_k: Optional[int] = None,
+    history: Optional[bool] = None,
+    notify: Optional[Callable[[str], None]] = None,
+) -> Pair:
+    """Load a target model and, optionally, a draft model of the same family.
+
+    Args:
+        target: the target .gguf; or a registered pair's name (``"qwen2.5-coder-1.5b"``: its target and
+            draft); or a name from the model stores on this machine (``"ollama:qwen2.5-coder:7b"``,
+            ``"lmstudio:..."``, ``"hf:ORG/REPO/FILE.gguf"``), as ``localspec models --scan`` lists them.
+        draft: the draft .gguf or store name (same vocabulary); ``"auto"`` for the best draft on this
+            machine (said through ``notify``); ``"none"`` for no draft; None for a pair's own draft, or
+            none with a target file (lookup, history and plain only).
+        n_ctx: context length for both models (0: the target's training context; default: the pair's,
+            else 4096).
+        n_threads: CPU threads for single-token steps, both models (default: the fastest, measured once).
+        n_threads_batch: CPU threads for batches: verification and prompts (default: the fastest, measured
+            with the steps; or ``n_threads`` when that is given).
+        n_gpu_layers: layers to offload for both; -1 all (default on GPU builds), 0 none.
+        verbose: show llama.cpp's log for these models.
+        flash_attn: force flash attention on or off (default: off on the CPU, llama.cpp's choice on a GPU).
+        huge_pages: on a CPU build under Linux, ask for transparent huge pages for llama.cpp's buffers
+            (see ``localspec.hugepages``); False leaves its pages as they are.
+        defaults: generation options used where a call does not give them.
+        draft_k: suggested draft length for the draft model (see ``Pair``; default: the pair's).
+        history: draft from the target's earlier generations and record new
+            ones (default: on, unless the environment sets ``LOCALSPEC_HISTORY=off``).
+            The store is opened on the first generation that uses it.
+        notify: where one-line notices go (default: stderr): which draft was found, measurements.
+
+    Raises:
+        ModelFileError: a file is missing, not a GGUF, or fails to load.
+        RegistryError: an unknown pair name, or a pair not downloaded yet (the message says how).
+        VocabMismatchError: the draft's vocabulary differs from the target's.
+    """
+    say = notify or notice_to_stderr
+    files = resolve_models(target, draft)
+    for notice in files.notices:
+        say(notice)
+    target, draft = files.target, files.draft
+    n_ctx = n_ctx if n_ctx is not None else 4096 if files.n_ctx is None else files.n_ctx  # a pair's 0: its own
+    draft_k = draft_k if draft_k is not None else files.draft_k
+    # A recurrent target that can roll back keeps snapshots for auto's longest draft (longer ones checkpoint);
+    # a draft model decodes one token at a time, which no rollback undoes, so it checkpoints instead.
+    t = Model(target, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, n_gpu_layers=n_gpu_layers,
+              flash_attn=flash_attn, huge_pages=huge_pages, rollback_tokens=AUTO_KMAX, verbose=verbose)
+    d = None
+    try:
+        if draft is not None:
+            check_vocab(t.vocab_info(), read_vocab(draft))  # before the draft's weights are loaded
+            d = Model(draft, n_ctx=t.n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch,
+                      n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, huge_pages=huge_pages, rollback_tokens=0,
+                      verbose=verbose)
+        if history is None:
+            history = history_enabled()
+        return Pair(t, d, defaults=defaults, draft_k=draft_k, history=history, notify=notify)
+    except BaseException:
+        t.close()
+        if d is not None:
+            d.close()
+        raise

@@ -1,0 +1,72 @@
+"""Prompts from what a caller gives: chat messages through the GGUF's chat template, a fill-in-the-middle
+prompt from a prefix and a suffix, and the check that a text can fit the context at all."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from .backend import Model
+from .errors import ConfigError, ContextOverflowError
+from .tools import template_messages
+
+
+def chat_text(target: Model, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+              tools: Sequence[Mapping[str, Any]] = ()) -> str:
+    """Chat messages rendered with the chat template stored in ``target``'s GGUF (see ``Pair.format_chat``).
+
+    Raises:
+        ConfigError: the GGUF has no chat template, or the template rejects the messages.
+    """
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    template = target.chat_template()
+    if not template:
+        raise ConfigError(
+            f"{target.path.name} has no chat template in its metadata; "
+            "use a raw prompt (--prompt) instead of chat messages."
+        )
+    formatter = Jinja2ChatFormatter(
+        template=template,
+        eos_token=target.special_text(target.eos),
+        bos_token=target.special_text(target.bos),
+        add_generation_prompt=add_generation_prompt,
+    )
+    try:
+        return formatter(messages=template_messages(messages),  # type: ignore[arg-type]
+                         tools=list(tools) or None).prompt  # type: ignore[arg-type]
+    except Exception as exc:  # jinja2 errors and the template's own raise_exception
+        raise ConfigError(f"The chat template of {target.path.name} rejected the messages: {exc}") from exc
+
+
+def infill_tokens(target: Model, prefix: str, suffix: str) -> list[int]:
+    """The fill-in-the-middle prompt in the layout llama.cpp's server gives one file:
+    [BOS] FIM_PRE prefix FIM_SUF suffix FIM_MID (without its repository and file-name tokens, and uncut).
+
+    Raises:
+        ConfigError: the target's vocabulary has no fill-in-the-middle tokens.
+        ContextOverflowError: the two texts cannot fit the context (``check_length``).
+    """
+    fim = target.fim_tokens()
+    if fim is None:
+        raise ConfigError(f"{target.path.name} has no fill-in-the-middle tokens (such as <|fim_prefix|>), so it "
+                          "cannot fill in between a prefix and a suffix; use a coder model that has them.")
+    check_length(target, prefix + suffix)
+
+    def text(s: str) -> list[int]:  # a user's text: "<|fim_suffix|>" in it is text, not the token
+        return target.tokenize(s, add_special=False, parse_special=False)
+
+    return [*([target.bos] if target.adds_bos else []), fim[0], *text(prefix), fim[1], *text(suffix), fim[2]]
+
+
+def check_length(target: Model, text: str) -> None:
+    """Refuse a text that cannot fit the context, before paying to tokenize all of it.
+
+    Raises:
+        ContextOverflowError: the text is longer than any tokenization of it could fit.
+    """
+    # No token covers more than longest_token_bytes bytes (>= characters) of text.
+    if len(text) > target.longest_token_bytes * (target.n_ctx - 1):
+        raise ContextOverflowError(
+            f"The prompt is {len(text)} characters, which cannot fit in {target.n_ctx} tokens of context "
+            f"(no token of {target.path.name} covers more than {target.longest_token_bytes} characters); "
+            "shorten the prompt or raise the context length (--ctx).")
