@@ -52,9 +52,17 @@ class PeerRunner:
             llama.close()
 
     def generate(self, method: str, k: int, prompt: Sequence[int], temperature: float, seed: int,
-                 max_tokens: int, top_p: float = 1.0) -> tuple[list[int], GenerationStats]:
-        """One timed generation from an empty cache; returns the tokens (end token excluded) and stats."""
+                 max_tokens: int, top_p: float = 1.0,
+                 grammar: Optional[str] = None) -> tuple[list[int], GenerationStats]:
+        """One timed generation from an empty cache; returns the tokens (end token excluded) and stats.
+
+        Args:
+            grammar: GBNF text to decode under, with llama-cpp-python's own grammar sampler.
+        """
+        from llama_cpp.llama_grammar import LlamaGrammar
+
         llama = self.plain if method == PEER_PLAIN else self.lookup
+        parsed = LlamaGrammar.from_string(grammar, verbose=False) if grammar is not None else None
         if method == PEER_LOOKUP:
             llama.draft_model = self._lookup_cls(num_pred_tokens=k)
         llama.reset()  # an empty cache: the whole prompt is processed, as in localspec's rows
@@ -65,7 +73,7 @@ class PeerRunner:
         t_first: Optional[float] = None
         t_end = t0
         for tok in llama.generate(list(prompt), temp=temperature, top_k=0, top_p=top_p, min_p=0.0,
-                                  typical_p=1.0, repeat_penalty=1.0, reset=True):
+                                  typical_p=1.0, repeat_penalty=1.0, reset=True, grammar=parsed):
             t_end = time.perf_counter()
             if t_first is None:
                 t_first = t_end

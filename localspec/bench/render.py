@@ -50,6 +50,10 @@ def _preamble(report: BenchReport, peers: bool) -> list[str]:
                "split: its target + draft model + Python parts.")
     out.append("Ratios are medians over repetitions; the ranges after them are 95% intervals of the (geometric) "
                "mean ratio (t on the log ratios of paired repetitions), or min-max with fewer than three.")
+    if report.settings.get("constrained"):
+        out.append("Under a constraint (" + ", ".join(report.settings["constrained"]) + ") every row decodes under "
+                   "it: localspec's by llguidance, lcp's by its own GBNF of the same schema, whose tokens are not "
+                   "compared (the two may lay out whitespace differently); 'forced': tokens the grammar forced.")
     if peers:
         out.append("lcp = llama-cpp-python's own Llama (plain, and its prompt-lookup draft), same file and threads; "
                    "'vs lcp' is the headline speedup, 'vs plain' is against localspec's plain path.")
@@ -73,6 +77,8 @@ def _row(row: Row, name: str, peers: bool) -> str:
         rms += f" ({row.round_ms_predicted_here:.0f})"
     if row.divergence:
         verdict += f" @{int(row.divergence['token'])} (margin {row.divergence['margin']:.3f})"
+    if row.forced_share is not None:
+        verdict += f"  forced {row.forced_share:.0%}"
     if row.auto_rounds:
         verdict += "  [" + " ".join(f"{m}:{n}" for m, n in row.auto_rounds.items() if n) + "]"
     return (f"{name:<15} {row.temperature:>4.1f} {row.label:<15} "

@@ -20,6 +20,7 @@ from .exactness import TIE_MARGIN, batch_noise
 from .machine import machine_info
 from .peers import PEER_METHODS, PeerRunner
 from .records import BenchReport, Run
+from .structured import Prepared, prepare
 from .suite import BenchPrompt, MethodSpec, rotation
 from .summary import summarise, widest_interval
 
@@ -80,14 +81,17 @@ def run_bench(
     if pair.draft is None and any(getattr(REGISTRY.find(m.method), "needs_draft", False) for m in methods):
         raise ConfigError("Draft-model methods need a draft model (--draft).")
     profile = pair.calibrate()
-    prompt_ids = {bp.name: prompt_tokens(pair, bp) for bp in prompts}  # template and tokenizer once
-    noise = batch_noise(pair.target, prompt_ids[prompts[0].name])
+    prepared = {bp.name: prepare(pair, bp) for bp in prompts}  # template, tokenizer and constraints once
+    noise = batch_noise(pair.target, prepared[prompts[0].name].tokens)
     report = BenchReport(profile={"source": profile.source, **profile.relative(),
                                   "step_seconds": profile.verify[0], "batch_noise": noise,
                                   "tie_margin": max(TIE_MARGIN, 2 * noise)},
                          settings={"reps": reps, "max_tokens": max_tokens, "temperatures": list(temperatures),
                                    "precision": None if precision is None else dataclasses.asdict(precision),
                                    "top_p": top_p, "methods": [m.label for m in methods]})
+    constrained = sorted(name for name, p in prepared.items() if p.grammar is not None)
+    if constrained:
+        report.settings["constrained"] = constrained
     runs: list[Run] = []
     peers = PeerRunner(pair.target) if any(m.method in PEER_METHODS for m in methods) else None
     if peers is not None:
@@ -104,7 +108,7 @@ def run_bench(
                 for pi, bp in enumerate(prompts):
                     deadline = started + (precision.budget_seconds * (ti * len(prompts) + pi + 1) / shares
                                           if precision is not None else 0.0)
-                    mine = session.measure(bp, prompt_ids[bp.name], temperature, reps, precision, deadline,
+                    mine = session.measure(bp, prepared[bp.name], temperature, reps, precision, deadline,
                                            warm_all=pi == 0)
                     runs += mine
                     if on_prompt:
@@ -112,7 +116,8 @@ def run_bench(
     finally:
         if peers is not None:
             peers.close()
-    report.rows = summarise(pair, prompt_ids, runs, profile, max(TIE_MARGIN, 2 * noise))
+    report.rows = summarise(pair, {name: p.tokens for name, p in prepared.items()}, runs, profile,
+                            max(TIE_MARGIN, 2 * noise), constrained)
     report.mismatches = sum(row.exactness == "MISMATCH" or row.exactness_peer == "MISMATCH" for row in report.rows)
     report.machine = machine_info(pair, checksums)
     return report
@@ -130,7 +135,7 @@ class _Session:
     top_p: float
     progress: Optional[Callable[[str], None]]
 
-    def measure(self, bp: BenchPrompt, tokens: list[int], temperature: float, reps: int,
+    def measure(self, bp: BenchPrompt, tokens: Prepared, temperature: float, reps: int,
                 precision: Optional[Precision], deadline: float, warm_all: bool) -> list[Run]:
         """One prompt's runs: ``reps`` rotations of the methods, then more while ``precision`` asks for them."""
         runs: list[Run] = []
@@ -154,19 +159,20 @@ class _Session:
 
 
 def prompt_tokens(pair: Pair, bp: BenchPrompt) -> list[int]:
-    return pair.chat_tokens(bp.messages) if bp.messages is not None else pair.tokenize(bp.text or "")
+    return prepare(pair, bp).tokens
 
 
-def generate(pair: Pair, peers: Optional[PeerRunner], tokens: list[int], spec: MethodSpec, temperature: float,
-              seed: int, max_tokens: int, top_p: float) -> tuple[list[int], GenerationStats]:
+def generate(pair: Pair, peers: Optional[PeerRunner], prompt: Prepared, spec: MethodSpec, temperature: float,
+             seed: int, max_tokens: int, top_p: float) -> tuple[list[int], GenerationStats]:
     top_p = top_p if temperature > 0 else 1.0
     if spec.method in PEER_METHODS:
         assert peers is not None
-        return peers.generate(spec.method, spec.k, tokens, temperature, seed, max_tokens, top_p)
+        return peers.generate(spec.method, spec.k, prompt.tokens, temperature, seed, max_tokens, top_p,
+                              grammar=prompt.peer_grammar)
     method = REGISTRY.get(spec.method)
-    return fresh_generate(pair, tokens, GenerationOptions(
+    return fresh_generate(pair, prompt.tokens, GenerationOptions(
         max_tokens=max_tokens, method=spec.method, k=spec.k, temperature=temperature, top_p=top_p, seed=seed,
-        history=spec.history and method.uses_history))
+        history=spec.history and method.uses_history, grammar=prompt.grammar))
 
 
 def fresh_generate(pair: Pair, tokens: list[int], opts: GenerationOptions) -> tuple[list[int], GenerationStats]:

@@ -6,22 +6,33 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
+from ..constraint import Constraint
 from ..errors import ConfigError
 from ..methods import AUTO, PLAIN, REGISTRY
+from ..tools import tool_use
 from .peers import PEER_LOOKUP, PEER_PLAIN
 
 
 @dataclass
 class BenchPrompt:
-    """One prompt of the suite: raw ``text`` or chat ``messages``."""
+    """One prompt of the suite: raw ``text``, chat ``messages``, or a ``prefix`` and ``suffix`` to fill in between.
+
+    A structured prompt also gives OpenAI's ``response_format``, or ``tools`` (with chat messages) and a
+    ``tool_choice``: every row then decodes under that constraint (see ``bench.structured``).
+    """
 
     category: str
     text: Optional[str] = None
     messages: Optional[list[dict[str, str]]] = None
     quick: bool = False
     name: str = ""
+    prefix: Optional[str] = None
+    suffix: Optional[str] = None
+    response_format: Optional[dict[str, Any]] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Any = None
 
 
 @dataclass(frozen=True)
@@ -51,7 +62,8 @@ PEER_LOOKUP_K = (2, 10)
 
 def load_suite(path: Optional[Path] = None, categories: Sequence[str] = (), quick: bool = False,
                builtin: str = "suite.jsonl") -> list[BenchPrompt]:
-    """The built-in suite, or a JSONL file of ``{"category", "prompt" | "messages"}`` lines.
+    """The built-in suite, or a JSONL file of ``{"category", "prompt" | "messages" | "prefix" and "suffix"}``
+    lines, each with an optional ``"response_format"``, or ``"tools"`` and ``"tool_choice"``.
 
     Args:
         path: a JSONL file; None for the file ``builtin`` shipped with localspec.
@@ -83,15 +95,8 @@ def load_suite(path: Optional[Path] = None, categories: Sequence[str] = (), quic
             raise ConfigError(f"{source}, line {lineno}: not valid JSON ({exc}).") from exc
         if not isinstance(rec, dict) or not isinstance(rec.get("category"), str):
             raise ConfigError(f"{source}, line {lineno}: needs a \"category\" string.")
-        text, messages = rec.get("prompt"), rec.get("messages")
-        if (text is None) == (messages is None):
-            raise ConfigError(f"{source}, line {lineno}: give exactly one of \"prompt\" or \"messages\".")
-        if messages is not None and not (
-                isinstance(messages, list) and all(isinstance(m, dict) and "role" in m and "content" in m
-                                                   for m in messages)):
-            raise ConfigError(f"{source}, line {lineno}: \"messages\" must be a list of {{role, content}} objects.")
-        prompts.append(BenchPrompt(rec["category"], text, messages, bool(rec.get("quick", False)),
-                                   f"{rec['category']}#{sum(p.category == rec['category'] for p in prompts) + 1}"))
+        prompts.append(_prompt(rec, f"{source}, line {lineno}",
+                               f"{rec['category']}#{sum(p.category == rec['category'] for p in prompts) + 1}"))
     if categories:
         prompts = [p for p in prompts if p.category in categories]
     if quick:
@@ -103,6 +108,36 @@ def load_suite(path: Optional[Path] = None, categories: Sequence[str] = (), quic
     if not prompts:
         raise ConfigError(f"No prompts left in the {source} after filtering by {', '.join(categories) or 'quick'}.")
     return prompts
+
+
+def _prompt(rec: dict[str, Any], where: str, name: str) -> BenchPrompt:
+    """One suite line as a prompt (ConfigError naming ``where`` when a field is wrong)."""
+    text, messages, prefix, suffix = (rec.get(f) for f in ("prompt", "messages", "prefix", "suffix"))
+    infill = prefix is not None or suffix is not None
+    if sum((text is not None, messages is not None, infill)) != 1:
+        raise ConfigError(f"{where}: give exactly one of \"prompt\", \"messages\", or \"prefix\" and \"suffix\".")
+    if messages is not None and not (
+            isinstance(messages, list) and all(isinstance(m, dict) and "role" in m and "content" in m
+                                               for m in messages)):
+        raise ConfigError(f"{where}: \"messages\" must be a list of {{role, content}} objects.")
+    if infill and not (isinstance(prefix, str) and isinstance(suffix, str)):
+        raise ConfigError(f"{where}: fill-in-the-middle needs both \"prefix\" and \"suffix\", as strings.")
+    tools, response_format = rec.get("tools"), rec.get("response_format")
+    if tools is not None and messages is None:
+        raise ConfigError(f"{where}: \"tools\" go with chat \"messages\".")
+    if tools is not None and response_format is not None:
+        raise ConfigError(f"{where}: give \"tools\" or \"response_format\", not both.")
+    if response_format is not None and infill:
+        raise ConfigError(f"{where}: a fill-in-the-middle prompt takes no \"response_format\".")
+    try:  # the library's own checks, with the line named
+        if response_format is not None:
+            Constraint.response_format(response_format)
+        if tools is not None:
+            tool_use(tools, rec.get("tool_choice"))
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    return BenchPrompt(rec["category"], text, messages, bool(rec.get("quick", False)), name, prefix, suffix,
+                       response_format, tools, rec.get("tool_choice"))
 
 
 def load_related(path: Optional[Path] = None) -> list[BenchPrompt]:

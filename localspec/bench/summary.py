@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import statistics
-from typing import Optional
+from typing import Collection, Optional
 
 from ..api import Pair
 from ..costs import CostProfile, predicted_round_seconds, predicted_speedup
+from ..events import SOURCE_GRAMMAR
 from ..methods import PLAIN, REGISTRY
 from .exactness import worst_verdict
 from .intervals import Interval, ratio_interval
@@ -16,7 +17,9 @@ from .suite import MethodSpec
 
 
 def summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], profile: CostProfile,
-               tie_margin: float) -> list[Row]:
+              tie_margin: float, own_grammar: Collection[str] = ()) -> list[Row]:
+    """The rows of a run; the peers' tokens are not compared on the prompts in ``own_grammar`` (they decode
+    under their own grammar engine's version of the constraint, see ``structured``)."""
     rows = []
     margins: dict[tuple[int, ...], float] = {}
     by_key = by_row(runs)
@@ -32,12 +35,13 @@ def summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], pro
                   for key in ("rounds", "empty_rounds", "rejected_rounds", "drafted", "accepted")}
         exactness, divergence, exactness_peer = "-", None, "-"
 
-        if temperature == 0:
+        foreign = name in own_grammar  # the peers decode under another engine's grammar: not compared
+        if temperature == 0 and not (foreign and method in PEER_METHODS):
             exactness, divergence = ("reference", None) if method == PLAIN.name else worst_verdict(
                 pair.target, prompt_ids[name], plain[0].tokens, group, tie_margin, margins)
-            if peer is not None:
-                exactness_peer = "reference" if method == PEER_PLAIN else worst_verdict(
-                    pair.target, prompt_ids[name], peer[0].tokens, group, tie_margin, margins)[0]
+        if temperature == 0 and peer is not None and not foreign:
+            exactness_peer = "reference" if method == PEER_PLAIN else worst_verdict(
+                pair.target, prompt_ids[name], peer[0].tokens, group, tie_margin, margins)[0]
         rows.append(Row(
             prompt=name, category=group[0].category, method=method, k=k, temperature=temperature, history=history,
             decode_tps=statistics.median(tps(r) for r in group),
@@ -66,9 +70,17 @@ def summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], pro
             round_time_by=None if method in PEER_METHODS else round_time_by(group),
             speedup_interval=_bounds(ratio_interval(speedups)) if method != PLAIN.name else None,
             speedup_peer_interval=_bounds(ratio_interval(vs_peer)) if method != PEER_PLAIN else None,
+            forced_share=forced_share(group),
         ))
         _against_fastest_peer(rows[-1], group, by_key)
     return rows
+
+
+def forced_share(group: list[Run]) -> Optional[float]:
+    """The share of the generated tokens that a grammar forced (None where it forced none)."""
+    forced = sum(r.stats.get("accepted_by", {}).get(SOURCE_GRAMMAR, 0) for r in group)
+    generated = sum(r.stats["generated_tokens"] for r in group)
+    return forced / generated if forced and generated else None
 
 
 def by_row(runs: list[Run]) -> dict[tuple, list[Run]]:

@@ -43,6 +43,9 @@ from .shared import ModelArgs, friendly_errors, model_options
 @click.option("--related", is_flag=True,
               help="Run the related-requests workload instead (or --suite FILE, in order): auto with an empty "
                    "history and with the earlier requests' history, against llama-cpp-python plain.")
+@click.option("--structured", is_flag=True,
+              help="Run the structured suite instead: extraction into a JSON Schema, tool calls and fill-in-the-"
+                   "middle, every row under the prompt's constraint (llama-cpp-python's under its own grammar).")
 @click.option("--sampled", is_flag=True, help="Also run sampled (seeded by repetition), against the peers too.")
 @click.option("--sampled-temperature", type=float, default=0.7, show_default=True)
 @click.option("--sampled-top-p", type=float, default=0.9, show_default=True)
@@ -54,7 +57,8 @@ from .shared import ModelArgs, friendly_errors, model_options
 def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], quick: bool, reps: Optional[int],
           width: Optional[float], budget_minutes: Optional[float], max_tokens: Optional[int], k_lookup: Optional[str],
           k_draft: Optional[str], k_lcp_lookup: Optional[str], no_auto: bool, no_peers: bool,
-          history_check: bool, related: bool, sampled: bool, sampled_temperature: float, sampled_top_p: float,
+          history_check: bool, related: bool, structured: bool, sampled: bool, sampled_temperature: float,
+          sampled_top_p: float,
           json_path: Optional[str], plot_path: Optional[str]) -> None:
     """Compare plain decoding, lookup, draft and auto, and llama-cpp-python's own decoding, side by side.
 
@@ -70,10 +74,13 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
     if no_peers and k_lcp_lookup is not None:
         raise click.UsageError("--k-lcp-lookup sets llama-cpp-python's lookup rows, which --no-peers leaves out; "
                                "give one or the other.")
+    if related and structured:
+        raise click.UsageError("--related and --structured are two different workloads; give one.")
     if related:
         _bench_related(models, suite, reps, max_tokens, json_path)
         return
-    prompts = load_suite(Path(suite) if suite else None, categories, quick)
+    prompts = load_suite(Path(suite) if suite else None, categories, quick,
+                         builtin="structured.jsonl" if structured else "suite.jsonl")
     ks = {LOOKUP.name: _k_list(k_lookup, "--k-lookup"), DRAFT.name: _k_list(k_draft, "--k-draft"),
           PEER_LOOKUP: _k_list(k_lcp_lookup, "--k-lcp-lookup")}
     GenerationOptions(temperature=sampled_temperature, top_p=sampled_top_p)  # bad values fail before any work

@@ -1,0 +1,131 @@
+"""The structured bench: every row under the prompt's constraint (llama-cpp-python's under its own GBNF of the
+same schema), exact against constrained plain decoding, with the forced tokens' share; its suite's errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from clirun import run_cli
+from test_tools import TEMPLATE, TOOLS
+from tinymodel import write_tiny_model
+
+import localspec
+from localspec.bench import load_suite, run_bench
+from localspec.bench.peers import PEER_LOOKUP, PEER_PLAIN
+from localspec.bench.structured import prepare, tool_call_gbnf
+from localspec.bench.suite import MethodSpec
+from localspec.errors import ConfigError
+from localspec.tools import CLOSE, OPEN, ToolUse
+
+SCHEMA = {"type": "object", "properties": {"animal": {"type": "string", "maxLength": 12},
+                                           "legs": {"type": "integer", "minimum": 0, "maximum": 8}},
+          "required": ["animal", "legs"], "additionalProperties": False}
+MESSAGES = [{"role": "user", "content": "in the end, in the end, what is the weather in the end"}]
+LINES = [
+    {"category": "extract", "messages": MESSAGES,
+     "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}},
+    {"category": "tool-call", "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required"},
+    {"category": "free", "prompt": "The cat sat on the mat and the dog"},
+]
+METHODS = [MethodSpec("plain"), MethodSpec(PEER_PLAIN), MethodSpec(PEER_LOOKUP, 2), MethodSpec("lookup", 3),
+           MethodSpec("draft", 3), MethodSpec("auto", 8)]
+
+
+@pytest.fixture(scope="module")
+def tool_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("structured-bench")
+    for name, noise in (("t.gguf", 0.0), ("d.gguf", 0.35)):
+        write_tiny_model(d / name, seed=0, noise=noise, user_tokens=[OPEN, CLOSE], chat_template=TEMPLATE)
+    suite = d / "structured.jsonl"
+    suite.write_text("".join(json.dumps(line) + "\n" for line in LINES))
+    return d
+
+
+def test_the_builtin_structured_suite_has_extraction_tool_calls_and_fill_in():
+    suite = load_suite(builtin="structured.jsonl")
+    assert {p.category for p in suite} == {"extract", "tool-call", "fill-in"}
+    assert {p.category for p in load_suite(builtin="structured.jsonl", quick=True)} == {"extract", "tool-call",
+                                                                                        "fill-in"}
+    for p in suite:
+        assert (p.response_format is not None) == (p.category == "extract")
+        assert (p.tools is not None) == (p.category == "tool-call")
+        assert (p.prefix is not None and p.suffix is not None) == (p.category == "fill-in")
+
+
+@pytest.mark.parametrize("line,message", [
+    ({"category": "x", "prompt": "a", "tools": TOOLS}, "\"tools\" go with chat \"messages\""),
+    ({"category": "x", "prefix": "a"}, "needs both \"prefix\" and \"suffix\""),
+    ({"category": "x", "prompt": "a", "prefix": "b", "suffix": "c"}, "exactly one of"),
+    ({"category": "x", "prompt": "a", "response_format": {"type": "yaml"}}, "response_format type must be"),
+    ({"category": "x", "messages": MESSAGES, "tools": TOOLS, "tool_choice": "get_nothing"}, "get_nothing"),
+    ({"category": "x", "prefix": "a", "suffix": "b", "response_format": {"type": "json_object"}},
+     "takes no \"response_format\""),
+])
+def test_a_bad_structured_line_names_the_file_and_line(tmp_path, line, message):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"category": "ok", "prompt": "hi"}\n' + json.dumps(line) + "\n")
+    with pytest.raises(ConfigError, match=rf"bad\.jsonl, line 2: .*{message}"):
+        load_suite(bad)
+
+
+def test_every_row_decodes_under_the_constraint_and_localspecs_are_exact(tool_dir):
+    prompts = load_suite(tool_dir / "structured.jsonl")
+    with localspec.load(tool_dir / "t.gguf", tool_dir / "d.gguf", n_ctx=1024, history=False) as pair:
+        report = run_bench(pair, prompts, METHODS, reps=2, max_tokens=32, checksums=False)
+        prepared = {p.name: prepare(pair, p) for p in prompts}
+        texts = {}  # each row's text on each prompt, from a fresh run of the same options
+        for name, p in prepared.items():
+            plain = pair.generate(p.tokens, max_tokens=32, method="plain", grammar=p.grammar)
+            texts[name] = plain.text
+    assert report.mismatches == 0 and report.settings["constrained"] == ["extract#1", "tool-call#1"]
+    rows = {(r.prompt, r.label): r for r in report.rows}
+    for r in report.rows:
+        if r.method in ("lookup", "draft", "auto"):
+            assert r.exactness in ("identical", "tie"), r
+        if r.prompt != "free#1":  # the peers decode under another engine's grammar: timed, not compared
+            assert r.exactness_peer == "-" and (r.exactness == "-") == (r.method in (PEER_PLAIN, PEER_LOOKUP))
+    assert rows[("free#1", "lookup k=3")].exactness_peer in ("identical", "tie")  # unconstrained: compared
+    assert texts["extract#1"].startswith('{"animal": "')
+    assert texts["tool-call#1"].startswith(OPEN + '\n{"name": "get_')
+    # keys, quotes and the call's frame are forced: drafted for free by every drafting row
+    assert rows[("tool-call#1", "lookup k=3")].forced_share > 0.2
+    assert rows[("tool-call#1", "plain")].forced_share is None  # plain decoding drafts nothing
+    assert rows[("free#1", "auto")].forced_share is None
+
+
+def test_llama_cpp_pythons_rows_follow_their_own_grammar(tool_dir):
+    """The peer's GBNF holds its output to the same shapes: the schema's object, the call in its frame."""
+    from localspec.bench.peers import PeerRunner
+
+    prompts = load_suite(tool_dir / "structured.jsonl")
+    with localspec.load(tool_dir / "t.gguf", n_ctx=1024, history=False) as pair:
+        peers = PeerRunner(pair.target)
+        try:
+            for p in prompts[:2]:
+                prep = prepare(pair, p)
+                tokens, _ = peers.generate(PEER_PLAIN, 0, prep.tokens, 0.0, 0, 48, grammar=prep.peer_grammar)
+                free, _ = peers.generate(PEER_PLAIN, 0, prep.tokens, 0.0, 0, 48)
+                text = pair.target.detokenize(tokens)
+                assert text.startswith("{" if p.category == "extract" else OPEN + "\n{"), text
+                assert tokens != free  # the grammar changed what it decoded
+        finally:
+            peers.close()
+
+
+def test_a_named_tool_choice_is_one_call_of_that_tool_in_gbnf():
+    gbnf = tool_call_gbnf(ToolUse.from_openai(TOOLS, "get_time"))
+    assert gbnf is not None and gbnf.startswith(f'root ::= "{OPEN}\\n" call "\\n{CLOSE}"')
+    assert "get_time" in gbnf and "get_weather" not in gbnf
+    assert tool_call_gbnf(ToolUse.from_openai(TOOLS, "auto")) is None  # GBNF cannot wait for the call token
+
+
+def test_the_structured_bench_from_the_command_line(tool_dir):
+    r = run_cli(["bench", "-t", str(tool_dir / "t.gguf"), "-d", str(tool_dir / "d.gguf"), "--suite",
+                 str(tool_dir / "structured.jsonl"), "--category", "tool-call", "--reps", "1", "-n", "24",
+                 "--k-lookup", "3", "--k-draft", "none", "--k-lcp-lookup", "none"])
+    assert r.exit_code == 0, r.output
+    assert "Under a constraint (tool-call#1) every row decodes under it" in r.output
+    assert "forced " in r.output
+    r = run_cli(["bench", "-t", str(tool_dir / "t.gguf"), "--structured", "--related"])
+    assert r.exit_code != 0 and "two different workloads" in r.output
