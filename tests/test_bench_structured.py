@@ -129,3 +129,5 @@ def test_the_structured_bench_from_the_command_line(tool_dir):
     assert "forced " in r.output
     r = run_cli(["bench", "-t", str(tool_dir / "t.gguf"), "--structured", "--related"])
     assert r.exit_code != 0 and "two different workloads" in r.output
+    r = run_cli(["bench", "-t", str(tool_dir / "t.gguf"), "--related", "--suite", str(tool_dir / "structured.jsonl")])
+    assert r.exit_code == 1 and "extract#1 gives a response_format or tools" in r.output  # never decoded freely

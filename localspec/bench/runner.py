@@ -135,7 +135,7 @@ class _Session:
     top_p: float
     progress: Optional[Callable[[str], None]]
 
-    def measure(self, bp: BenchPrompt, tokens: Prepared, temperature: float, reps: int,
+    def measure(self, bp: BenchPrompt, prompt: Prepared, temperature: float, reps: int,
                 precision: Optional[Precision], deadline: float, warm_all: bool) -> list[Run]:
         """One prompt's runs: ``reps`` rotations of the methods, then more while ``precision`` asks for them."""
         runs: list[Run] = []
@@ -145,10 +145,10 @@ class _Session:
                               and widest_interval(runs) > precision.width):
             for spec in rotation(self.methods, rep):
                 if rep == 0 and (spec == self.methods[0] or warm_all):  # warm-up: plain per prompt, the rest once
-                    generate(self.pair, self.peers, tokens, spec, temperature, 0, min(16, self.max_tokens),
+                    generate(self.pair, self.peers, prompt, spec, temperature, 0, min(16, self.max_tokens),
                              self.top_p)
                 self.empty.clear()
-                out, stats = generate(self.pair, self.peers, tokens, spec, temperature, rep, self.max_tokens,
+                out, stats = generate(self.pair, self.peers, prompt, spec, temperature, rep, self.max_tokens,
                                       self.top_p)
                 runs.append(Run(bp.name, bp.category, spec.method, spec.k, rep, temperature, out, stats.to_dict(),
                                 spec.history))
@@ -159,6 +159,14 @@ class _Session:
 
 
 def prompt_tokens(pair: Pair, bp: BenchPrompt) -> list[int]:
+    """The token ids of a prompt that decodes freely (the related workload's, a recording's).
+
+    Raises:
+        ConfigError: the prompt gives a constraint, which only the suite bench decodes under.
+    """
+    if bp.response_format is not None or bp.tools is not None:
+        raise ConfigError(f"{bp.name} gives a response_format or tools, which the related workload and the "
+                          "recordings do not decode under; run it with `localspec bench --suite FILE`.")
     return prepare(pair, bp).tokens
 
 
