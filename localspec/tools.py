@@ -146,14 +146,17 @@ class ToolUse:
         prompt stays the same from turn to turn, and ``reply_options`` bans the call token instead)."""
         return [t.to_openai() for t in self.tools]
 
+    def calls_schema(self) -> dict[str, Any]:
+        """The JSON Schema of one call, ``{"name": ..., "arguments": ...}``, of any tool the choice allows."""
+        callable_ = [(i, t) for i, t in enumerate(self.tools) if self.choice in CHOICES or t.name == self.choice]
+        defs: dict[str, Any] = {}
+        return {"anyOf": [_call_schema(t, f"tool{i}", defs) for i, t in callable_], "$defs": defs}
+
     def constraint(self) -> Optional[Constraint]:
         """The grammar the reply follows (None under choice "none": the reply is free text)."""
         if self.choice == "none":
             return None
-        callable_ = [(i, t) for i, t in enumerate(self.tools) if self.choice in CHOICES or t.name == self.choice]
-        defs: dict[str, Any] = {}
-        calls = {"anyOf": [_call_schema(t, f"tool{i}", defs) for i, t in callable_], "$defs": defs,
-                 "x-guidance": JSON_LAYOUT}
+        calls = {**self.calls_schema(), "x-guidance": JSON_LAYOUT}
         more = ' ("\\n" call)*' if self.parallel else ""
         grammar = (f'start: call{more} "\\n"?\n'  # the newline a model may write before it ends
                    f'call: {OPEN} "\\n" body "\\n" {CLOSE}\n'

@@ -61,6 +61,8 @@ def test_the_builtin_structured_suite_has_extraction_tool_calls_and_fill_in():
     ({"category": "x", "messages": MESSAGES, "tools": TOOLS, "tool_choice": "get_nothing"}, "get_nothing"),
     ({"category": "x", "prefix": "a", "suffix": "b", "response_format": {"type": "json_object"}},
      "takes no \"response_format\""),
+    ({"category": "x", "messages": MESSAGES, "tool_choice": "required"}, "need \"tools\""),
+    ({"category": "x", "messages": MESSAGES, "tools": TOOLS, "parallel_tool_calls": "yes"}, "true or false"),
 ])
 def test_a_bad_structured_line_names_the_file_and_line(tmp_path, line, message):
     bad = tmp_path / "bad.jsonl"
@@ -113,11 +115,38 @@ def test_llama_cpp_pythons_rows_follow_their_own_grammar(tool_dir):
             peers.close()
 
 
-def test_a_named_tool_choice_is_one_call_of_that_tool_in_gbnf():
-    gbnf = tool_call_gbnf(ToolUse.from_openai(TOOLS, "get_time"))
-    assert gbnf is not None and gbnf.startswith(f'root ::= "{OPEN}\\n" call "\\n{CLOSE}"')
-    assert "get_time" in gbnf and "get_weather" not in gbnf
-    assert tool_call_gbnf(ToolUse.from_openai(TOOLS, "auto")) is None  # GBNF cannot wait for the call token
+def test_the_peers_gbnf_has_the_shape_of_localspecs_call_grammar():
+    from llama_cpp.llama_grammar import LlamaGrammar
+
+    named = tool_call_gbnf(ToolUse.from_openai(TOOLS, "get_time", parallel_tool_calls=False))
+    assert named.startswith('root ::= frame "\\n"?\nframe ::= "' + OPEN + '\\n" call "\\n' + CLOSE + '"\n')
+    assert "get_time" in named and "get_weather" not in named
+    several = tool_call_gbnf(ToolUse.from_openai(TOOLS, "required"))  # parallel calls by default, as in chat
+    assert several.startswith('root ::= frame ("\\n" frame)* "\\n"?') and "get_weather" in several
+    item = {"type": "object", "properties": {"sku": {"type": "string"}}, "required": ["sku"]}
+    pydantic = {"type": "function", "function": {"name": "order", "parameters": {
+        "$defs": {"Item": item}, "type": "object", "required": ["items"],
+        "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}}}}}}
+    for gbnf in (named, several, tool_call_gbnf(ToolUse.from_openai([pydantic], "required"))):
+        LlamaGrammar.from_string(gbnf, verbose=False)  # llama.cpp parses each
+    with pytest.raises(ConfigError, match="cannot wait for"):
+        tool_call_gbnf(ToolUse.from_openai(TOOLS, "auto"))
+
+
+def test_exactness_under_a_constraint_takes_the_margin_among_the_allowed_tokens(tiny_pair):
+    from localspec.bench.exactness import margin_at
+    from localspec.constraint import Constraint
+
+    t = tiny_pair.target
+    prompt = t.tokenize("The cat sat on the mat and the dog")
+    plain = tiny_pair.generate(prompt, max_tokens=6, method="plain").tokens
+    free = margin_at(t, prompt, plain, 3)
+    assert 0 < free < float("inf")
+    forced = tiny_pair.matcher(Constraint.regex("x+"))  # one way on: no tie can explain a divergence
+    assert margin_at(t, prompt, [], 0, forced) == float("inf")
+    matcher = tiny_pair.matcher(Constraint.json_object())
+    assert margin_at(t, prompt, [], 0, matcher) != margin_at(t, prompt, [], 0)  # '{' and its kind only
+    assert margin_at(t, prompt, [], 0, matcher) == margin_at(t, prompt, [], 0, matcher)  # the matcher comes back
 
 
 def test_the_structured_bench_from_the_command_line(tool_dir):
@@ -126,8 +155,18 @@ def test_the_structured_bench_from_the_command_line(tool_dir):
                  "--k-lookup", "3", "--k-draft", "none", "--k-lcp-lookup", "none"])
     assert r.exit_code == 0, r.output
     assert "Under a constraint (tool-call#1) every row decodes under it" in r.output
-    assert "forced " in r.output
+    assert "forced drafts " in r.output
+    auto = tool_dir / "auto.jsonl"  # llama-cpp-python's GBNF cannot wait for the call token
+    auto.write_text(json.dumps({**LINES[1], "tool_choice": "auto"}) + "\n")
+    r = run_cli(["bench", "-t", str(tool_dir / "t.gguf"), "--suite", str(auto), "--reps", "1", "-n", "4"])
+    assert r.exit_code == 1 and "tool-call#1: tool_choice 'auto' lets the model answer in text" in r.output
+    r = run_cli(["bench", "-t", str(tool_dir / "t.gguf"), "--suite", str(auto), "--reps", "1", "-n", "4",
+                 "--no-peers", "--k-lookup", "none"])
+    assert r.exit_code == 0, r.output  # localspec's own rows wait for it
     r = run_cli(["bench", "-t", str(tool_dir / "t.gguf"), "--structured", "--related"])
     assert r.exit_code != 0 and "two different workloads" in r.output
+    suite = str(tool_dir / "structured.jsonl")
+    r = run_cli(["bench", "-t", str(tool_dir / "t.gguf"), "--structured", "--suite", suite])
+    assert r.exit_code != 0 and "give one or the other" in r.output
     r = run_cli(["bench", "-t", str(tool_dir / "t.gguf"), "--related", "--suite", str(tool_dir / "structured.jsonl")])
     assert r.exit_code == 1 and "extract#1 gives a response_format or tools" in r.output  # never decoded freely

@@ -7,6 +7,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..backend import Model
+from ..grammar import GrammarState
 from .records import Run
 
 #: A divergence counts as a numeric tie below this top-two logit margin of plain decoding,
@@ -14,15 +15,22 @@ from .records import Run
 TIE_MARGIN = 0.05
 
 
-def margin_at(target: Model, prompt: list[int], plain_tokens: list[int], i: int) -> float:
-    """Plain decoding's own top-two logit margin before token i (prefill, then one token at a time)."""
+def margin_at(target: Model, prompt: list[int], plain_tokens: list[int], i: int,
+              matcher: Optional[GrammarState] = None) -> float:
+    """Plain decoding's own top-two logit margin before token i (prefill, then one token at a time); under a
+    constraint, ``matcher`` at the reply's start, the margin between the two best tokens it allows there
+    (infinite where it allows one: no tie can explain a divergence from a forced token)."""
     target.reset()
     logits = target.sync(prompt)
     for t in plain_tokens[:i]:
         logits = target.eval([t], logits="last")[0]
-    top2 = np.partition(logits, -2)[-2:]
     target.reset()
-    return float(top2[1] - top2[0])
+    if matcher is not None:
+        matcher.consume(list(plain_tokens[:i]))
+        logits = matcher.mask(logits)
+        matcher.rollback(i)
+    top2 = np.partition(logits, -2)[-2:]
+    return float(top2[1] - top2[0]) if np.isfinite(top2[0]) else float("inf")
 
 
 def batch_noise(target: Model, tokens: list[int], n: int = 8) -> float:
@@ -62,8 +70,10 @@ def classify(plain: list[int], tokens: list[int], margin: Callable[[int], float]
 
 
 def worst_verdict(target: Model, prompt_tokens: list[int], ref: list[int], group: list[Run], tie_margin: float,
-               margins: dict[tuple[int, ...], float]) -> tuple[str, Optional[dict]]:
-    """The worst verdict over a method's repetitions against a plain run's tokens.
+                  margins: dict[tuple[int, ...], float],
+                  matcher: Optional[GrammarState] = None) -> tuple[str, Optional[dict]]:
+    """The worst verdict over a method's repetitions against a plain run's tokens (under the constraint of
+    ``matcher``, at the reply's start, if there is one).
 
     ``margins`` remembers plain decoding's margin by prompt and reference prefix: it costs one
     decode step per token, and repetitions, methods and the two references (localspec's and
@@ -71,9 +81,9 @@ def worst_verdict(target: Model, prompt_tokens: list[int], ref: list[int], group
     """
 
     def margin(i: int) -> float:
-        key = (*prompt_tokens, -1, *ref[:i])
+        key = (*prompt_tokens, -1 if matcher is None else -2, *ref[:i])
         if key not in margins:
-            margins[key] = margin_at(target, prompt_tokens, ref, i)
+            margins[key] = margin_at(target, prompt_tokens, ref, i, matcher)
         return margins[key]
 
     worst: tuple[str, Optional[dict]] = ("identical", None)

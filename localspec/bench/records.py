@@ -78,8 +78,8 @@ class Row:
     #: Per kind of round (what drafted it, or "plain"), over all repetitions: rounds, and ms per round
     #: whole and in the target's and the drafter's llama.cpp calls (see ``GenerationStats.round_time_by``).
     round_time_by: Optional[dict[str, dict[str, float]]] = None
-    #: Under a constraint: the share of the generated tokens that the grammar forced (drafted for free);
-    #: None for the peers and where nothing was forced.
+    #: Under a constraint: the share of the generated tokens drafted for free because the grammar forced
+    #: them (a drafting row's; plain decoding drafts nothing); None for the peers and where there were none.
     forced_share: Optional[float] = None
 
     @property

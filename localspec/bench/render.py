@@ -53,7 +53,8 @@ def _preamble(report: BenchReport, peers: bool) -> list[str]:
     if report.settings.get("constrained"):
         out.append("Under a constraint (" + ", ".join(report.settings["constrained"]) + ") every row decodes under "
                    "it: localspec's by llguidance, lcp's by its own GBNF of the same schema, whose tokens are not "
-                   "compared (the two may lay out whitespace differently); 'forced': tokens the grammar forced.")
+                   "compared (the two may lay out whitespace differently); 'forced drafts': the share of the "
+                   "tokens drafted for free because the grammar forced them.")
     if peers:
         out.append("lcp = llama-cpp-python's own Llama (plain, and its prompt-lookup draft), same file and threads; "
                    "'vs lcp' is the headline speedup, 'vs plain' is against localspec's plain path.")
@@ -78,7 +79,7 @@ def _row(row: Row, name: str, peers: bool) -> str:
     if row.divergence:
         verdict += f" @{int(row.divergence['token'])} (margin {row.divergence['margin']:.3f})"
     if row.forced_share is not None:
-        verdict += f"  forced {row.forced_share:.0%}"
+        verdict += f"  forced drafts {row.forced_share:.0%}"
     if row.auto_rounds:
         verdict += "  [" + " ".join(f"{m}:{n}" for m, n in row.auto_rounds.items() if n) + "]"
     return (f"{name:<15} {row.temperature:>4.1f} {row.label:<15} "

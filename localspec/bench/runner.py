@@ -80,8 +80,10 @@ def run_bench(
         raise ConfigError("The first bench method must be plain: it is the reference for speedups.")
     if pair.draft is None and any(getattr(REGISTRY.find(m.method), "needs_draft", False) for m in methods):
         raise ConfigError("Draft-model methods need a draft model (--draft).")
+    peer_rows = any(m.method in PEER_METHODS for m in methods)
+    # template, tokenizer and constraints once, before any measuring: a prompt the target cannot take fails now
+    prepared = {bp.name: prepare(pair, bp, peers=peer_rows) for bp in prompts}
     profile = pair.calibrate()
-    prepared = {bp.name: prepare(pair, bp) for bp in prompts}  # template, tokenizer and constraints once
     noise = batch_noise(pair.target, prepared[prompts[0].name].tokens)
     report = BenchReport(profile={"source": profile.source, **profile.relative(),
                                   "step_seconds": profile.verify[0], "batch_noise": noise,
@@ -93,7 +95,7 @@ def run_bench(
     if constrained:
         report.settings["constrained"] = constrained
     runs: list[Run] = []
-    peers = PeerRunner(pair.target) if any(m.method in PEER_METHODS for m in methods) else None
+    peers = PeerRunner(pair.target) if peer_rows else None
     if peers is not None:
         report.settings["peer"] = {"library": "llama-cpp-python Llama.generate", **peers.settings}
     # Auto runs with an empty history store of its own, emptied before each run: no repetition learns
@@ -117,7 +119,8 @@ def run_bench(
         if peers is not None:
             peers.close()
     report.rows = summarise(pair, {name: p.tokens for name, p in prepared.items()}, runs, profile,
-                            max(TIE_MARGIN, 2 * noise), constrained)
+                            max(TIE_MARGIN, 2 * noise),
+                            {name: p.grammar for name, p in prepared.items() if p.grammar is not None})
     report.mismatches = sum(row.exactness == "MISMATCH" or row.exactness_peer == "MISMATCH" for row in report.rows)
     report.machine = machine_info(pair, checksums)
     return report
@@ -167,7 +170,7 @@ def prompt_tokens(pair: Pair, bp: BenchPrompt) -> list[int]:
     if bp.response_format is not None or bp.tools is not None:
         raise ConfigError(f"{bp.name} gives a response_format or tools, which the related workload and the "
                           "recordings do not decode under; run it with `localspec bench --suite FILE`.")
-    return prepare(pair, bp).tokens
+    return prepare(pair, bp, peers=False).tokens
 
 
 def generate(pair: Pair, peers: Optional[PeerRunner], prompt: Prepared, spec: MethodSpec, temperature: float,

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..api import Pair
 from ..constraint import Constraint
+from ..errors import ConfigError
 from ..options import GenerationOptions
 from ..prompts import chat_text, infill_tokens
 from ..tools import CLOSE, OPEN, ToolUse, reply_options, tool_use
@@ -38,27 +39,43 @@ class Prepared:
     peer_grammar: Optional[str] = None
 
 
-def prepare(pair: Pair, bp: BenchPrompt) -> Prepared:
-    """The prompt's tokens and constraints on ``pair``'s target.
+def prepare(pair: Pair, bp: BenchPrompt, peers: bool = True) -> Prepared:
+    """The prompt's tokens and constraints on ``pair``'s target (the peers' GBNF only if ``peers``): what
+    ``Pair.chat`` would decode under for its tools, or ``response_format``.
 
     Raises:
         ConfigError: the target cannot take the prompt (no chat template, no fill-in-the-middle tokens, a
-            template that cannot write tool calls).
+            template that cannot write tool calls), or llama-cpp-python's converter cannot write its GBNF.
     """
     target = pair.target
     if bp.prefix is not None:
         return Prepared(infill_tokens(target, bp.prefix, bp.suffix or ""))
-    use = tool_use(bp.tools, bp.tool_choice)
+    use = tool_use(bp.tools, bp.tool_choice, bp.parallel_tool_calls)
     if use is not None:
         opts, show = reply_options(use, GenerationOptions(), target)
         text = chat_text(target, bp.messages or [], tools=use.offered() if show else ())
-        return Prepared(target.tokenize(text, add_special=False), opts.grammar, tool_call_gbnf(use))
+        gbnf = _converted(bp, lambda: tool_call_gbnf(use)) if peers else None
+        return Prepared(target.tokenize(text, add_special=False), opts.grammar, gbnf)
     tokens = pair.chat_tokens(bp.messages) if bp.messages is not None else pair.tokenize(bp.text or "")
-    constraint = Constraint.response_format(bp.response_format) if bp.response_format is not None else None
-    return Prepared(tokens, constraint, schema_gbnf(bp.response_format) if constraint is not None else None)
+    if bp.response_format is None:
+        return Prepared(tokens)
+    constraint = Constraint.response_format(bp.response_format)
+    gbnf = _converted(bp, lambda: schema_gbnf(bp.response_format)) if peers and constraint is not None else None
+    return Prepared(tokens, constraint, gbnf)
 
 
-def schema_gbnf(response_format: Any) -> Optional[str]:
+def _converted(bp: BenchPrompt, convert: Callable[[], str]) -> str:
+    """llama-cpp-python's GBNF, its converter's failure said as one sentence naming the prompt."""
+    try:
+        return convert()
+    except ConfigError as exc:
+        raise ConfigError(f"{bp.name}: {exc} Or leave llama-cpp-python's rows out (--no-peers).") from exc
+    except Exception as exc:  # its converter asserts on what it cannot resolve
+        raise ConfigError(f"{bp.name}: llama-cpp-python's JSON-Schema converter cannot write this schema as GBNF "
+                          f"({exc!r}); leave its rows out (--no-peers) or simplify the schema.") from exc
+
+
+def schema_gbnf(response_format: Any) -> str:
     """llama-cpp-python's GBNF for an OpenAI ``response_format``, as its ``response_format`` writes it."""
     from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
@@ -67,16 +84,21 @@ def schema_gbnf(response_format: Any) -> Optional[str]:
     return json_schema_to_gbnf(json.dumps(response_format["json_schema"]["schema"]))
 
 
-def tool_call_gbnf(use: ToolUse) -> Optional[str]:
-    """One call, ``<tool_call>`` JSON ``</tool_call>``, as GBNF from llama-cpp-python's converter; None for a
-    choice that leaves the model free to answer in text ("auto", "none"), which GBNF cannot start lazily."""
+def tool_call_gbnf(use: ToolUse) -> str:
+    """The calls ``use`` allows, each ``<tool_call>`` JSON ``</tool_call>`` (several, a line apart, where
+    parallel calls are allowed), as GBNF from llama-cpp-python's converter: the same shape as localspec's
+    grammar for them (``ToolUse.constraint``).
+
+    Raises:
+        ConfigError: a choice that leaves the model free to answer in text ("auto", "none"): GBNF cannot
+            start lazily, at the call token.
+    """
     if use.choice in ("auto", "none"):
-        return None
-    tools = [t for t in use.tools if use.choice == "required" or t.name == use.choice]
-    calls = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": json.loads(t.parameters)},
-              "required": ["name", "arguments"]} for t in tools]
+        raise ConfigError(f"tool_choice {use.choice!r} lets the model answer in text, which a GBNF grammar "
+                          "cannot wait for; the bench times 'required' or a function's name.")
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    body = json_schema_to_gbnf(json.dumps(calls[0] if len(calls) == 1 else {"anyOf": calls}))
+    body = json_schema_to_gbnf(json.dumps(use.calls_schema()))
     body = re.sub(r"^root ::=", "call ::=", body, count=1, flags=re.MULTILINE)
-    return f'root ::= "{OPEN}\\n" call "\\n{CLOSE}"\n{body}'
+    more = ' ("\\n" frame)*' if use.parallel else ""
+    return f'root ::= frame{more} "\\n"?\nframe ::= "{OPEN}\\n" call "\\n{CLOSE}"\n{body}'

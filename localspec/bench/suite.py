@@ -33,6 +33,7 @@ class BenchPrompt:
     response_format: Optional[dict[str, Any]] = None
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Any = None
+    parallel_tool_calls: Optional[bool] = None
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,8 @@ PEER_LOOKUP_K = (2, 10)
 def load_suite(path: Optional[Path] = None, categories: Sequence[str] = (), quick: bool = False,
                builtin: str = "suite.jsonl") -> list[BenchPrompt]:
     """The built-in suite, or a JSONL file of ``{"category", "prompt" | "messages" | "prefix" and "suffix"}``
-    lines, each with an optional ``"response_format"``, or ``"tools"`` and ``"tool_choice"``.
+    lines, each with an optional ``"response_format"``, or ``"tools"`` (with ``"tool_choice"`` and
+    ``"parallel_tool_calls"``).
 
     Args:
         path: a JSONL file; None for the file ``builtin`` shipped with localspec.
@@ -123,6 +125,8 @@ def _prompt(rec: dict[str, Any], where: str, name: str) -> BenchPrompt:
     if infill and not (isinstance(prefix, str) and isinstance(suffix, str)):
         raise ConfigError(f"{where}: fill-in-the-middle needs both \"prefix\" and \"suffix\", as strings.")
     tools, response_format = rec.get("tools"), rec.get("response_format")
+    if tools is None and ("tool_choice" in rec or "parallel_tool_calls" in rec):
+        raise ConfigError(f"{where}: \"tool_choice\" and \"parallel_tool_calls\" need \"tools\".")
     if tools is not None and messages is None:
         raise ConfigError(f"{where}: \"tools\" go with chat \"messages\".")
     if tools is not None and response_format is not None:
@@ -133,11 +137,11 @@ def _prompt(rec: dict[str, Any], where: str, name: str) -> BenchPrompt:
         if response_format is not None:
             Constraint.response_format(response_format)
         if tools is not None:
-            tool_use(tools, rec.get("tool_choice"))
+            tool_use(tools, rec.get("tool_choice"), rec.get("parallel_tool_calls"))
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
     return BenchPrompt(rec["category"], text, messages, bool(rec.get("quick", False)), name, prefix, suffix,
-                       response_format, tools, rec.get("tool_choice"))
+                       response_format, tools, rec.get("tool_choice"), rec.get("parallel_tool_calls"))
 
 
 def load_related(path: Optional[Path] = None) -> list[BenchPrompt]:

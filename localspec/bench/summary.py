@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import statistics
-from typing import Collection, Optional
+from typing import Mapping, Optional
 
 from ..api import Pair
+from ..constraint import Constraint
 from ..costs import CostProfile, predicted_round_seconds, predicted_speedup
 from ..events import SOURCE_GRAMMAR
 from ..methods import PLAIN, REGISTRY
@@ -17,9 +18,11 @@ from .suite import MethodSpec
 
 
 def summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], profile: CostProfile,
-              tie_margin: float, own_grammar: Collection[str] = ()) -> list[Row]:
-    """The rows of a run; the peers' tokens are not compared on the prompts in ``own_grammar`` (they decode
-    under their own grammar engine's version of the constraint, see ``structured``)."""
+              tie_margin: float, constraints: Optional[Mapping[str, Constraint]] = None) -> list[Row]:
+    """The rows of a run. On the prompts with ``constraints`` localspec's rows are judged by the margins the
+    constraint leaves, and the peers' tokens are not compared (they decode under their own grammar engine's
+    version of it, see ``structured``)."""
+    constraints = constraints or {}
     rows = []
     margins: dict[tuple[int, ...], float] = {}
     by_key = by_row(runs)
@@ -35,10 +38,11 @@ def summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], pro
                   for key in ("rounds", "empty_rounds", "rejected_rounds", "drafted", "accepted")}
         exactness, divergence, exactness_peer = "-", None, "-"
 
-        foreign = name in own_grammar  # the peers decode under another engine's grammar: not compared
+        foreign = name in constraints  # the peers decode under another engine's grammar: not compared
         if temperature == 0 and not (foreign and method in PEER_METHODS):
+            matcher = pair.matcher(constraints[name]) if foreign and method != PLAIN.name else None
             exactness, divergence = ("reference", None) if method == PLAIN.name else worst_verdict(
-                pair.target, prompt_ids[name], plain[0].tokens, group, tie_margin, margins)
+                pair.target, prompt_ids[name], plain[0].tokens, group, tie_margin, margins, matcher)
         if temperature == 0 and peer is not None and not foreign:
             exactness_peer = "reference" if method == PEER_PLAIN else worst_verdict(
                 pair.target, prompt_ids[name], peer[0].tokens, group, tie_margin, margins)[0]

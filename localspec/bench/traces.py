@@ -58,7 +58,8 @@ def record(pair: Pair, prompts: Sequence[BenchPrompt], max_tokens: int,
     out = []
     for bp in prompts:
         tokens = prompt_tokens(pair, bp)
-        text = pair.format_chat(bp.messages) if bp.messages is not None else bp.text or ""
+        text = (pair.format_chat(bp.messages) if bp.messages is not None
+                else bp.prefix + (bp.suffix or "") if bp.prefix is not None else bp.text or "")
         pair.reset()
         reply = pair.generate(tokens, GenerationOptions(max_tokens=max_tokens, method="plain", temperature=0.0,
                                                         history=False)).tokens

@@ -76,6 +76,9 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
                                "give one or the other.")
     if related and structured:
         raise click.UsageError("--related and --structured are two different workloads; give one.")
+    if structured and suite:
+        raise click.UsageError("--structured runs the built-in structured suite; a --suite file may hold the same "
+                               "fields (response_format, tools, prefix and suffix): give one or the other.")
     if related:
         _bench_related(models, suite, reps, max_tokens, json_path)
         return
