@@ -163,6 +163,15 @@ def test_the_structured_bench_from_the_command_line(tool_dir):
     r = run_cli(["bench", "-t", str(tool_dir / "t.gguf"), "--suite", str(auto), "--reps", "1", "-n", "4",
                  "--no-peers", "--k-lookup", "none"])
     assert r.exit_code == 0, r.output  # localspec's own rows wait for it
+
+
+def test_tool_choice_none_keeps_its_ban_on_the_call_token(tool_dir):
+    (line,) = [p for p in load_suite(tool_dir / "structured.jsonl") if p.tools]
+    line.tool_choice = "none"
+    with localspec.load(tool_dir / "t.gguf", n_ctx=1024, history=False) as pair:
+        p = prepare(pair, line, peers=False)
+        (call,) = pair.target.tokenize(OPEN, add_special=False)
+        assert p.grammar is None and dict(p.logit_bias) == {call: -100.0}  # as Pair.chat decodes it
     r = run_cli(["bench", "-t", str(tool_dir / "t.gguf"), "--structured", "--related"])
     assert r.exit_code != 0 and "two different workloads" in r.output
     suite = str(tool_dir / "structured.jsonl")

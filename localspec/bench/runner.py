@@ -183,7 +183,7 @@ def generate(pair: Pair, peers: Optional[PeerRunner], prompt: Prepared, spec: Me
     method = REGISTRY.get(spec.method)
     return fresh_generate(pair, prompt.tokens, GenerationOptions(
         max_tokens=max_tokens, method=spec.method, k=spec.k, temperature=temperature, top_p=top_p, seed=seed,
-        history=spec.history and method.uses_history, grammar=prompt.grammar))
+        history=spec.history and method.uses_history, grammar=prompt.grammar, logit_bias=prompt.logit_bias))
 
 
 def fresh_generate(pair: Pair, tokens: list[int], opts: GenerationOptions) -> tuple[list[int], GenerationStats]:

@@ -32,11 +32,13 @@ class Prepared:
         tokens: the prompt's token ids.
         grammar: the constraint of every localspec row (None: none).
         peer_grammar: GBNF text for llama-cpp-python's rows (None: they decode freely).
+        logit_bias: what localspec's rows add to the logits (under tool_choice "none": the call token banned).
     """
 
     tokens: list[int]
     grammar: Optional[Constraint] = None
     peer_grammar: Optional[str] = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 def prepare(pair: Pair, bp: BenchPrompt, peers: bool = True) -> Prepared:
@@ -55,7 +57,7 @@ def prepare(pair: Pair, bp: BenchPrompt, peers: bool = True) -> Prepared:
         opts, show = reply_options(use, GenerationOptions(), target)
         text = chat_text(target, bp.messages or [], tools=use.offered() if show else ())
         gbnf = _converted(bp, lambda: tool_call_gbnf(use)) if peers else None
-        return Prepared(target.tokenize(text, add_special=False), opts.grammar, gbnf)
+        return Prepared(target.tokenize(text, add_special=False), opts.grammar, gbnf, opts.logit_bias)
     tokens = pair.chat_tokens(bp.messages) if bp.messages is not None else pair.tokenize(bp.text or "")
     if bp.response_format is None:
         return Prepared(tokens)
