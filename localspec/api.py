@@ -19,7 +19,6 @@ Example:
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
@@ -39,11 +38,9 @@ from .methods import AUTO_KMAX, HISTORY, get_method
 from .nextn import MtpHead
 from .options import GenerationOptions, check_k
 from .processors import Processing
-from .prompts import chat_text, check_length, infill_tokens
+from .prompts import chat_text, chat_with_tools, check_length, infill_tokens
 from .results import Result, Stream
-from .tools import ToolUse, may_call, reply_options, tool_use
-
-PathLike = Union[str, os.PathLike]
+from .tools import ToolUse, may_call, tool_use
 
 
 def notice_to_stderr(message: str) -> None:
@@ -343,14 +340,9 @@ class Pair:
         """Like ``chat``, yielding TokenEvents (``tool_calls.CallReader`` reads the calls as they stream)."""
         opts = self.options(options, **changes)
         use = tool_use(tools, tool_choice, parallel_tool_calls)
-        calls = may_call(use)
-        shown: Sequence[Mapping[str, Any]] = ()
-        if use is not None:
-            opts, show = reply_options(use, opts, self.target)
-            shown = use.offered() if show else ()
-        text = self.format_chat(messages, tools=shown)
+        text, opts = chat_with_tools(self.target, messages, use, opts)
         check_length(self.target, text)
-        return self._start(self.target.tokenize(text, add_special=False), text, opts, calls=calls)
+        return self._start(self.target.tokenize(text, add_special=False), text, opts, calls=may_call(use))
 
     def infill(self, prefix: str, suffix: str, options: Optional[GenerationOptions] = None,
                **changes: Any) -> Result:

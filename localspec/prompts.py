@@ -3,11 +3,12 @@ prompt from a prefix and a suffix, and the check that a text can fit the context
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from .backend import Model
 from .errors import ConfigError, ContextOverflowError
-from .tools import template_messages
+from .options import GenerationOptions
+from .tools import ToolUse, reply_options, template_messages
 
 
 def chat_text(target: Model, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
@@ -36,6 +37,22 @@ def chat_text(target: Model, messages: Sequence[Mapping[str, Any]], add_generati
                          tools=list(tools) or None).prompt  # type: ignore[arg-type]
     except Exception as exc:  # jinja2 errors and the template's own raise_exception
         raise ConfigError(f"The chat template of {target.path.name} rejected the messages: {exc}") from exc
+
+
+def chat_with_tools(target: Model, messages: Sequence[Mapping[str, Any]], use: Optional[ToolUse],
+                    opts: GenerationOptions) -> tuple[str, GenerationOptions]:
+    """The chat prompt for a reply that may use tools, and the reply's options: under ``use``, the calls'
+    grammar (or under "none" the call token's ban), the tools shown to the template where they should be.
+
+    Raises:
+        ConfigError: as ``chat_text``, or ``tools.reply_options`` (a template or vocabulary that cannot
+            write calls, tools with another constraint).
+    """
+    shown: Sequence[Mapping[str, Any]] = ()
+    if use is not None:
+        opts, show = reply_options(use, opts, target)
+        shown = use.offered() if show else ()
+    return chat_text(target, messages, tools=shown), opts
 
 
 def infill_tokens(target: Model, prefix: str, suffix: str) -> list[int]:

@@ -19,8 +19,8 @@ from ..api import Pair
 from ..constraint import Constraint
 from ..errors import ConfigError
 from ..options import GenerationOptions
-from ..prompts import chat_text, infill_tokens
-from ..tools import CLOSE, OPEN, ToolUse, reply_options, tool_use
+from ..prompts import chat_with_tools, infill_tokens
+from ..tools import CLOSE, OPEN, ToolUse, tool_use
 from .suite import BenchPrompt
 
 
@@ -54,8 +54,7 @@ def prepare(pair: Pair, bp: BenchPrompt, peers: bool = True) -> Prepared:
         return Prepared(infill_tokens(target, bp.prefix, bp.suffix or ""))
     use = tool_use(bp.tools, bp.tool_choice, bp.parallel_tool_calls)
     if use is not None:
-        opts, show = reply_options(use, GenerationOptions(), target)
-        text = chat_text(target, bp.messages or [], tools=use.offered() if show else ())
+        text, opts = chat_with_tools(target, bp.messages or [], use, GenerationOptions())
         gbnf = _converted(bp, lambda: tool_call_gbnf(use)) if peers else None
         return Prepared(target.tokenize(text, add_special=False), opts.grammar, gbnf, opts.logit_bias)
     tokens = pair.chat_tokens(bp.messages) if bp.messages is not None else pair.tokenize(bp.text or "")
