@@ -81,7 +81,7 @@ def summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], pro
 
 
 def forced_share(group: list[Run]) -> Optional[float]:
-    """The share of the generated tokens that a grammar forced (None where it forced none)."""
+    """The share of the generated tokens drafted for free because a grammar forced them (None: none were)."""
     forced = sum(r.stats.get("accepted_by", {}).get(SOURCE_GRAMMAR, 0) for r in group)
     generated = sum(r.stats["generated_tokens"] for r in group)
     return forced / generated if forced and generated else None
