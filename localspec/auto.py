@@ -36,6 +36,7 @@ from .drafters import (
     AutoReport,
     Draft,
     Drafter,
+    DraftGuide,
     DraftingContext,
     ModelDrafter,
     MtpDrafter,
@@ -126,6 +127,7 @@ class _Bet:
     predicted_tokens: float
     predicted_steps: float
     tokens: int = 0
+    forced: int = 0  # tokens a grammar forced before the guess, in the same batch (counted in both)
 
 
 #: How many tokens of a free guesser's unused guess are scored (see ``AutoDrafter._score_shadows``): about as
@@ -249,44 +251,70 @@ class AutoDrafter(Drafter):
 
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """Choose a method and K for this round and return its draft (empty for plain)."""
+        return self._propose(context, k, rng, None)
+
+    def propose_guided(self, context: np.ndarray, k: int, rng: np.random.Generator, guide: DraftGuide) -> Draft:
+        """As ``propose``, under a grammar: the free guesses are weighed by their part the grammar allows, a
+        guess after forced tokens by what it adds to their batch, and a model drafts knowing the grammar."""
+        return self._propose(context, k, rng, guide)
+
+    def _propose(self, context: np.ndarray, k: int, rng: np.random.Generator, guide: Optional[DraftGuide]) -> Draft:
         self._round += 1
         self._bet = None
         self._score_shadows(context)
-        kmax = min(k, self.kmax)
-        choices = [PLAIN_CHOICE]
-        if kmax > 0:
-            for c in self.candidates:
-                offer = c.offer(context, kmax, rng)
-                if offer is None:
-                    continue
-                est, guess = offer
-                most = min(kmax, len(guess.tokens)) if c.free else kmax
-                # what a free guesser's rounds have really delivered of their predictions raises its bar (a
-                # model's rounds also pay its catch-up after plain rounds, which would mislead the measure)
-                f = self.correction.gain_factor(c.name) if self.correction is not None and c.free else 1.0
-                kk, speed = best_k(self.profile, c.method, est.alpha, most, min_gain=MIN_GAIN / f)
-                choices.append(Choice(speed * f, c.name, kk, est.alpha, est, guess))
+        forced = guide.forced if guide is not None else 0
+        choices = self._choices(context, min(k, self.kmax), rng, guide)
         best = max(choices, key=lambda ch: ch.speed)  # plain on ties: it comes first
         if best.k == 0:  # nothing pays: plain, unless a method is due for a look
-            best = self._explore(choices) or PLAIN_CHOICE
+            best = self._explore(choices, forced) or PLAIN_CHOICE
         if best.method == PLAIN.name:
             self._pending = None
             for choice in choices:
                 if choice.draft.tokens and choice.estimate is not None:  # the free guessers' guesses
                     unused = tuple(choice.draft.tokens[:SHADOW_K])
                     self._shadows = [*self._shadows[-(4 * SHADOW_K):], (choice.estimate, unused, len(context))]
-            self._note(best)
+            if not forced:  # a round of forced tokens alone is the grammar's, not a plain one
+                self._note(best)
             return EMPTY_DRAFT
         self._last_tried[best.method] = self._round
         self._note(best)
         self._pending = best.estimate
         chosen = self._by_name[best.method]
         if chosen.free:
-            self._bet = _Bet(best.method, expected_tokens(best.alpha, best.k),
-                             round_cost(self.profile, chosen.method, best.k) / self.profile.verify[0])
+            self._bet = _Bet(best.method, forced + expected_tokens(best.alpha, best.k),
+                             round_cost(self.profile, chosen.method, best.k, forced) / self.profile.verify[0],
+                             forced=forced)
         if best.draft.tokens:
             return Draft(best.draft.tokens[: best.k], None, best.method)
-        return self._by_name[best.method].drafter.propose(context, best.k, rng)
+        if guide is not None:
+            return chosen.drafter.propose_guided(context, best.k, rng, guide)
+        return chosen.drafter.propose(context, best.k, rng)
+
+    def _choices(self, context: np.ndarray, kmax: int, rng: np.random.Generator,
+                 guide: Optional[DraftGuide]) -> list[Choice]:
+        """Plain, and each candidate with something to offer at its best K and predicted speed."""
+        choices = [PLAIN_CHOICE]
+        if kmax <= 0:
+            return choices
+        forced = guide.forced if guide is not None else 0
+        for c in self.candidates:
+            if forced and isinstance(c.drafter, MtpDrafter):  # the head drafts only where the target has been
+                continue
+            offer = c.offer(context, kmax, rng)
+            if offer is None:
+                continue
+            est, guess = offer
+            if guide is not None and guess.tokens:  # what the grammar refuses would be verified for nothing
+                guess = guess.cut(guide.grammar.valid_prefix(guess.tokens))
+                if not guess.tokens:
+                    continue
+            most = min(kmax, len(guess.tokens)) if c.free else kmax
+            # what a free guesser's rounds have really delivered of their predictions raises its bar (a
+            # model's rounds also pay its catch-up after plain rounds, which would mislead the measure)
+            f = self.correction.gain_factor(c.name) if self.correction is not None and c.free else 1.0
+            kk, speed = best_k(self.profile, c.method, est.alpha, most, min_gain=MIN_GAIN / f, forced=forced)
+            choices.append(Choice(speed * f, c.name, kk, est.alpha, est, guess))
+        return choices
 
     def _score_shadows(self, context: np.ndarray) -> None:
         """Score each unused guess as the round it sat out would have scored it, once that is known: the
@@ -301,7 +329,7 @@ class AutoDrafter(Drafter):
                 pending.append((est, guess, at))
         self._shadows = pending
 
-    def _explore(self, choices: list[Choice]) -> Optional[Choice]:
+    def _explore(self, choices: list[Choice], forced: int = 0) -> Optional[Choice]:
         """A cheap K=1 round of a method not tried for a while, if verifying two tokens has not really been
         timed yet (the profile may overstate it), or if a drafting model could pay were its acceptance higher.
 
@@ -313,7 +341,7 @@ class AutoDrafter(Drafter):
             stale = self._round - self._last_tried[c.method] >= self.explore_every
             optimistic = untimed or (not self._by_name[c.method].free and
                                      best_k(self.profile, self._by_name[c.method].method, min(0.98, c.alpha + 0.25),
-                                            1)[1] > 1.0)
+                                            1, forced=forced)[1] > 1.0)
             if stale and optimistic:
                 return Choice(c.speed, c.method, 1, c.alpha, c.estimate, c.draft)
         return None
@@ -336,7 +364,7 @@ class AutoDrafter(Drafter):
             self._pending.update(drafted, kept)
         self._pending = None
         if self._bet is not None:
-            self._bet.tokens = kept + 1
+            self._bet.tokens = self._bet.forced + kept + 1
 
     def settle(self, context: np.ndarray) -> None:
         for c in self.candidates:

@@ -236,24 +236,28 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def round_cost(profile: CostProfile, method: Union[Method, str], k: int) -> float:
+def round_cost(profile: CostProfile, method: Union[Method, str], k: int, forced: int = 0) -> float:
     """Seconds for one round of ``method`` (or the registered method of that name) with draft length k
-    (k = 0: one plain step)."""
+    (k = 0: one plain step), after ``forced`` tokens a grammar forced, verified in the same batch."""
     m = REGISTRY.get(method) if isinstance(method, str) else method
-    return m.round_cost(profile, k) + profile.rollback if k else profile.verify[0]
+    cost = m.round_cost(profile, k) + profile.rollback if k else profile.verify[0]
+    if forced:  # the guess is verified after the forced tokens: the batch is that much larger
+        cost += profile.verify_seconds(forced + k + 1) - profile.verify_seconds(k + 1)
+    return cost
 
 
 def best_k(profile: CostProfile, method: Union[Method, str], alpha: float, kmax: int,
-           min_gain: float = MIN_GAIN) -> tuple[int, float]:
-    """The draft length with the highest expected tokens/second, and that speedup over plain.
+           min_gain: float = MIN_GAIN, forced: int = 0) -> tuple[int, float]:
+    """The draft length with the highest expected tokens/second, and that speedup over a round that guesses
+    nothing (plain, or with ``forced`` tokens a grammar forced: the guess is verified after them).
 
-    K = 0 (plain, speedup 1.0) unless some K is predicted at least ``min_gain`` times faster.
+    K = 0 (speedup 1.0) unless some K is predicted at least ``min_gain`` times faster.
     """
-    plain = 1.0 / profile.verify[0]
+    bare = (forced + 1) / round_cost(profile, method, 0, forced)
     best, best_speed = 0, 1.0
     threshold = min_gain
     for k in range(1, min(kmax, profile.kmax) + 1):
-        speed = expected_tokens(alpha, k) / round_cost(profile, method, k) / plain
+        speed = (forced + expected_tokens(alpha, k)) / round_cost(profile, method, k, forced) / bare
         if speed > best_speed and speed >= threshold:
             best, best_speed = k, speed
     return best, best_speed

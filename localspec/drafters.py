@@ -27,6 +27,7 @@ from .acceptance import probabilities, sample
 from .backend import Model
 from .costs import CostCorrection, CostProfile, RoundTiming
 from .errors import ConfigError
+from .grammar import GrammarState
 from .history.index import HistoryIndex
 from .methods import DRAFT, LOOKUP, MTP, PREDICTION, REGISTRY
 from .nextn import MtpHead
@@ -34,20 +35,48 @@ from .options import LOOKUP_NGRAM, GenerationOptions, SamplingParams
 
 
 class Draft(NamedTuple):
-    """A proposal: token ids, one probability row per token for a sampled draft, who made it, and how many
-    draft-model steps it took (0 for a search or an MTP head: only a draft model's steps are counted there)."""
+    """A proposal: token ids, one probability row per token for a sampled draft, who made it, how many
+    draft-model steps it took (0 for a search or an MTP head: only a draft model's steps are counted there),
+    and how many of its first tokens a grammar forced (drafted for free, before the drafter's guess)."""
 
     tokens: list[int]
     probs: Optional[np.ndarray]
     by: str = ""
     model_steps: int = 0
+    forced: int = 0
 
     def cut(self, n: int) -> Draft:
         """The first ``n`` tokens of this draft (and their probability rows)."""
-        return self._replace(tokens=self.tokens[:n], probs=None if self.probs is None else self.probs[:n])
+        return self._replace(tokens=self.tokens[:n], probs=None if self.probs is None else self.probs[:n],
+                             forced=min(self.forced, max(n, 0)))
+
+    def after(self, forced: list[int], by: str) -> Draft:
+        """``forced`` (tokens a grammar forced, named ``by`` when nothing follows them), then this draft."""
+        if not self.tokens:
+            return Draft(list(forced), None, by, 0, len(forced))
+        probs = self.probs
+        if probs is not None:  # a forced token was certain: a one-hot row, which acceptance keeps with p(x)
+            certain = np.zeros((len(forced), probs.shape[1]), dtype=probs.dtype)
+            certain[np.arange(len(forced)), [t if t < probs.shape[1] else 0 for t in forced]] = 1.0
+            probs = np.concatenate([certain, probs])
+        return Draft([*forced, *self.tokens], probs, self.by, self.model_steps, len(forced))
 
 
 EMPTY_DRAFT = Draft([], None)
+
+
+class DraftGuide(NamedTuple):
+    """What the output's grammar tells a drafter for one round (``Drafter.propose_guided``).
+
+    Attributes:
+        grammar: the grammar's state after the context the drafter continues. A drafter that advances it
+            while it guesses (to mask a sampling model's steps) goes back before it returns.
+        forced: how many tokens at the end of that context the grammar forced this round: they are in the
+            same verification, free, so a guess after them is weighed as the rest of that batch.
+    """
+
+    grammar: GrammarState
+    forced: int = 0
 
 
 @dataclass
@@ -126,6 +155,12 @@ class Drafter:
         """Up to ``k`` guessed tokens that continue ``context``."""
         raise NotImplementedError
 
+    def propose_guided(self, context: np.ndarray, k: int, rng: np.random.Generator, guide: DraftGuide) -> Draft:
+        """``propose`` under a grammar: by default the same guess (the engine cuts it before its first token
+        the grammar refuses); a drafter that samples masks its choices (``guide.grammar.mask``), so that q is
+        what it really drew from."""
+        return self.propose(context, k, rng)
+
     def settle(self, context: np.ndarray) -> None:
         """Generation ended at ``context``: drop any state past it."""
 
@@ -138,6 +173,15 @@ class Drafter:
     def report(self) -> Optional[AutoReport]:
         """What the drafter decided during the generation, for stats (None: nothing to say)."""
         return None
+
+
+def choose(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> tuple[int, Optional[np.ndarray]]:
+    """A model's pick from its logits row: the argmax for greedy parameters (one-hot q: None), else a sample
+    and the distribution q it was drawn from."""
+    if params.greedy:
+        return int(np.argmax(logits)), None
+    q = probabilities(logits, params)
+    return sample(q, rng), q
 
 
 class ModelDrafter(Drafter):
@@ -165,6 +209,15 @@ class ModelDrafter(Drafter):
 
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """K draft-model steps after ``context``; stops early at an end-of-generation token."""
+        return self._steps(context, k, rng, None)
+
+    def propose_guided(self, context: np.ndarray, k: int, rng: np.random.Generator, guide: DraftGuide) -> Draft:
+        """K draft-model steps, each choosing among the tokens the grammar allows there (q is that masked
+        distribution); stops early where the grammar leaves the draft model nothing."""
+        return self._steps(context, k, rng, guide.grammar)
+
+    def _steps(self, context: np.ndarray, k: int, rng: np.random.Generator,
+               grammar: Optional[GrammarState]) -> Draft:
         m = self.model
         room = m.n_ctx - len(context)  # the draft context may be smaller than the target's
         k = min(k, room + 1)
@@ -174,17 +227,26 @@ class ModelDrafter(Drafter):
         m.checkpoint()  # a recurrent draft cannot cut its single steps back; going back here is then cheap
         tokens: list[int] = []
         rows: list[np.ndarray] = []
-        for i in range(k):
-            if self.params.greedy:
-                tok = int(np.argmax(logits))
-            else:
-                q = probabilities(logits, self.params)
-                tok = sample(q, rng)
-                rows.append(q)
-            tokens.append(tok)
-            if i == k - 1 or m.is_eog(tok):
-                break
-            logits = m.eval([tok], logits="last")[0]
+        walked = 0  # tokens the grammar was advanced past, given back at the end
+        try:
+            for i in range(k):
+                if grammar is not None:
+                    logits = grammar.mask(logits)
+                    if not np.isfinite(logits).any():  # what the grammar allows lies past the draft's vocabulary
+                        break
+                tok, q = choose(logits, self.params, rng)
+                if q is not None:
+                    rows.append(q)
+                tokens.append(tok)
+                if i == k - 1 or m.is_eog(tok):
+                    break
+                if grammar is not None:
+                    grammar.consume([tok])
+                    walked += 1
+                logits = m.eval([tok], logits="last")[0]
+        finally:
+            if grammar is not None:
+                grammar.rollback(walked)
         return Draft(tokens, np.stack(rows) if rows else None, "draft", len(tokens))
 
     def _foreign(self, context: np.ndarray) -> bool:
@@ -324,16 +386,34 @@ class MtpDrafter(Drafter):
 
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """K head steps after ``context`` (the target holds all of it but the last token)."""
+        return self._steps(context, k, rng, None)
+
+    def propose_guided(self, context: np.ndarray, k: int, rng: np.random.Generator, guide: DraftGuide) -> Draft:
+        """K head steps among the tokens the grammar allows; none after forced tokens, which the target has
+        not evaluated yet (the head drafts from the target's hidden state)."""
+        return EMPTY_DRAFT if guide.forced else self._steps(context, k, rng, guide.grammar)
+
+    def _steps(self, context: np.ndarray, k: int, rng: np.random.Generator,
+               grammar: Optional[GrammarState]) -> Draft:
         if k <= 0:
             return EMPTY_DRAFT
+        walked = 0
 
-        def choose(logits: np.ndarray) -> tuple[int, Optional[np.ndarray]]:
-            if self.params.greedy:
-                return int(np.argmax(logits)), None
-            q = probabilities(logits, self.params)
-            return sample(q, rng), q
+        def pick(logits: np.ndarray) -> tuple[int, Optional[np.ndarray]]:
+            nonlocal walked
+            if grammar is None:
+                return choose(logits, self.params, rng)
+            tok, q = choose(grammar.mask(logits), self.params, rng)
+            if not self.head.target.is_eog(tok):  # the grammar follows the guess, and is given back below
+                grammar.consume([tok])
+                walked += 1
+            return tok, q
 
-        tokens, rows = self.head.draft(int(context[-1]), k, choose)
+        try:
+            tokens, rows = self.head.draft(int(context[-1]), k, pick)
+        finally:
+            if grammar is not None:
+                grammar.rollback(walked)
         return Draft(tokens, np.stack(rows) if rows else None, "mtp")
 
 

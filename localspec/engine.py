@@ -28,7 +28,7 @@ import numpy as np
 from .acceptance import ProbRows, accept_greedy, accept_sampled, probabilities, sample, token_logprobs
 from .backend import Model
 from .costs import RoundTiming
-from .drafters import EMPTY_DRAFT, Draft, Drafter
+from .drafters import EMPTY_DRAFT, Draft, Drafter, DraftGuide
 from .errors import ConfigError, ContextOverflowError, GenerationCancelled, InterleavedGenerationError
 from .events import (
     SOURCE_BONUS,
@@ -87,7 +87,8 @@ class Round(NamedTuple):
         """The tokens the round adds, in order: the kept draft, then the target's own token."""
         d = self.draft
         tail = SOURCE_TARGET if not d.tokens else SOURCE_BONUS if self.kept == len(d.tokens) else SOURCE_CORRECTION
-        kept = [Emitted(t, SOURCE_DRAFT, d.by, i) for i, t in enumerate(d.tokens[: self.kept])]
+        kept = [Emitted(t, SOURCE_DRAFT, SOURCE_GRAMMAR if i < d.forced else d.by, i)
+                for i, t in enumerate(d.tokens[: self.kept])]
         return kept + [Emitted(self.next_token, tail)]
 
 
@@ -119,12 +120,8 @@ def speculative_round(
     n = len(context)
     helpers = drafter.models if drafter is not None else ()
     drafting_started = sum(m.busy_seconds for m in helpers)
-    # 1. draft: tokens the grammar forces cost nothing to guess; otherwise the drafter guesses.
-    forced = matcher.forced_tokens(k) if matcher is not None and drafter is not None and k > 0 else []
-    if forced:
-        draft = Draft(forced, None, SOURCE_GRAMMAR)
-    else:
-        draft = drafter.propose(context, k, rng) if drafter is not None and k > 0 else EMPTY_DRAFT
+    # 1. draft: tokens the grammar forces cost nothing to guess; the drafter guesses after them.
+    draft = propose(drafter, context, k, rng, matcher, target.is_eog) if drafter is not None and k > 0 else EMPTY_DRAFT
     drafting = sum(m.busy_seconds for m in helpers) - drafting_started
     if matcher is not None:  # nothing after an end token is ever emitted, nor known to the grammar
         end = next((i for i, t in enumerate(draft.tokens) if target.is_eog(t)), None)
@@ -164,10 +161,30 @@ def speculative_round(
     verifying = target.busy_seconds - verify_started
     timing = RoundTiming(known + 1, verifying, draft.model_steps, drafting)
     if drafter is not None:
-        if not forced:
-            drafter.observe(len(draft.tokens), kept)  # adaptive drafters learn from the outcome, and the costs
+        if len(draft.tokens) > draft.forced:  # adaptive drafters learn from their guess's outcome, and the costs
+            drafter.observe(len(draft.tokens) - draft.forced, max(0, kept - draft.forced))
         drafter.observe_timing(timing)
     return Round(draft, kept, nxt, timing, kept_rows)
+
+
+def propose(drafter: Drafter, context: np.ndarray, k: int, rng: np.random.Generator,
+            matcher: Optional[GrammarState], is_eog: Callable[[int], bool]) -> Draft:
+    """The round's draft of up to ``k`` tokens: under a grammar, the tokens it forces (free), then the drafter's
+    guess after them, made knowing the grammar (``Drafter.propose_guided``)."""
+    if matcher is None:
+        return drafter.propose(context, k, rng)
+    forced = matcher.forced_tokens(k)
+    if len(forced) >= k or any(is_eog(t) for t in forced):  # nothing to guess after them
+        return EMPTY_DRAFT.after(forced, SOURCE_GRAMMAR)
+    if not forced:
+        return drafter.propose_guided(context, k, rng, DraftGuide(matcher))
+    matcher.consume(forced)  # the guess continues after the forced tokens, from the grammar's state there
+    try:
+        guess = drafter.propose_guided(np.concatenate([context, np.asarray(forced, dtype=context.dtype)]),
+                                       k - len(forced), rng, DraftGuide(matcher, len(forced)))
+    finally:
+        matcher.rollback(len(forced))
+    return guess.after(forced, SOURCE_GRAMMAR)
 
 
 def masked_rows(rows: np.ndarray, tokens: list[int], matcher: GrammarState,

@@ -62,7 +62,8 @@ class GenerationStats:
     #: Drafted and accepted tokens by drafter ("lookup", "history", "draft").
     drafted_by: dict[str, int] = field(default_factory=dict)
     accepted_by: dict[str, int] = field(default_factory=dict)
-    #: Rounds whose draft was only tokens the grammar forced (see ``SOURCE_GRAMMAR``): auto chose nothing in them.
+    #: Rounds whose draft was only tokens the grammar forced (see ``SOURCE_GRAMMAR``): nothing was guessed after
+    #: them (auto chose no method, or could not).
     grammar_rounds: int = 0
     #: Rounds in which the drafter proposed nothing (plain steps), and rounds with a rejected guess.
     empty_rounds: int = 0
@@ -96,9 +97,10 @@ class GenerationStats:
         self.empty_rounds += not draft.tokens
         self.rejected_rounds += kept < len(draft.tokens)
         self.draft_model_tokens += draft.model_steps
-        self.grammar_rounds += draft.by == SOURCE_GRAMMAR
-        if draft.tokens:
-            self.drafted_by[draft.by] = self.drafted_by.get(draft.by, 0) + len(draft.tokens)
+        self.grammar_rounds += bool(draft.tokens) and draft.forced == len(draft.tokens)
+        for by, n in ((SOURCE_GRAMMAR, draft.forced), (draft.by, len(draft.tokens) - draft.forced)):
+            if n:
+                self.drafted_by[by] = self.drafted_by.get(by, 0) + n
         for i in range(len(draft.tokens)):
             self.proposed_at[i] += 1
 

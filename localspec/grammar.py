@@ -62,6 +62,9 @@ class Matcher:
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """A copy of a logits row with every token the grammar rejects next set to -inf.
 
+        A row of another width (a draft model's padded or shorter vocabulary) is masked over the ids the two
+        share; its ids past the target's vocabulary are rejected.
+
         Raises:
             ConfigError: the grammar allows no token at all (it cannot be completed).
         """
@@ -70,7 +73,9 @@ class Matcher:
             raise ConfigError(f"{self.constraint.describe(capital=True)} allows no token here "
                               f"({self._m.get_error() or 'nothing can follow'}); check it can be completed.")
         out = np.array(logits, dtype=np.float32, copy=True)
-        out[~allowed] = -np.inf
+        n = min(len(out), len(allowed))
+        out[:n][~allowed[:n]] = -np.inf
+        out[n:] = -np.inf
         return out
 
     def valid_prefix(self, tokens: list[int]) -> int:
@@ -93,7 +98,9 @@ class Matcher:
     def consume(self, tokens: list[int]) -> None:
         """Advance past ``tokens`` (each one the grammar allows)."""
         if tokens and not self._m.consume_tokens(tokens):
-            raise ConfigError(f"The grammar refused a token it had allowed ({self._m.get_error()}).")
+            # llguidance stops at a resource limit (a row of too many alternatives, a step's fuel) here too
+            raise ConfigError(f"{self.constraint.describe(capital=True)} cannot be followed: "
+                              f"{_one_line(self._m.get_error() or 'it refused a token it had allowed')}")
 
     def rollback(self, n: int) -> None:
         """Go back ``n`` consumed tokens (after a rejected guess)."""

@@ -57,6 +57,19 @@ def test_compute_bound_profile_chooses_plain_or_short_lookup():
     assert 1 <= k <= 3 and speed > 1.0
 
 
+def test_a_guess_after_forced_tokens_is_weighed_by_what_it_adds_to_their_batch():
+    # memory-bound: after 4 forced tokens a good guess still rides along almost free, judged against the
+    # 5 tokens the forced round gives alone
+    k, speed = best_k(GPU, "lookup", 0.8, 4, forced=4)
+    assert k == 4 and speed == pytest.approx((4 + expected_tokens(0.8, 4)) / 5, rel=1e-2)
+    assert best_k(GPU, "draft", 0.95, 4, forced=4)[0] == 4
+    assert best_k(GPU, "draft", 0.8, 4, forced=4)[0] == 0  # 0.4 steps of drafting for 2.4 more tokens: too little
+    # compute-bound: the same guess would pay alone, but not after 4 forced tokens, whose batch it makes dearer
+    assert best_k(CPU, "lookup", 0.9, 4)[0] > 0
+    assert best_k(CPU, "lookup", 0.9, 4, forced=4)[0] == 0
+    assert best_k(CPU, "lookup", 0.9, 4, forced=0) == best_k(CPU, "lookup", 0.9, 4)
+
+
 def test_acceptance_estimate_follows_recent_rounds():
     est = AcceptanceEstimate(0.5)
     for _ in range(30):

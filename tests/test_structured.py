@@ -86,12 +86,13 @@ def test_a_grammar_cut_by_max_tokens_is_a_valid_prefix(tiny_pair):
     assert r.finish_reason == "length" and len(r.tokens) == 5 and '{"animal": "'.startswith(r.text)
 
 
-@pytest.mark.parametrize("method,k", [("draft", 3), ("lookup", 3)])
-def test_sampled_speculation_keeps_the_plain_constrained_distribution(tiny_pair, method, k):
-    constraint = CONSTRAINTS["regex"]
+@pytest.mark.parametrize("name,method,k", [("regex", "draft", 3), ("regex", "lookup", 3),
+                                           ("schema", "draft", 6)])  # forced tokens, then the draft's masked q
+def test_sampled_speculation_keeps_the_plain_constrained_distribution(tiny_pair, name, method, k):
+    constraint = CONSTRAINTS[name]
     seen: dict[int, set[int]] = {}
     for seed in range(100):  # the positions after the first that the grammar leaves open
-        r = tiny_pair.generate(PROMPT, max_tokens=8, temperature=1.0, seed=seed, method="plain", grammar=constraint)
+        r = tiny_pair.generate(PROMPT, max_tokens=24, temperature=1.0, seed=seed, method="plain", grammar=constraint)
         for i, t in enumerate(r.tokens[1:], start=1):
             seen.setdefault(i, set()).add(t)
     open_positions = [i for i, tokens in sorted(seen.items()) if len(tokens) > 1][:2]
@@ -219,3 +220,80 @@ def test_an_end_token_inside_a_draft_under_a_finished_grammar_ends_the_reply_exa
         if params.greedy:
             assert tokens == plain.tokens
         assert tiny_pair.target.detokenize(tokens) in ("cat", "cats", "dog", "dogs")
+
+
+def test_a_sampling_draft_model_draws_only_what_the_grammar_allows_and_gives_the_grammar_back(tiny_pair):
+    from localspec.drafters import DraftGuide, ModelDrafter
+    from localspec.options import SamplingParams
+
+    m = tiny_pair.matcher(CONSTRAINTS["regex"])
+    prompt = np.asarray(tiny_pair.tokenize(PROMPT), dtype=np.int32)
+    drafter = ModelDrafter(tiny_pair.draft, SamplingParams(temperature=1.0))
+    before = m.allowed().copy()
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        d = drafter.propose_guided(prompt, 6, rng, DraftGuide(m))
+        assert d.tokens and m.valid_prefix(d.tokens) == len(d.tokens)
+        assert np.array_equal(m.allowed(), before)  # the grammar is where it was
+        assert d.probs is not None and d.probs[0][~before[: d.probs.shape[1]]].sum() == 0  # q is the masked one
+    free = [drafter.propose(prompt, 6, rng) for _ in range(30)]
+    assert any(m.valid_prefix(d.tokens) < len(d.tokens) for d in free)  # unmasked, it strays
+
+
+def test_a_guess_continues_after_the_forced_tokens_in_the_same_verification(tiny_pair):
+    from localspec.drafters import Draft, Drafter
+    from localspec.engine import Generation
+
+    constraint = CONSTRAINTS["schema"]
+    plain = tiny_pair.generate(PROMPT, max_tokens=80, method="plain", grammar=constraint).tokens
+    prompt = tiny_pair.tokenize(PROMPT)
+
+    class Oracle(Drafter):  # guesses plain constrained decoding's next tokens (never asked outside a grammar)
+        name = "lookup"
+        after_forced = 0
+
+        def propose_guided(self, context, k, rng, guide):
+            self.after_forced += guide.forced > 0
+            at = len(context) - len(prompt)
+            return Draft(plain[at: at + k], None, "lookup")
+
+    oracle, k = Oracle(), 8
+    g = Generation(tiny_pair.target, prompt, drafter=oracle, k=k, max_tokens=80, matcher=tiny_pair.matcher(constraint))
+    assert [ev.token for ev in g] == plain
+    s = g.stats
+    assert oracle.after_forced > 0 and s.accepted_by["grammar"] > 0 and s.accepted_by["lookup"] > 0
+    assert s.rounds == -(-(len(plain) - 1) // (k + 1))  # every round is k guessed tokens and the target's own
+
+
+def _wide_union(n):  # a choice among n objects: one grammar row of n alternatives, past llguidance's 2000
+    return {"anyOf": [{"type": "object", "properties": {f"k{i}": {"type": "string"}}, "required": [f"k{i}"]}
+                      for i in range(n)]}
+
+
+@pytest.mark.parametrize("schema,needle", [
+    ({"enum": [f"value-{i}" for i in range(200_000)]}, "cannot be compiled: .*too big"),  # refused compiling
+    (_wide_union(3000), "cannot be followed: .*3000 items; max is 2000"),  # refused at its first step
+    ({"type": "array", "uniqueItems": True}, "cannot be compiled"),  # a feature the engine does not support
+])
+def test_a_schema_past_the_engines_limits_is_one_sentence_and_the_pair_goes_on(tiny_pair, schema, needle):
+    with pytest.raises(localspec.ConfigError, match=f"The JSON schema {needle}") as err:
+        tiny_pair.generate(PROMPT, max_tokens=8, method="auto", grammar=Constraint.json_schema(schema))
+    assert "refused a token it had allowed" not in str(err.value) and "\n" not in str(err.value)
+    assert tiny_pair.generate(PROMPT, max_tokens=60, method="plain", grammar=CONSTRAINTS["schema"]).finish_reason \
+        == "stop"
+
+
+def test_the_server_refuses_a_schema_past_the_engines_limits_with_a_400_and_keeps_serving(client):
+    import openai
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "wide", "schema": _wide_union(3000)}}
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError, match="cannot be followed"):
+            r = client.chat.completions.create(model="target", messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=8, response_format=fmt, stream=stream)
+            list(r) if stream else None
+    ok = client.chat.completions.create(model="target", messages=[{"role": "user", "content": "A pet?"}],
+                                        max_tokens=60, temperature=0,
+                                        response_format={"type": "json_schema",
+                                                         "json_schema": {"name": "pet", "schema": SCHEMA}})
+    jsonschema.validate(json.loads(ok.choices[0].message.content), SCHEMA)
