@@ -56,9 +56,10 @@ class Draft(NamedTuple):
             return Draft(list(forced), None, by, 0, len(forced))
         probs = self.probs
         if probs is not None:  # a forced token was certain: a one-hot row, which acceptance keeps with p(x)
-            certain = np.zeros((len(forced), probs.shape[1]), dtype=probs.dtype)
-            certain[np.arange(len(forced)), [t if t < probs.shape[1] else 0 for t in forced]] = 1.0
-            probs = np.concatenate([certain, probs])
+            width = max(probs.shape[1], max(forced) + 1)  # a forced id may lie past a shorter draft vocabulary
+            certain = np.zeros((len(forced), width), dtype=probs.dtype)
+            certain[np.arange(len(forced)), forced] = 1.0
+            probs = np.concatenate([certain, np.pad(probs, ((0, 0), (0, width - probs.shape[1])))])
         return Draft([*forced, *self.tokens], probs, self.by, self.model_steps, len(forced))
 
 

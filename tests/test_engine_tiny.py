@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import same_distribution, token_counts
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import localspec
 from localspec.backend import Model
@@ -430,3 +432,30 @@ def test_stop_strings_are_validated(tiny_pair):
     for bad in ([""], [3], ["x"] * 17):
         with pytest.raises(ConfigError, match="stop"):
             tiny_pair.generate("hi", stop=bad)
+
+
+@settings(max_examples=200, deadline=None)
+@given(forced=st.lists(st.integers(0, 40), min_size=1, max_size=5),
+       guess=st.lists(st.integers(0, 20), max_size=5), sampled=st.booleans(), n=st.integers(0, 12))
+def test_forced_tokens_before_a_guess_are_certain_rows_and_cut_with_it(forced, guess, sampled, n):
+    from localspec.acceptance import accept_sampled
+    from localspec.drafters import Draft
+
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.ones(21), size=len(guess)) if sampled and guess else None
+    d = Draft(guess, probs, "draft", len(guess)).after(forced, "grammar")
+    assert d.tokens == [*forced, *guess] and d.forced == len(forced)
+    assert d.by == ("draft" if guess else "grammar")
+    if d.probs is not None:
+        assert len(d.probs) == len(d.tokens)
+        for i, t in enumerate(forced):  # certain: all of the row on the forced token
+            assert d.probs[i][t] == 1.0 and d.probs[i].sum() == 1.0
+        assert np.array_equal(d.probs[len(forced):, :21], probs)
+        # a target as sure as the grammar keeps every forced token, whatever the draft's width
+        target = np.zeros((len(d.tokens) + 1, 41))
+        target[np.arange(len(forced)), forced] = 1.0
+        target[len(forced):] = 1.0 / 41
+        assert accept_sampled(d.tokens, d.probs, target, rng)[0] >= len(forced)
+    cut = d.cut(n)
+    assert cut.tokens == d.tokens[:n] and cut.forced == min(n, len(forced))
+    assert cut.probs is None or len(cut.probs) == len(cut.tokens)

@@ -275,6 +275,27 @@ def test_mtp_with_partial_acceptance_is_exact_greedy_and_sampled(head_dir):
             assert p > 1e-3, f"mtp position {position}: chi-square p = {p:.2e}"
 
 
+def test_mtp_under_a_grammar_is_exact_greedy_and_sampled(head_dir):
+    from localspec.constraint import Constraint
+
+    regex = Constraint.regex("(cat|dog|bird)s? (sat|ran) on the [a-z]{1,8}")
+    schema = Constraint.json_schema({"type": "object", "properties": {"animal": {"enum": ["cat", "dog"]},
+                                     "n": {"type": "integer"}}, "required": ["animal", "n"]})
+    with localspec.load(head_dir / "trunk0.2.gguf", history=False) as pair:
+        for constraint in (regex, schema):  # the head draws among what the grammar allows, after no forced tokens
+            plain = pair.generate(PROMPTS[0], max_tokens=N, method="plain", grammar=constraint)
+            for k in (1, 3):
+                r = pair.generate(PROMPTS[0], max_tokens=N, method="mtp", k=k, grammar=constraint)
+                assert r.tokens == plain.tokens, f"mtp k={k} diverged from plain constrained decoding"
+                assert r.stats.drafted_by.get("mtp", 0) > 0
+        position = 3  # after "cat"/"dog"/"bird" and an optional "s": open at every seed
+        plain_counts = token_counts(pair, PROMPTS[0], 1500, position, method="plain", grammar=regex)
+        spec = token_counts(pair, PROMPTS[0], 1500, position, method="mtp", k=3, grammar=regex)
+        assert len(plain_counts) > 1
+        p = same_distribution(plain_counts, spec)
+        assert p > 1e-3, f"mtp under a grammar, position {position}: chi-square p = {p:.2e}"
+
+
 def test_auto_drafts_with_the_head_where_the_costs_let_it_and_stays_exact(head_dir):
     from localspec.costs import CostProfile
 
