@@ -127,7 +127,6 @@ class _Bet:
     predicted_tokens: float
     predicted_steps: float
     tokens: int = 0
-    forced: int = 0  # tokens a grammar forced before the guess, in the same batch (counted in both)
 
 
 #: How many tokens of a free guesser's unused guess are scored (see ``AutoDrafter._score_shadows``): about as
@@ -277,18 +276,22 @@ class AutoDrafter(Drafter):
                 self._note(best)
             return EMPTY_DRAFT
         self._last_tried[best.method] = self._round
+        chosen = self._by_name[best.method]
+        if best.draft.tokens:
+            draft = Draft(best.draft.tokens[: best.k], None, best.method)
+        elif guide is not None:
+            draft = chosen.drafter.propose_guided(context, best.k, rng, guide)
+        else:
+            draft = chosen.drafter.propose(context, best.k, rng)
+        if forced and not draft.tokens:  # the forced tokens go alone: the grammar's round, not this method's
+            self._pending = None
+            return draft
         self._note(best)
         self._pending = best.estimate
-        chosen = self._by_name[best.method]
-        if chosen.free:
-            self._bet = _Bet(best.method, forced + expected_tokens(best.alpha, best.k),
-                             round_cost(self.profile, chosen.method, best.k, forced) / self.profile.verify[0],
-                             forced=forced)
-        if best.draft.tokens:
-            return Draft(best.draft.tokens[: best.k], None, best.method)
-        if guide is not None:
-            return chosen.drafter.propose_guided(context, best.k, rng, guide)
-        return chosen.drafter.propose(context, best.k, rng)
+        if chosen.free and not forced:  # what a guesser's own rounds deliver (forced tokens would blur it)
+            self._bet = _Bet(best.method, expected_tokens(best.alpha, best.k),
+                             round_cost(self.profile, chosen.method, best.k) / self.profile.verify[0])
+        return draft
 
     def _choices(self, context: np.ndarray, kmax: int, rng: np.random.Generator,
                  guide: Optional[DraftGuide]) -> list[Choice]:
@@ -364,7 +367,7 @@ class AutoDrafter(Drafter):
             self._pending.update(drafted, kept)
         self._pending = None
         if self._bet is not None:
-            self._bet.tokens = self._bet.forced + kept + 1
+            self._bet.tokens = kept + 1
 
     def settle(self, context: np.ndarray) -> None:
         for c in self.candidates:

@@ -240,7 +240,9 @@ def round_cost(profile: CostProfile, method: Union[Method, str], k: int, forced:
     """Seconds for one round of ``method`` (or the registered method of that name) with draft length k
     (k = 0: one plain step), after ``forced`` tokens a grammar forced, verified in the same batch."""
     m = REGISTRY.get(method) if isinstance(method, str) else method
-    cost = m.round_cost(profile, k) + profile.rollback if k else profile.verify[0]
+    if not k and not forced:
+        return profile.verify[0]
+    cost = (m.round_cost(profile, k) if k else profile.verify[0]) + profile.rollback
     if forced:  # the guess is verified after the forced tokens: the batch is that much larger
         cost += profile.verify_seconds(forced + k + 1) - profile.verify_seconds(k + 1)
     return cost

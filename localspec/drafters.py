@@ -55,7 +55,7 @@ class Draft(NamedTuple):
         if not self.tokens:
             return Draft(list(forced), None, by, 0, len(forced))
         probs = self.probs
-        if probs is not None:  # a forced token was certain: a one-hot row, which acceptance keeps with p(x)
+        if probs is not None:  # a forced token is guessed without sampling: a one-hot row (kept with p(x))
             width = max(probs.shape[1], max(forced) + 1)  # a forced id may lie past a shorter draft vocabulary
             certain = np.zeros((len(forced), width), dtype=probs.dtype)
             certain[np.arange(len(forced)), forced] = 1.0
@@ -157,9 +157,9 @@ class Drafter:
         raise NotImplementedError
 
     def propose_guided(self, context: np.ndarray, k: int, rng: np.random.Generator, guide: DraftGuide) -> Draft:
-        """``propose`` under a grammar: by default the same guess (the engine cuts it before its first token
-        the grammar refuses); a drafter that samples masks its choices (``guide.grammar.mask``), so that q is
-        what it really drew from."""
+        """``propose`` under a grammar: by default the same guess (the engine ends it at its first token the
+        grammar refuses, verified as a certain rejection); a drafter that samples masks its choices
+        (``guide.grammar.mask``), so that q is what it really drew from."""
         return self.propose(context, k, rng)
 
     def settle(self, context: np.ndarray) -> None:
@@ -239,7 +239,7 @@ class ModelDrafter(Drafter):
                 if q is not None:
                     rows.append(q)
                 tokens.append(tok)
-                if i == k - 1 or m.is_eog(tok):
+                if i == k - 1 or m.is_eog(tok) or (grammar is not None and tok == grammar.end_token):
                     break
                 if grammar is not None:
                     grammar.consume([tok])
@@ -405,7 +405,7 @@ class MtpDrafter(Drafter):
             if grammar is None:
                 return choose(logits, self.params, rng)
             tok, q = choose(grammar.mask(logits), self.params, rng)
-            if not self.head.target.is_eog(tok):  # the grammar follows the guess, and is given back below
+            if not self.head.target.is_eog(tok) and tok != grammar.end_token:  # followed, and given back below
                 grammar.consume([tok])
                 walked += 1
             return tok, q

@@ -161,8 +161,10 @@ def speculative_round(
     verifying = target.busy_seconds - verify_started
     timing = RoundTiming(known + 1, verifying, draft.model_steps, drafting)
     if drafter is not None:
-        if len(draft.tokens) > draft.forced:  # adaptive drafters learn from their guess's outcome, and the costs
-            drafter.observe(len(draft.tokens) - draft.forced, max(0, kept - draft.forced))
+        # Adaptive drafters learn from their guess's outcome (unless a forced token before it was turned down:
+        # the grammar forces a canonical split, and the mask allows others), and from the costs.
+        if len(draft.tokens) > draft.forced and kept >= draft.forced:
+            drafter.observe(len(draft.tokens) - draft.forced, kept - draft.forced)
         drafter.observe_timing(timing)
     return Round(draft, kept, nxt, timing, kept_rows)
 

@@ -104,8 +104,14 @@ class Matcher:
 
     def rollback(self, n: int) -> None:
         """Go back ``n`` consumed tokens (after a rejected guess)."""
-        if n > 0:
-            self._m.rollback(n)
+        if n > 0 and not self._m.rollback(n):
+            raise ConfigError(f"{self.constraint.describe(capital=True)} could not go back {n} tokens: "
+                              f"{_one_line(self._m.get_error() or 'llguidance refused')}")
+
+    @property
+    def end_token(self) -> int:
+        """The token that ends the output where the grammar is complete (never consumed: the reply ends)."""
+        return self._eos
 
 
 def _one_line(error: object) -> str:
@@ -169,6 +175,10 @@ class TriggeredMatcher:
         if self._at is not None:
             self._inner.consume(tokens)
         self._n += len(tokens)
+
+    @property
+    def end_token(self) -> int:
+        return self._inner.end_token
 
     def rollback(self, n: int) -> None:
         if n <= 0:

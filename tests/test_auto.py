@@ -625,3 +625,35 @@ def test_guesses_sat_out_are_scored_as_the_round_would_have_scored_them():
             auto.observe(len(draft.tokens), kept)
             context = np.concatenate([context, output[at: at + kept + 1]])
         assert low <= est.alpha <= high, (right, est.alpha)
+
+
+class _Grammar:
+    """Stands in for a grammar's state: allows the first ``allowed`` tokens of any guess."""
+
+    def __init__(self, allowed):
+        self.allowed = allowed
+
+    def valid_prefix(self, tokens):
+        return min(self.allowed, len(tokens))
+
+
+def test_auto_under_a_grammar_weighs_the_allowed_part_of_a_guess_and_the_forced_tokens_before_it():
+    from localspec.auto import Candidate
+    from localspec.drafters import DraftGuide
+    from localspec.methods import LOOKUP
+
+    rng = np.random.default_rng(0)
+
+    def auto(profile):
+        return AutoDrafter(profile, [Candidate(LOOKUP, _Always(), {0: AcceptanceEstimate(0.9, 1000)})], kmax=8)
+
+    a = auto(GPU)
+    assert len(a.propose(CONTEXT, 8, rng).tokens) == 8
+    assert a.propose_guided(CONTEXT, 8, rng, DraftGuide(_Grammar(3))).tokens == [7, 7, 7]  # the part allowed
+    assert a.propose_guided(CONTEXT, 8, rng, DraftGuide(_Grammar(0))).tokens == []  # nothing allowed: plain
+    assert a.report().rounds["lookup"] == 2 and a.report().rounds["plain"] == 1
+    # compute-bound: the guess pays alone, not after 6 forced tokens; that round is the grammar's, not plain's
+    a = auto(CPU)
+    assert a.propose_guided(CONTEXT, 8, rng, DraftGuide(_Grammar(8))).tokens
+    assert a.propose_guided(CONTEXT[:-6], 2, rng, DraftGuide(_Grammar(8), forced=6)).tokens == []
+    assert a.report().rounds["plain"] == 0 and sum(a.report().rounds.values()) == 1

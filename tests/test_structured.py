@@ -190,8 +190,9 @@ def test_a_grammar_that_fails_inside_the_engine_is_an_error_not_an_empty_reply(t
         tiny_pair.generate(PROMPT, max_tokens=8, grammar=make())
 
 
-def test_forced_rounds_are_counted_as_grammar_rounds(tiny_pair):
-    r = tiny_pair.generate(PROMPT, max_tokens=80, method="lookup", k=4, grammar=CONSTRAINTS["schema"])
+@pytest.mark.parametrize("method,k", [("lookup", 4), ("draft", 8), ("auto", None)])
+def test_forced_rounds_are_counted_as_grammar_rounds(tiny_pair, method, k):
+    r = tiny_pair.generate(PROMPT, max_tokens=80, method=method, k=k, grammar=CONSTRAINTS["schema"])
     by_method = r.stats.rounds_by_method
     assert by_method["grammar"] == r.stats.grammar_rounds > 0 and sum(by_method.values()) == r.stats.rounds
 
@@ -262,7 +263,8 @@ def test_a_guess_continues_after_the_forced_tokens_in_the_same_verification(tiny
     assert [ev.token for ev in g] == plain
     s = g.stats
     assert oracle.after_forced > 0 and s.accepted_by["grammar"] > 0 and s.accepted_by["lookup"] > 0
-    assert s.rounds == -(-(len(plain) - 1) // (k + 1))  # every round is k guessed tokens and the target's own
+    # every round is k guessed tokens and the target's own (the end token too, after the last text token)
+    assert g.finish_reason == "stop" and s.rounds == -(-len(plain) // (k + 1))
 
 
 def _wide_union(n):  # a choice among n objects: one grammar row of n alternatives, past llguidance's 2000
