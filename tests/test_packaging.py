@@ -7,6 +7,7 @@ directory, so nothing of the checkout is imported.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -58,3 +59,26 @@ def test_the_installed_command_lists_the_pairs_and_generates(installed: Path, ti
                       "-n", "8", "--method", "plain", "--threads", "1", home=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "finish:" in r.stderr and r.stdout.strip()
+
+
+def test_pip_install_dot_into_a_clean_venv_gives_a_working_command(tiny_dir: Path, tmp_path: Path):
+    # What a user runs (pipx does the same into a venv of its own): the checkout and its dependencies from the
+    # package index, llama-cpp-python from the wheel scripts/install.sh built (it would otherwise build it again).
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "localspec" / "wheels"
+    built = sorted(cache.glob("*/llama_cpp_python-*.whl"), key=lambda p: p.stat().st_mtime)
+    if not built:
+        pytest.skip(f"no llama-cpp-python wheel under {cache}: scripts/install.sh builds one")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--find-links",
+                    str(built[-1].parent), str(REPO)], check=True, cwd=tmp_path, timeout=1200)
+    env = {"LOCALSPEC_HOME": str(tmp_path / "home"), "LOCALSPEC_HISTORY": "off", "PATH": "/usr/bin:/bin",
+           "HOME": str(tmp_path / "home")}
+    r = subprocess.run([str(venv / "bin" / "localspec"), "generate", "-t", str(tiny_dir / "target.gguf"), "-p",
+                        "the cat sat on the", "-n", "8", "--method", "plain", "--threads", "1"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "finish:" in r.stderr and r.stdout.strip()
+    probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import localspec; print(localspec.__file__)"],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert probe.stdout.strip().startswith(str(venv)), probe.stdout  # installed, not this checkout
