@@ -134,6 +134,15 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> int:
     return min(i, p.shape[0] - 1)
 
 
+def choose(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> tuple[int, Optional[np.ndarray]]:
+    """One token from a logits row: the argmax for greedy parameters (one-hot q: None), else a sample and the
+    distribution q it was drawn from."""
+    if params.greedy:
+        return int(np.argmax(logits)), None
+    q = probabilities(logits, params)
+    return sample(q, rng), q
+
+
 def accept_greedy(draft: Sequence[int], target_logits: np.ndarray) -> tuple[int, int]:
     """Greedy acceptance.
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
-from .acceptance import probabilities, sample
+from .acceptance import choose
 from .backend import Model
 from .costs import CostCorrection, CostProfile, RoundTiming
 from .errors import ConfigError
@@ -176,13 +176,40 @@ class Drafter:
         return None
 
 
-def choose(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> tuple[int, Optional[np.ndarray]]:
-    """A model's pick from its logits row: the argmax for greedy parameters (one-hot q: None), else a sample
-    and the distribution q it was drawn from."""
-    if params.greedy:
-        return int(np.argmax(logits)), None
-    q = probabilities(logits, params)
-    return sample(q, rng), q
+class _GrammarWalk:
+    """A model's guess under the output's grammar (or free, without one): each pick among the tokens the
+    grammar allows there, each picked token walked past, and all of them given back by ``give_back``.
+
+    Args:
+        grammar: the grammar's state where the guess starts (None: no grammar).
+        params: the sampling parameters the model picks by.
+        rng: where a sample's randomness comes from.
+        is_end: the model's end-of-generation test (such a token ends the guess, and is not walked past).
+    """
+
+    def __init__(self, grammar: Optional[GrammarState], params: SamplingParams, rng: np.random.Generator,
+                 is_end: Callable[[int], bool]):
+        self.grammar, self.params, self.rng, self.is_end = grammar, params, rng, is_end
+        self.walked = 0
+
+    def pick(self, logits: np.ndarray) -> Optional[tuple[int, Optional[np.ndarray]]]:
+        """A token and the q it was drawn from (None for a greedy pick); None where the grammar allows only
+        ids past this model's vocabulary."""
+        if self.grammar is None:
+            return choose(logits, self.params, self.rng)
+        logits = self.grammar.mask(logits)
+        if not np.isfinite(logits).any():
+            return None
+        tok, q = choose(logits, self.params, self.rng)
+        if not self.is_end(tok) and tok != self.grammar.end_token:  # the reply would end there: not walked
+            self.grammar.consume([tok])
+            self.walked += 1
+        return tok, q
+
+    def give_back(self) -> None:
+        """Take the grammar back to where the guess started."""
+        if self.grammar is not None:
+            self.grammar.rollback(self.walked)
 
 
 class ModelDrafter(Drafter):
@@ -228,26 +255,21 @@ class ModelDrafter(Drafter):
         m.checkpoint()  # a recurrent draft cannot cut its single steps back; going back here is then cheap
         tokens: list[int] = []
         rows: list[np.ndarray] = []
-        walked = 0  # tokens the grammar was advanced past, given back at the end
+        walk = _GrammarWalk(grammar, self.params, rng, m.is_eog)
         try:
             for i in range(k):
-                if grammar is not None:
-                    logits = grammar.mask(logits)
-                    if not np.isfinite(logits).any():  # what the grammar allows lies past the draft's vocabulary
-                        break
-                tok, q = choose(logits, self.params, rng)
+                picked = walk.pick(logits)
+                if picked is None:  # what the grammar allows lies past the draft's vocabulary
+                    break
+                tok, q = picked
                 if q is not None:
                     rows.append(q)
                 tokens.append(tok)
                 if i == k - 1 or m.is_eog(tok) or (grammar is not None and tok == grammar.end_token):
                     break
-                if grammar is not None:
-                    grammar.consume([tok])
-                    walked += 1
                 logits = m.eval([tok], logits="last")[0]
         finally:
-            if grammar is not None:
-                grammar.rollback(walked)
+            walk.give_back()
         return Draft(tokens, np.stack(rows) if rows else None, "draft", len(tokens))
 
     def _foreign(self, context: np.ndarray) -> bool:
@@ -398,23 +420,17 @@ class MtpDrafter(Drafter):
                grammar: Optional[GrammarState]) -> Draft:
         if k <= 0:
             return EMPTY_DRAFT
-        walked = 0
+        walk = _GrammarWalk(grammar, self.params, rng, self.head.target.is_eog)
 
         def pick(logits: np.ndarray) -> tuple[int, Optional[np.ndarray]]:
-            nonlocal walked
-            if grammar is None:
-                return choose(logits, self.params, rng)
-            tok, q = choose(grammar.mask(logits), self.params, rng)
-            if not self.head.target.is_eog(tok) and tok != grammar.end_token:  # followed, and given back below
-                grammar.consume([tok])
-                walked += 1
-            return tok, q
+            picked = walk.pick(logits)
+            assert picked is not None  # the head's vocabulary is the target's, where the grammar allows some
+            return picked
 
         try:
             tokens, rows = self.head.draft(int(context[-1]), k, pick)
         finally:
-            if grammar is not None:
-                grammar.rollback(walked)
+            walk.give_back()
         return Draft(tokens, np.stack(rows) if rows else None, "mtp")
 
 

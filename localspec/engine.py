@@ -25,7 +25,7 @@ from typing import Callable, Generator, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from .acceptance import ProbRows, accept_greedy, accept_sampled, probabilities, sample, token_logprobs
+from .acceptance import ProbRows, accept_greedy, accept_sampled, choose, token_logprobs
 from .backend import Model
 from .costs import RoundTiming
 from .drafters import EMPTY_DRAFT, Draft, Drafter, DraftGuide
@@ -412,7 +412,7 @@ class Generation:
             logits = self.matcher.mask(logits)
         if self.logprobs is not None:
             self._first_row = np.array(logits, dtype=np.float32)[None, :]
-        first = int(np.argmax(logits)) if self.params.greedy else sample(probabilities(logits, self.params), self.rng)
+        first = choose(logits, self.params, self.rng)[0]
         if self.matcher is not None and not target.is_eog(first):
             self.matcher.consume([first])
         self.stats.prefill_seconds = time.perf_counter() - t_start
