@@ -25,7 +25,7 @@ import numpy as np
 
 from .auto import AcceptanceEstimate, AutoDrafter, build_auto, drafting_model_candidate, history_estimates
 from .backend import Model
-from .costs import CostProfile, round_cost
+from .costs import CostCorrection, CostProfile, RoundTiming, round_cost
 from .drafters import Draft, Drafter, DraftingContext, PromptLookupDrafter
 from .history import PROMPT_KEEP, HistoryIndex
 from .history.drafter import HistoryDrafter
@@ -89,10 +89,10 @@ def kept_prefix(draft: list[int], truth: list[int]) -> int:
 
 
 def _auto(profile: CostProfile, req: Recorded, index: HistoryIndex, estimates: dict[int, AcceptanceEstimate],
-          kmax: int) -> AutoDrafter:
+          kmax: int, correction: Optional[CostCorrection] = None) -> AutoDrafter:
     """Auto as a pair builds it, offered the recorded draft model as well when there is one."""
     ctx = DraftingContext(GenerationOptions(), kmax, np.asarray(req.prompt), lambda: req.text, None, index,
-                          estimates, profile)
+                          estimates, profile, correction)
     traced = drafting_model_candidate(ctx, RecordedDraft(req)) if req.draft_next is not None else None
     return build_auto(ctx, [traced] if traced else [])
 
@@ -117,19 +117,26 @@ class Round:
     kept: int
 
 
-def replay_rounds(req: Recorded, drafter: Drafter, k: int) -> list[Round]:
+def replay_rounds(req: Recorded, drafter: Drafter, k: int, profile: Optional[CostProfile] = None) -> list[Round]:
     """The rounds of one request drafted by ``drafter`` with (at most) ``k`` tokens, against its recorded reply.
 
-    As in the engine, the reply's first token comes with the prompt's prefill, and rounds begin after it.
+    As in the engine, the reply's first token comes with the prompt's prefill, and rounds begin after it; the
+    drafter hears each draft's outcome, and with ``profile`` each round's cost as that profile charges it.
     """
     prompt, reply = req.prompt, req.reply
     rng = np.random.default_rng(0)
     context, done, rounds = list(prompt) + reply[:1], min(1, len(reply)), []
+    drafter.prefill(np.asarray(prompt, dtype=np.int32))
     while done < len(reply):
         draft = drafter.propose(np.asarray(context, dtype=np.int32), k, rng)
+        drafted = len(draft.tokens)
         kept = kept_prefix(draft.tokens, reply[done:])
-        drafter.observe(len(draft.tokens), kept)
-        rounds.append(Round(draft.by if draft.tokens else "", len(draft.tokens), kept))
+        if drafted:  # as the engine: an empty draft has no outcome
+            drafter.observe(drafted, kept)
+        if profile is not None:
+            drafter.observe_timing(RoundTiming(drafted + 1, profile.verify_seconds(drafted + 1), draft.model_steps,
+                                               draft.model_steps * profile.draft_step))
+        rounds.append(Round(draft.by if drafted else "", drafted, kept))
         step = min(kept + 1, len(reply) - done)  # the kept prefix and the target's own token
         context += reply[done : done + step]
         done += step
@@ -150,7 +157,7 @@ class Overhead:
 
 def _replay_one(profile: CostProfile, req: Recorded, drafter: Drafter, k: int, overhead: Overhead) -> float:
     """Predicted speedup over plain decoding of one request drafted by ``drafter`` with (at most) ``k``."""
-    rounds = replay_rounds(req, drafter, k)
+    rounds = replay_rounds(req, drafter, k, profile)
     if not rounds:  # a reply of one token: all of it came with the prefill
         return 1.0
     cost = sum(round_cost(profile, r.by or PLAIN.name, r.drafted) + (overhead.drafted if r.by else overhead.plain)
@@ -159,18 +166,22 @@ def _replay_one(profile: CostProfile, req: Recorded, drafter: Drafter, k: int, o
 
 
 def replay_auto(profile: CostProfile, requests: list[Recorded], shared_history: bool,
-                kmax: int = AUTO_KMAX, overhead: Overhead = Overhead()) -> list[float]:
+                kmax: int = AUTO_KMAX, overhead: Overhead = Overhead(),
+                correction: Optional[CostCorrection] = None) -> list[float]:
     """Predicted speedup of auto per request, with the earlier requests' history or an empty one.
 
     Args:
         kmax: the longest draft auto may choose (a pair's auto uses ``AUTO_KMAX``).
         overhead: time per round outside llama.cpp, charged to plain decoding and to every round.
+        correction: what auto learns from its rounds' costs and realized gains, kept across the requests as a
+            pair keeps it (and by the caller, for a next pass); None: nothing is learnt across them.
     """
     index, estimates, out = HistoryIndex(), history_estimates(), []
     for req in requests:
         if not shared_history:
             index, estimates = HistoryIndex(), history_estimates()
-        out.append(_replay_one(profile, req, _auto(profile, req, index, estimates, kmax), kmax, overhead))
+        auto = _auto(profile, req, index, estimates, kmax, correction)
+        out.append(_replay_one(profile, req, auto, kmax, overhead))
         index.add(np.asarray(req.prompt[-PROMPT_KEEP:] + req.reply, dtype=np.int32))
     return out
 
