@@ -139,9 +139,8 @@ COST_EVIDENCE = 3
 
 #: How many guessed tokens the prior of a lookup estimate counts for. The estimate is scored on every plain
 #: round's unused guess, so a few lucky tokens could lift a lightly held prior past the bar, and the round
-#: chosen on them then keeps less than it was chosen for. Replaying the real pair's recorded replies
-#: (``benchmarks/auto_sweep.py``), rounds chosen on a prior counted as 2 tokens kept 8-14% fewer of their first
-#: four tokens than the estimate said; counted as 8, within 3%.
+#: chosen on them then keeps less than it was chosen for (the README's "Lookup's prior", measured by replaying
+#: recorded replies with ``benchmarks/auto_sweep.py``).
 LOOKUP_PRIOR_WEIGHT = 8.0
 
 #: History matches are weighed by length band: 2-3, 4-7, 8-15 and 16 or more tokens.
@@ -363,7 +362,7 @@ class AutoDrafter(Drafter):
         if self.correction is None:
             return
         if bet is not None and bet.tokens:
-            steps = (timing.verify_seconds + timing.draft_seconds) / self.profile.verify[0]
+            steps = (timing.verify_seconds + timing.draft_seconds + timing.rollback_seconds) / self.profile.verify[0]
             self.correction.observe_gain(bet.method, bet.predicted_tokens, bet.predicted_steps, bet.tokens, steps)
         self.correction.observe(timing)
         self.profile = self.correction.apply(self.base_profile)

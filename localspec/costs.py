@@ -85,12 +85,15 @@ class CostProfile:
 
 @dataclass
 class RoundTiming:
-    """What one round really cost: the target's time to verify n tokens, and the draft model's steps."""
+    """What one round really cost: the target's time to verify n tokens (the profile's ``verify``), the draft
+    model's steps, and the checkpoint a memory that cannot cut its rejected tokens off saved first (the
+    profile's ``rollback``)."""
 
     n: int
     verify_seconds: float
     draft_steps: int = 0
     draft_seconds: float = 0.0
+    rollback_seconds: float = 0.0
 
 
 @dataclass

@@ -139,6 +139,7 @@ def speculative_round(
     verify_started = target.busy_seconds
     if known and not target.can_undo(known):
         target.checkpoint()
+    saving = target.busy_seconds - verify_started  # the profile's rollback, apart from its verify(n)
     rows = target.eval([int(context[-1])] + draft.tokens[:known], logits="all")
     if processing is not None:  # row i as plain decoding processes it: after the generated tokens and draft[:i]
         rows = processing.rows(rows, context[prompt_len:], draft.tokens[:known])
@@ -158,8 +159,8 @@ def speculative_round(
     # 4. truncate: keep the context and the accepted draft tokens; the rejected tail goes (from a
     # checkpoint, the kept ones are evaluated again: that time counts as verifying).
     target.truncate(n + kept)
-    verifying = target.busy_seconds - verify_started
-    timing = RoundTiming(known + 1, verifying, draft.model_steps, drafting)
+    verifying = target.busy_seconds - verify_started - saving
+    timing = RoundTiming(known + 1, verifying, draft.model_steps, drafting, saving)
     if drafter is not None:
         # Adaptive drafters learn from their guess's outcome (unless a forced token before it was turned down:
         # the grammar forces a canonical split, and the mask allows others), and from the costs.
@@ -455,7 +456,8 @@ class Generation:
         rnd = speculative_round(self.target, self.drafter, context, k, self.params, self.rng, self.matcher,
                                 self.processing, len(self._prompt), keep_rows=self.logprobs is not None)
         self.stats.time_round(rnd.draft.by if rnd.draft.tokens else PLAIN.name, rnd.kept + 1,
-                              time.perf_counter() - t_round, rnd.timing.verify_seconds, rnd.timing.draft_seconds)
+                              time.perf_counter() - t_round, rnd.timing.verify_seconds + rnd.timing.rollback_seconds,
+                              rnd.timing.draft_seconds)
         self.stats.count_round(rnd.draft, rnd.kept)
         return rnd.emitted(), rnd.rows
 

@@ -117,6 +117,39 @@ def test_a_rollback_beyond_the_snapshots_takes_a_checkpoint_and_stays_exact(arch
     assert r.tokens == expected[: len(r.tokens)] and r.stats.rejected_rounds > 0
 
 
+@pytest.mark.parametrize("arch", ["mamba", "gemma2"])
+def test_a_rounds_checkpoint_is_timed_apart_from_its_verification(pairs, arch):
+    """Auto corrects the profile's verify(n) by what rounds of n tokens took, and the profile prices a checkpoint
+    apart (its ``rollback``): a round that saves one reports the saving apart, or auto would count it twice."""
+    from localspec.costs import RoundTiming
+    from localspec.drafters import Draft, Drafter
+    from localspec.engine import speculative_round
+    from localspec.options import SamplingParams
+
+    class Wrong(Drafter):
+        name = "lookup"
+        timings: list[RoundTiming] = []
+
+        def propose(self, context, k, rng):
+            return Draft([7] * k, None, self.name)
+
+        def observe_timing(self, timing):
+            self.timings.append(timing)
+
+    pair = pairs[arch]
+    target = pair.target
+    context = np.asarray(pair.tokenize(PROMPTS[0]), dtype=np.int32)
+    target.truncate(0)
+    target.eval([int(t) for t in context[:-1]], logits="none")
+    drafter = Wrong()
+    busy = target.busy_seconds
+    speculative_round(target, drafter, context, 4, SamplingParams(), np.random.default_rng(0))
+    (timing,) = drafter.timings
+    assert timing.n == 5 and timing.verify_seconds > 0
+    assert timing.verify_seconds + timing.rollback_seconds == pytest.approx(target.busy_seconds - busy)
+    assert (timing.rollback_seconds > 0) == (arch == "mamba")  # an attention cache just cuts its tail off
+
+
 @pytest.mark.parametrize("arch", ["mamba", "qwen35", "gemma2"])
 def test_chat_follow_ups_that_reuse_or_diverge_are_exact(arch_dir, pairs, arch):
     pair = pairs[arch]
