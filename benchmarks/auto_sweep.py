@@ -6,7 +6,8 @@ between two runs, so it is judged here first: every recorded request (``benchmar
 is replayed through the real auto policy on each curve, the same requests ``--reps`` times in a row with
 one cost correction kept across all of them, as a pair keeps it through a bench (so auto's realized-gain
 bets and cost evidence count as they do for a user). Each request's auto is set against the better of
-plain decoding and lookup with K = 2 (what llama-cpp-python's fastest row does), as issue 29 asks.
+plain decoding and localspec's lookup with K = 2, which stands in for llama-cpp-python's fastest row
+(its own lookup matches at most 2-grams), as issue 29 asks.
 
 These are predictions from recorded acceptance and measured costs, not measurements: the rounds cost what
 each curve says, without the machine's noise. A policy change is worth a real run (``localspec bench``
@@ -14,6 +15,7 @@ with ``--width``) only where this shows it.
 
 Usage:
     python benchmarks/auto_sweep.py benchmarks/traces/traces-suite-96.json benchmarks/traces/traces-related.json
+    (traces-suite.json is the older eight-prompt suite at 128 tokens: the same prompts, so not with the 96)
     python benchmarks/auto_sweep.py TRACES.json --verify 1,1.6,2.2,2.9 --draft-step 0.5 --reps 3
 """
 
@@ -29,8 +31,8 @@ from pathlib import Path
 from localspec.costs import CostCorrection, CostProfile
 from localspec.replay import Recorded, replay_auto, replay_method
 
-#: verify(n)/verify(1) measured on the machines the README's figures come from (``localspec calibrate``),
-#: and a draft step over a target step.
+#: verify(n)/verify(1) measured on the 2-core machines the README's figures come from (``localspec calibrate``,
+#: or 40 interleaved passes), and a draft step over a target step; the last curve is a GPU-like one, made up.
 CURVES = {
     "2-core, 2 threads, 40 passes": ([1, 1.84, 2.36, 3.05, 3.76, 4.38, 5.01, 6.84, 7.37], 0.60),
     "2-core, 2 threads (issue 29)": ([1, 1.66, 2.45, 2.92, 3.83, 4.43, 4.88, 7.23, 8.25], 0.57),
@@ -43,7 +45,8 @@ CURVES = {
 
 def sweep(requests: list[Recorded], verify: list[float], draft_step: float,
           reps: int) -> list[tuple[str, float, float]]:
-    """Per request: auto's predicted speedup over plain (the median of ``reps`` passes) and lookup K=2's."""
+    """Per request: auto's predicted speedup over plain (the median of ``reps`` passes, the first one with
+    nothing learnt yet included) and lookup K=2's."""
     profile = CostProfile.synthetic(verify, draft_step)
     correction = CostCorrection()
     passes = [replay_auto(profile, requests, False, correction=correction) for _ in range(reps)]

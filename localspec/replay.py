@@ -121,7 +121,9 @@ def replay_rounds(req: Recorded, drafter: Drafter, k: int, profile: Optional[Cos
     """The rounds of one request drafted by ``drafter`` with (at most) ``k`` tokens, against its recorded reply.
 
     As in the engine, the reply's first token comes with the prompt's prefill, and rounds begin after it; the
-    drafter hears each draft's outcome, and with ``profile`` each round's cost as that profile charges it.
+    drafter hears each draft's outcome, and with ``profile`` each round's timing as the profile prices it
+    (verification, draft-model steps and a checkpoint's saving; the searches are left out, as the engine leaves
+    them out of a round's timing).
     """
     prompt, reply = req.prompt, req.reply
     rng = np.random.default_rng(0)
@@ -133,9 +135,10 @@ def replay_rounds(req: Recorded, drafter: Drafter, k: int, profile: Optional[Cos
         kept = kept_prefix(draft.tokens, reply[done:])
         if drafted:  # as the engine: an empty draft has no outcome
             drafter.observe(drafted, kept)
-        if profile is not None:
+        if profile is not None:  # what the engine would have timed, by the profile's costs
             drafter.observe_timing(RoundTiming(drafted + 1, profile.verify_seconds(drafted + 1), draft.model_steps,
-                                               draft.model_steps * profile.draft_step))
+                                               draft.model_steps * profile.draft_step,
+                                               profile.rollback if drafted else 0.0))
         rounds.append(Round(draft.by if drafted else "", drafted, kept))
         step = min(kept + 1, len(reply) - done)  # the kept prefix and the target's own token
         context += reply[done : done + step]
@@ -174,7 +177,8 @@ def replay_auto(profile: CostProfile, requests: list[Recorded], shared_history: 
         kmax: the longest draft auto may choose (a pair's auto uses ``AUTO_KMAX``).
         overhead: time per round outside llama.cpp, charged to plain decoding and to every round.
         correction: what auto learns from its rounds' costs and realized gains, kept across the requests as a
-            pair keeps it (and by the caller, for a next pass); None: nothing is learnt across them.
+            pair keeps it (and by the caller, for a next pass); None: auto decides by the profile alone, as
+            with a seeded sampled generation (no cost evidence, no realized-gain bets, no exploration for it).
     """
     index, estimates, out = HistoryIndex(), history_estimates(), []
     for req in requests:

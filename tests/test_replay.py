@@ -88,10 +88,10 @@ def test_auto_in_the_replay_uses_the_recorded_draft_where_it_pays(tiny_dir):
 
 
 def test_on_the_real_pairs_recordings_auto_keeps_up_with_the_better_fixed_row_on_every_measured_curve():
-    """The recorded replies of the real pair (``benchmarks/traces``), replayed through auto with one cost
-    correction kept across them, as a pair keeps it: on each curve measured on the 2-core machines, auto's
-    geometric mean is at least the better of plain decoding and lookup with K = 2 (issue 29's yardstick),
-    and where verification is nearly free it drafts (the draft model, recorded, among its candidates)."""
+    """The recorded replies of the real pair (the suite and the related workload, ``benchmarks/traces``), replayed
+    through auto with one cost correction kept across them, as a pair keeps it: on each curve measured on the
+    2-core machines, auto's geometric mean is at least the better of plain decoding and lookup with K = 2
+    (issue 29's yardstick), no request loses much to plain, and where verifying is nearly free auto gains."""
     import json
     import math
     import statistics
@@ -101,9 +101,8 @@ def test_on_the_real_pairs_recordings_auto_keeps_up_with_the_better_fixed_row_on
     from localspec.replay import replay_method
 
     traces = Path(__file__).resolve().parent.parent / "benchmarks" / "traces"
-    requests = [Recorded(**r) for path in sorted(traces.glob("*.json"))
-                for r in json.loads(path.read_text())["requests"]]
-    assert len(requests) >= 20
+    requests = [Recorded(**r) for name in ("traces-suite-96.json", "traces-related.json")
+                for r in json.loads((traces / name).read_text())["requests"]]
 
     def geomean(xs: list[float]) -> float:
         return math.exp(statistics.fmean(math.log(x) for x in xs))
@@ -111,12 +110,13 @@ def test_on_the_real_pairs_recordings_auto_keeps_up_with_the_better_fixed_row_on
     curves = {"2 threads": [1, 1.84, 2.36, 3.05, 3.76, 4.38, 5.01, 6.84, 7.37],
               "2 threads, issue 29": [1, 1.66, 2.45, 2.92, 3.83, 4.43, 4.88, 7.23, 8.25],
               "1 thread": [1, 2.01, 2.71, 3.03, 3.93, 4.55, 4.92, 7.20, 9.93],
-              "2 threads, quiet": [1, 1.75, 2.24, 3.04, 3.34, 3.98, 4.40, 6.24, 6.37]}
+              "2 threads, quiet": [1, 1.75, 2.24, 3.04, 3.34, 3.98, 4.40, 6.24, 6.37],
+              "2 threads, cheap": [1, 1.55, 2.04, 2.58, 2.68, 3.00, 3.50, 5.43, 5.75]}
     for name, verify in curves.items():
         profile = CostProfile.synthetic([float(v) for v in verify], 0.6, name=name)
         correction = CostCorrection()
-        auto = [replay_auto(profile, requests, False, correction=correction) for _ in range(2)][-1]
+        auto = [replay_auto(profile, requests, False, correction=correction) for _ in range(2)][-1]  # warm
         better = [max(1.0, x) for x in replay_method(profile, requests, "lookup", 2)]
         assert geomean([a / b for a, b in zip(auto, better, strict=True)]) >= 1.0, name
-        assert min(auto) > 0.9, name  # no request loses much to plain decoding
+        assert min(auto) > 0.9, name
     assert geomean(replay_auto(FLAT, requests, False, correction=CostCorrection())) > 2.0
