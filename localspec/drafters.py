@@ -201,10 +201,14 @@ class _GrammarWalk:
         if not np.isfinite(logits).any():
             return None
         tok, q = choose(logits, self.params, self.rng)
-        if not self.is_end(tok) and tok != self.grammar.end_token:  # the reply would end there: not walked
+        if not self.ends(tok):  # the reply would end there: not walked
             self.grammar.consume([tok])
             self.walked += 1
         return tok, q
+
+    def ends(self, tok: int) -> bool:
+        """Whether ``tok`` ends the reply: the model's end token, or the grammar's."""
+        return self.is_end(tok) or (self.grammar is not None and tok == self.grammar.end_token)
 
     def give_back(self) -> None:
         """Take the grammar back to where the guess started."""
@@ -265,7 +269,7 @@ class ModelDrafter(Drafter):
                 if q is not None:
                     rows.append(q)
                 tokens.append(tok)
-                if i == k - 1 or m.is_eog(tok) or (grammar is not None and tok == grammar.end_token):
+                if i == k - 1 or walk.ends(tok):
                     break
                 logits = m.eval([tok], logits="last")[0]
         finally:
