@@ -228,8 +228,8 @@ class AutoDrafter(Drafter):
                  explore_every: int = 32, correction: Optional[CostCorrection] = None):
         self.base_profile = profile
         self.correction = correction
-        #: The costs decided by: the profile, corrected by what real rounds cost.
-        self.profile = correction.apply(profile) if correction is not None else profile
+        self._profile = correction.apply(profile) if correction is not None else profile
+        self._profile_stale = False  # rounds were timed since: fold them in when the profile is next needed
         self.kmax = min(kmax, profile.kmax)
         self.candidates = list(candidates)
         self.models: tuple[Model, ...] = tuple(m for c in self.candidates for m in c.models)
@@ -247,6 +247,13 @@ class AutoDrafter(Drafter):
         # a free guesser's drafting round under way: the tokens and cost (in steps) it was chosen for, and
         # the tokens it gave once verified
         self._bet: Optional[_Bet] = None
+
+    @property
+    def profile(self) -> CostProfile:
+        """The costs decided by: the profile, corrected by what real rounds cost."""
+        if self._profile_stale and self.correction is not None:
+            self._profile, self._profile_stale = self.correction.apply(self.base_profile), False
+        return self._profile
 
     def prefill(self, context: np.ndarray) -> None:
         if self.correction is not None:  # a generation starts: earlier generations' gains count less
@@ -365,7 +372,7 @@ class AutoDrafter(Drafter):
             steps = (timing.verify_seconds + timing.draft_seconds + timing.rollback_seconds) / self.profile.verify[0]
             self.correction.observe_gain(bet.method, bet.predicted_tokens, bet.predicted_steps, bet.tokens, steps)
         self.correction.observe(timing)
-        self.profile = self.correction.apply(self.base_profile)
+        self._profile_stale = True  # a round whose choice needs no costs (nothing to offer) folds in nothing
 
     def observe(self, drafted: int, kept: int) -> None:
         """Feedback after verification: update the estimate of the method just used."""
@@ -378,11 +385,11 @@ class AutoDrafter(Drafter):
     def settle(self, context: np.ndarray) -> None:
         for c in self.candidates:
             c.drafter.settle(context)
-        self._report.alpha = {name: a for c in self.candidates for name, a in c.alphas().items()}
-        self._report.profile = self.profile.relative()
 
     def report(self) -> AutoReport:
-        """Rounds per method, the choices made and the estimates behind them."""
+        """Rounds per method, the choices made and the estimates and costs they were made by, as they stand."""
+        self._report.alpha = {name: a for c in self.candidates for name, a in c.alphas().items()}
+        self._report.profile = self.profile.relative()
         return self._report
 
     def _note(self, choice: Choice) -> None:

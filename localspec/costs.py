@@ -204,13 +204,18 @@ class CostCorrection:
         if not self._counts and not self._draft[1]:
             return profile
         w = self.prior_weight
-        ratios: dict[int, float] = {}  # observed over the profile's, by n
-        for n in sorted(m for m in self._counts if m <= len(profile.verify)):
+        size = len(profile.verify)
+        # (n, observed over the profile's) at each observed n, in order; 1 at n = 1 until single steps are observed
+        points = [(1, 1.0)]
+        for n in sorted(m for m in self._counts if m <= size):
             # Shrunk toward what the smaller n already say (1, the profile, before any), not toward the
             # profile itself: one cheap round of n tokens then moves n as far as its neighbours did.
-            prior = _interpolated(ratios, n)
-            ratios[n] = (self._sums[n] / profile.verify_seconds(n) + w * prior) / (self._counts[n] + w)
-        verify = [v * _interpolated(ratios, n) for n, v in enumerate(profile.verify, start=1)]
+            ratio = (self._sums[n] / profile.verify[n - 1] + w * points[-1][1]) / (self._counts[n] + w)
+            if n == 1:
+                points[0] = (1, ratio)
+            else:
+                points.append((n, ratio))
+        verify = [v * r for v, r in zip(profile.verify, _interpolated(points, size), strict=True)]
         for i in range(1, len(verify)):  # verifying more tokens never costs less
             verify[i] = max(verify[i], verify[i - 1])
         seconds, steps = self._draft
@@ -218,16 +223,16 @@ class CostCorrection:
         return dataclasses.replace(profile, verify=verify, draft_step=draft_step, source=f"{profile.source}, corrected")
 
 
-def _interpolated(ratios: dict[int, float], n: int) -> float:
-    """The ratio at n: observed, else linear between the observed n around it (1 at n = 1), else the last one."""
-    if n in ratios:
-        return ratios[n]
-    below = max((m for m in ratios if m < n), default=None)
-    above = min((m for m in ratios if m > n), default=None)
-    lo_n, lo = (below, ratios[below]) if below is not None else (1, 1.0)
-    if above is None:
-        return lo
-    return lo + (n - lo_n) / (above - lo_n) * (ratios[above] - lo)
+def _interpolated(points: list[tuple[int, float]], size: int) -> list[float]:
+    """The ratio at n = 1 .. size: observed at the ``points`` (n ascending, the first at n = 1), linear
+    between them, the last one beyond them."""
+    out, j = [], 0
+    for n in range(1, size + 1):
+        while j + 1 < len(points) and points[j + 1][0] <= n:
+            j += 1
+        (lo_n, lo), above = points[j], points[j + 1] if j + 1 < len(points) else None
+        out.append(lo if above is None or n == lo_n else lo + (n - lo_n) / (above[0] - lo_n) * (above[1] - lo))
+    return out
 
 
 def expected_tokens(alpha: float, k: int) -> float:
