@@ -218,7 +218,7 @@ class AutoDrafter(Drafter):
         kmax: the longest draft considered.
         explore_every: at most one exploratory round per this many rounds,
             to re-check a method the estimates have ruled out.
-        correction: real rounds' costs, folded into ``profile`` as they come (see ``costs.CostCorrection``);
+        correction: real rounds' costs, folded into ``profile`` when it is next read (see ``costs.CostCorrection``);
             shared with the caller, who may keep it for the next generation. None: the profile as it is.
     """
 
@@ -363,8 +363,8 @@ class AutoDrafter(Drafter):
         return None
 
     def observe_timing(self, timing: RoundTiming) -> None:
-        """A round's real cost: fold it into the profile decided by, and a drafting round's tokens and cost,
-        in steps of the profile it was chosen by, into its method's realized gain."""
+        """A round's real cost: into the evidence that corrects the profile decided by, and a drafting round's
+        tokens and cost, in steps of the profile it was chosen by, into its method's realized gain."""
         bet, self._bet = self._bet, None
         if self.correction is None:
             return
@@ -372,7 +372,7 @@ class AutoDrafter(Drafter):
             steps = (timing.verify_seconds + timing.draft_seconds + timing.rollback_seconds) / self.profile.verify[0]
             self.correction.observe_gain(bet.method, bet.predicted_tokens, bet.predicted_steps, bet.tokens, steps)
         self.correction.observe(timing)
-        self._profile_stale = True  # a round whose choice needs no costs (nothing to offer) folds in nothing
+        self._profile_stale = True  # folded in when read: a round with nothing on offer never reads the costs
 
     def observe(self, drafted: int, kept: int) -> None:
         """Feedback after verification: update the estimate of the method just used."""

@@ -207,7 +207,7 @@ class CostCorrection:
         size = len(profile.verify)
         # (n, observed over the profile's) at each observed n, in order; 1 at n = 1 until single steps are observed
         points = [(1, 1.0)]
-        for n in sorted(m for m in self._counts if m <= size):
+        for n in sorted(m for m in self._counts if 1 <= m <= size):
             # Shrunk toward what the smaller n already say (1, the profile, before any), not toward the
             # profile itself: one cheap round of n tokens then moves n as far as its neighbours did.
             ratio = (self._sums[n] / profile.verify[n - 1] + w * points[-1][1]) / (self._counts[n] + w)
@@ -230,8 +230,12 @@ def _interpolated(points: list[tuple[int, float]], size: int) -> list[float]:
     for n in range(1, size + 1):
         while j + 1 < len(points) and points[j + 1][0] <= n:
             j += 1
-        (lo_n, lo), above = points[j], points[j + 1] if j + 1 < len(points) else None
-        out.append(lo if above is None or n == lo_n else lo + (n - lo_n) / (above[0] - lo_n) * (above[1] - lo))
+        lo_n, lo = points[j]
+        if n == lo_n or j + 1 == len(points):
+            out.append(lo)
+        else:
+            hi_n, hi = points[j + 1]
+            out.append(lo + (n - lo_n) / (hi_n - lo_n) * (hi - lo))
     return out
 
 
