@@ -267,14 +267,19 @@ def best_k(profile: CostProfile, method: Union[Method, str], alpha: float, kmax:
 
     K = 0 (speedup 1.0) unless some K is predicted at least ``min_gain`` times faster.
     """
-    bare = (forced + 1) / round_cost(profile, method, 0, forced)
     best, best_speed = 0, 1.0
-    threshold = min_gain
     for k in range(1, min(kmax, profile.kmax) + 1):
-        speed = (forced + expected_tokens(alpha, k)) / round_cost(profile, method, k, forced) / bare
-        if speed > best_speed and speed >= threshold:
+        speed = round_speedup(profile, method, alpha, k, forced)
+        if speed > best_speed and speed >= min_gain:
             best, best_speed = k, speed
     return best, best_speed
+
+
+def round_speedup(profile: CostProfile, method: Union[Method, str], alpha: float, k: int, forced: int = 0) -> float:
+    """The expected tokens/second of a round drafting ``k`` tokens over one that guesses nothing (plain, or
+    the ``forced`` tokens alone)."""
+    bare = (forced + 1) / round_cost(profile, method, 0, forced)
+    return (forced + expected_tokens(alpha, k)) / round_cost(profile, method, k, forced) / bare
 
 
 def predicted_speedup(profile: CostProfile, method: str, stats: dict[str, Any]) -> Optional[float]:

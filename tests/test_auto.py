@@ -657,3 +657,26 @@ def test_auto_under_a_grammar_weighs_the_allowed_part_of_a_guess_and_the_forced_
     assert a.propose_guided(CONTEXT, 8, rng, DraftGuide(_Grammar(8))).tokens
     assert a.propose_guided(CONTEXT[:-6], 2, rng, DraftGuide(_Grammar(8), forced=6)).tokens == []
     assert a.report().rounds["plain"] == 0 and sum(a.report().rounds.values()) == 1
+
+
+# One CPU thread of the 2-core test machine: only a guess kept almost whole could pay.
+ONE_THREAD = CostProfile.synthetic([1.0, 1.99, 2.96, 3.69, 4.41, 5.29, 6.38, 8.29, 8.94], 0.55, name="one-thread")
+
+
+def test_no_estimate_is_trusted_beyond_the_acceptance_ceiling():
+    from localspec.auto import ALPHA_CEILING, Candidate
+    from localspec.methods import LOOKUP
+
+    def auto(profile):
+        a = AutoDrafter(profile, [Candidate(LOOKUP, _Always(), {0: _StuckEstimate(0.99)})], kmax=8)
+        a.prefill(CONTEXT)
+        return a
+
+    rng = np.random.default_rng(0)
+    # 0.99 would promise 4.9 tokens for 4.41 steps here, past the bar; at the ceiling no draft pays
+    assert best_k(ONE_THREAD, "lookup", 0.99, 8)[0] > 0 and best_k(ONE_THREAD, "lookup", ALPHA_CEILING, 8)[0] == 0
+    assert not any(auto(ONE_THREAD).propose(CONTEXT, 8, rng).tokens for _ in range(20))
+    # where the ceiling still pays, the same guesser drafts, and the choice reports what it was decided by
+    modest = auto(MODEST)
+    assert len(modest.propose(CONTEXT, 8, rng).tokens) > 0
+    assert all(change.alpha <= ALPHA_CEILING for change in modest.report().changes)
