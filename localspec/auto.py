@@ -156,7 +156,7 @@ LOOKUP_PRIOR_WEIGHT = 8.0
 #: guesses an estimate climbs toward 1, and the rounds chosen at the top of it keep less than promised (most
 #: where only a near-perfect guess can pay, as on one CPU thread). Replaying the real pair's recordings, every
 #: measured curve and two GPU-like ones gain or hold with a ceiling from 0.92 to 0.95 (the README's
-#: "A ceiling on acceptance").
+#: "A quiet hour, then a ceiling on acceptance").
 ALPHA_CEILING = 0.93
 
 #: History matches are weighed by length band: 2-3, 4-7, 8-15 and 16 or more tokens.
