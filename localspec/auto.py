@@ -22,6 +22,7 @@ so the output stays exactly the target's.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
@@ -123,6 +124,8 @@ class Choice:
     alpha: float
     estimate: Optional[AcceptanceEstimate] = None  # the estimate its outcome updates
     draft: Draft = EMPTY_DRAFT  # lookup's or history's guess, made before choosing (free)
+    factor: float = 1.0  # the method's realized-gain factor, by which ``speed`` was scaled
+    most: int = 0  # the longest draft on offer
 
 
 PLAIN_CHOICE = Choice(1.0, PLAIN.name, 0, 0.0)
@@ -194,16 +197,19 @@ class Candidate:
         free: guessing costs nothing, so the guess is made before choosing (False: a model runs).
         key: the estimate that backs the drafter's last guess (default: the first).
         names: how the report names each estimate (default: the method's name).
+        ceiling: the most of its guessed tokens it is taken to keep when auto chooses (see ``ALPHA_CEILING``).
     """
 
     def __init__(self, method: Method, drafter: Drafter, estimates: dict[Any, AcceptanceEstimate], free: bool = True,
-                 key: Optional[Callable[[], Any]] = None, names: Optional[Callable[[Any], str]] = None):
+                 key: Optional[Callable[[], Any]] = None, names: Optional[Callable[[Any], str]] = None,
+                 ceiling: float = ALPHA_CEILING):
         self.method = method
         self.drafter = drafter
         self.estimates = estimates
         self.free = free
         self.key = key
         self.names = names
+        self.ceiling = ceiling
         self.models: tuple[Model, ...] = drafter.models
 
     @property
@@ -293,6 +299,8 @@ class AutoDrafter(Drafter):
         forced = guide.forced if guide is not None else 0
         choices = self._choices(context, min(k, self.kmax), rng, guide)
         best = max(choices, key=lambda ch: ch.speed)  # plain on ties: it comes first
+        if best.k and not forced:  # (a forced batch is timed by its whole size, not the guess's)
+            best = self._longer(best)
         if best.k == 0:  # nothing pays: plain, unless a method is due for a look
             best = self._explore(choices, forced) or PLAIN_CHOICE
         if best.method == PLAIN.name:
@@ -344,16 +352,21 @@ class AutoDrafter(Drafter):
             # what a free guesser's rounds have really delivered of their predictions raises its bar (a
             # model's rounds also pay its catch-up after plain rounds, which would mislead the measure)
             f = self.correction.gain_factor(c.name) if self.correction is not None and c.free else 1.0
-            alpha = min(ALPHA_CEILING, est.alpha)
+            alpha = min(c.ceiling, est.alpha)
             kk, speed = best_k(self.profile, c.method, alpha, most, min_gain=MIN_GAIN / f, forced=forced)
-            if 0 < kk < most and not forced and self._untimed(kk + 2):
-                # a draft one longer is tried until its cost is known, where it pays even by the profile: a
-                # profile that overstates long batches is otherwise never corrected past the K it allows
-                longer = round_speedup(self.profile, c.method, alpha, kk + 1)
-                if longer >= MIN_GAIN / f:
-                    kk, speed = kk + 1, longer
-            choices.append(Choice(speed * f, c.name, kk, alpha, est, guess))
+            choices.append(Choice(speed * f, c.name, kk, alpha, est, guess, f, most))
         return choices
+
+    def _longer(self, best: Choice) -> Choice:
+        """The chosen draft one token longer while rounds of that length are untimed, where the profile says it
+        pays even so: a profile that overstates long batches is otherwise never corrected past the K it allows
+        (the correction learns only the batch sizes it sees)."""
+        if not 0 < best.k < best.most or not self._untimed(best.k + 2):
+            return best
+        longer = round_speedup(self.profile, self._by_name[best.method].method, best.alpha, best.k + 1)
+        if longer * best.factor < MIN_GAIN:
+            return best
+        return dataclasses.replace(best, speed=longer * best.factor, k=best.k + 1)
 
     def _untimed(self, n: int) -> bool:
         """Whether rounds verifying ``n`` tokens are yet to be timed often enough to trust their cost."""
@@ -383,7 +396,8 @@ class AutoDrafter(Drafter):
         for c in choices[1:]:
             stale = self._round - self._last_tried[c.method] >= self.explore_every
             optimistic = untimed or (not self._by_name[c.method].free and
-                                     best_k(self.profile, self._by_name[c.method].method, min(0.98, c.alpha + 0.25),
+                                     best_k(self.profile, self._by_name[c.method].method,
+                                            min(self._by_name[c.method].ceiling, c.alpha + 0.25),
                                             1, forced=forced)[1] > 1.0)
             if stale and optimistic:
                 return Choice(c.speed, c.method, 1, c.alpha, c.estimate, c.draft)
@@ -444,13 +458,14 @@ def lookup_candidate(ctx: DraftingContext, prior: Optional[float] = None) -> Can
 
 def prediction_candidate(ctx: DraftingContext) -> Optional[Candidate]:
     """The request's predicted output, when it gave one: a free guesser trusted as a near copy at first
-    (it is the caller's own guess of the output), one estimate per n-gram length of the alignment."""
+    (it is the caller's own guess of the output), one estimate per n-gram length of the alignment. No ceiling
+    caps it: a true copy is the case it exists for, and the recordings that judged the ceiling have none."""
     if ctx.prediction is None or not len(ctx.prediction):
         return None
     drafter = build_prediction(ctx)
     estimates = {n: AcceptanceEstimate(min(0.95, 0.7 + 0.05 * (n - 1))) for n in range(1, drafter.max_ngram + 1)}
     return Candidate(PREDICTION, drafter, estimates, key=lambda: drafter.last_match,
-                     names=lambda n: f"{PREDICTION.name}{n}")
+                     names=lambda n: f"{PREDICTION.name}{n}", ceiling=1.0)
 
 
 def history_candidate(ctx: DraftingContext) -> Optional[Candidate]:
@@ -480,14 +495,14 @@ def mtp_candidate(ctx: DraftingContext) -> Optional[Candidate]:
         return None
     profile = _decided_profile(ctx)
     head = ctx.head()
-    if head is None or not profile.mtp_step or best_k(profile, MTP, 0.98, ctx.k)[0] == 0:
+    if head is None or not profile.mtp_step or best_k(profile, MTP, ALPHA_CEILING, ctx.k)[0] == 0:
         return None
     return Candidate(MTP, MtpDrafter(head, ctx.options.sampling), {0: AcceptanceEstimate(0.6)}, free=False)
 
 
 def drafting_model_candidate(ctx: DraftingContext, drafter: Drafter) -> Optional[Candidate]:
     """A candidate for the draft-model method with this drafter (the replay's recorded draft, or the model)."""
-    if ctx.profile is None or best_k(_decided_profile(ctx), DRAFT, 0.98, ctx.k)[0] == 0:
+    if ctx.profile is None or best_k(_decided_profile(ctx), DRAFT, ALPHA_CEILING, ctx.k)[0] == 0:
         return None  # best_k stops at the profile's longest K
     return Candidate(DRAFT, drafter, {0: AcceptanceEstimate(0.6)}, free=False)
 

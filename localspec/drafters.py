@@ -82,7 +82,8 @@ class DraftGuide(NamedTuple):
 
 @dataclass
 class AutoChange:
-    """A round where auto changed its choice: which method and K, on what estimate, predicting what speedup."""
+    """A round where auto changed its choice: which method and K, on what acceptance (the estimate, at most
+    the candidate's ceiling), predicting what speedup."""
 
     round: int
     method: str

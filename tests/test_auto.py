@@ -680,3 +680,29 @@ def test_no_estimate_is_trusted_beyond_the_acceptance_ceiling():
     modest = auto(MODEST)
     assert len(modest.propose(CONTEXT, 8, rng).tokens) > 0
     assert all(change.alpha <= ALPHA_CEILING for change in modest.report().changes)
+
+
+def test_a_draft_one_longer_is_tried_until_its_cost_is_known_where_it_pays_anyway():
+    from localspec.auto import Candidate
+    from localspec.costs import CostCorrection, RoundTiming
+    from localspec.methods import LOOKUP
+
+    # K = 1 is best here (1.61x at the ceiling), K = 2 pays too (1.40x), K = 3 barely (1.20x)
+    steep = CostProfile.synthetic([1.0, 1.2, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], 0.5, name="steep")
+
+    def ks(correction, rounds=12):
+        auto = AutoDrafter(steep, [Candidate(LOOKUP, _Always(), {0: _StuckEstimate(0.99)})], kmax=8,
+                           correction=correction)
+        auto.prefill(CONTEXT)
+        rng, out = np.random.default_rng(0), []
+        for _ in range(rounds):
+            n = len(auto.propose(CONTEXT, 8, rng).tokens)
+            auto.observe(n, n)
+            auto.observe_timing(RoundTiming(n + 1, steep.verify_seconds(n + 1)))
+            out.append(n)
+        return out
+
+    learning = ks(CostCorrection())
+    assert learning[0] == 2 and learning[-4:] == [1, 1, 1, 1]  # timed a few times, then the best K again
+    assert sum(k == 2 for k in learning) <= 5 and 3 not in learning  # one longer, not more
+    assert ks(None) == [1] * 12  # without a correction there is nothing to learn
