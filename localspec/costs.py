@@ -267,9 +267,10 @@ def best_k(profile: CostProfile, method: Union[Method, str], alpha: float, kmax:
 
     K = 0 (speedup 1.0) unless some K is predicted at least ``min_gain`` times faster.
     """
+    bare = _bare_speed(profile, method, forced)  # once, not per K: this runs every round
     best, best_speed = 0, 1.0
     for k in range(1, min(kmax, profile.kmax) + 1):
-        speed = round_speedup(profile, method, alpha, k, forced)
+        speed = (forced + expected_tokens(alpha, k)) / round_cost(profile, method, k, forced) / bare
         if speed > best_speed and speed >= min_gain:
             best, best_speed = k, speed
     return best, best_speed
@@ -277,9 +278,14 @@ def best_k(profile: CostProfile, method: Union[Method, str], alpha: float, kmax:
 
 def round_speedup(profile: CostProfile, method: Union[Method, str], alpha: float, k: int, forced: int = 0) -> float:
     """The expected tokens/second of a round drafting ``k`` tokens over one that guesses nothing (plain, or
-    the ``forced`` tokens alone)."""
-    bare = (forced + 1) / round_cost(profile, method, 0, forced)
+    the ``forced`` tokens alone), as ``best_k`` weighs each K."""
+    bare = _bare_speed(profile, method, forced)
     return (forced + expected_tokens(alpha, k)) / round_cost(profile, method, k, forced) / bare
+
+
+def _bare_speed(profile: CostProfile, method: Union[Method, str], forced: int) -> float:
+    """Tokens per second of a round that guesses nothing (plain, or the ``forced`` tokens alone)."""
+    return (forced + 1) / round_cost(profile, method, 0, forced)
 
 
 def predicted_speedup(profile: CostProfile, method: str, stats: dict[str, Any]) -> Optional[float]:
