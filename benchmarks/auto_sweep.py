@@ -31,18 +31,15 @@ from pathlib import Path
 from localspec.costs import CostCorrection, CostProfile
 from localspec.replay import Recorded, replay_auto, replay_method
 
-#: verify(n)/verify(1) measured on the 2-core machines the README's figures come from (``localspec calibrate``,
-#: or 40 interleaved passes), and a draft step over a target step; the last curve is a GPU-like one, made up.
-CURVES = {
-    "2-core, 2 threads, 40 passes": ([1, 1.84, 2.36, 3.05, 3.76, 4.38, 5.01, 6.84, 7.37], 0.60),
-    "2-core, 2 threads (issue 29)": ([1, 1.66, 2.45, 2.92, 3.83, 4.43, 4.88, 7.23, 8.25], 0.57),
-    "2-core, 1 thread": ([1, 2.01, 2.71, 3.03, 3.93, 4.55, 4.92, 7.20, 9.93], 0.60),
-    "2-core, 2 threads, quiet": ([1, 1.75, 2.24, 3.04, 3.34, 3.98, 4.40, 6.24, 6.37], 0.59),
-    "2-core, 2 threads, cheap": ([1, 1.55, 2.04, 2.58, 2.68, 3.00, 3.50, 5.43, 5.75], 0.60),
-    "2-core, 2 threads, 12-02": ([1, 1.63, 2.17, 2.67, 3.21, 3.87, 4.36, 5.76, 6.15], 0.57),
-    "2-core, 1 thread, 12-02": ([1, 1.99, 2.96, 3.69, 4.41, 5.29, 6.38, 8.29, 8.94], 0.55),
-    "memory-bound GPU": ([1, 1.03, 1.05, 1.08, 1.10, 1.12, 1.15, 1.20, 1.25], 0.15),
-}
+#: verify(n)/verify(1) and a draft step over a target step, per machine: the measured 2-core curves and GPU-like
+#: ones, made up (one file, which tests/test_replay.py reads too).
+CURVES_FILE = Path(__file__).resolve().parent / "traces" / "curves.json"
+
+
+def load_curves() -> dict[str, tuple[list[float], float]]:
+    """The curves in ``CURVES_FILE``, by name."""
+    return {c["name"]: ([float(v) for v in c["verify"]], float(c["draft_step"]))
+            for c in json.loads(CURVES_FILE.read_text())["curves"]}
 
 
 def sweep(requests: list[Recorded], verify: list[float], draft_step: float,
@@ -68,7 +65,7 @@ def main() -> None:
     requests = [Recorded(**r) for path in args.traces for r in json.loads(path.read_text())["requests"]]
     if not requests:
         sys.exit("auto_sweep: the recordings hold no requests; record some with benchmarks/replay.py record.")
-    curves = {"given": ([float(x) for x in args.verify.split(",")], args.draft_step)} if args.verify else CURVES
+    curves = {"given": ([float(x) for x in args.verify.split(",")], args.draft_step)} if args.verify else load_curves()
     print(f"{len(requests)} recorded requests, {args.reps} passes each; auto / max(plain, lookup K=2), predicted")
     for name, (verify, draft_step) in curves.items():
         rows = sweep(requests, verify, draft_step, args.reps)

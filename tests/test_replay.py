@@ -107,15 +107,11 @@ def test_on_the_real_pairs_recordings_auto_keeps_up_with_the_better_fixed_row_on
     def geomean(xs: list[float]) -> float:
         return math.exp(statistics.fmean(math.log(x) for x in xs))
 
-    curves = {"2 threads": [1, 1.84, 2.36, 3.05, 3.76, 4.38, 5.01, 6.84, 7.37],
-              "2 threads, issue 29": [1, 1.66, 2.45, 2.92, 3.83, 4.43, 4.88, 7.23, 8.25],
-              "1 thread": [1, 2.01, 2.71, 3.03, 3.93, 4.55, 4.92, 7.20, 9.93],
-              "2 threads, quiet": [1, 1.75, 2.24, 3.04, 3.34, 3.98, 4.40, 6.24, 6.37],
-              "2 threads, cheap": [1, 1.55, 2.04, 2.58, 2.68, 3.00, 3.50, 5.43, 5.75],
-              "2 threads, 12-02": [1, 1.63, 2.17, 2.67, 3.21, 3.87, 4.36, 5.76, 6.15],
-              "1 thread, 12-02": [1, 1.99, 2.96, 3.69, 4.41, 5.29, 6.38, 8.29, 8.94]}
-    for name, verify in curves.items():
-        profile = CostProfile.synthetic([float(v) for v in verify], 0.6, name=name)
+    measured = [c for c in json.loads((traces / "curves.json").read_text())["curves"] if c["measured"]]
+    assert len(measured) >= 7
+    for curve in measured:
+        name = curve["name"]
+        profile = CostProfile.synthetic([float(v) for v in curve["verify"]], float(curve["draft_step"]), name=name)
         correction = CostCorrection()
         auto = [replay_auto(profile, requests, False, correction=correction) for _ in range(2)][-1]  # warm
         better = [max(1.0, x) for x in replay_method(profile, requests, "lookup", 2)]
