@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 
 import numpy as np
 import pytest
@@ -143,6 +144,23 @@ def test_precision_mode_stops_at_the_budget_or_the_most_repetitions(tiny_pair, m
     run_bench(tiny_pair, PROMPTS, METHODS, reps=2, max_tokens=6, checksums=False,  # no precision: just reps
               on_prompt=lambda name, n, widest: seen.append(n))
     assert seen == [6, 5, 2]
+
+
+def test_the_budget_is_for_the_repetitions_past_the_least_ones(tiny_pair, monkeypatch):
+    """A budget shorter than the first five repetitions still buys repetitions after them (it used to run
+    out during them, so a slow model got none)."""
+    noisy = _NoisySpeeds(sigma=0.05)
+
+    def slow(*args, **kwargs):
+        time.sleep(0.02)  # two methods: a repetition takes at least 0.04 s, the least five 0.2 s
+        return noisy(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "generate", slow)
+    seen: list[int] = []
+    run_bench(tiny_pair, PROMPTS, METHODS, reps=3, max_tokens=6, checksums=False,
+              precision=Precision(width=0.001, budget_seconds=0.15, max_reps=50),
+              on_prompt=lambda name, n, widest: seen.append(n))
+    assert 6 <= seen[0] <= 10
 
 
 def test_bench_width_option(tiny_dir, tmp_path):

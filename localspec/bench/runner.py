@@ -101,17 +101,19 @@ def run_bench(
     # Auto runs with an empty history store of its own, emptied before each run: no repetition learns
     # from another's output. The pair's cost correction does carry over, as it does for a user: auto is
     # measured as it runs after a few generations on this machine.
-    started = time.monotonic()
+    extra = 0.0  # seconds spent on repetitions beyond the least number, all prompts so far
     shares = len(temperatures) * len(prompts)  # the budget is shared out per prompt and temperature
     try:
         with scratch_stores(pair, "empty") as (empty,):
             session = _Session(pair, peers, empty, methods, max_tokens, top_p, progress)
             for ti, temperature in enumerate(temperatures):
                 for pi, bp in enumerate(prompts):
-                    deadline = started + (precision.budget_seconds * (ti * len(prompts) + pi + 1) / shares
-                                          if precision is not None else 0.0)
-                    mine = session.measure(bp, prepared[bp.name], temperature, reps, precision, deadline,
-                                           warm_all=pi == 0)
+                    # this prompt's share of the budget, and what the earlier prompts left of theirs
+                    allowance = (precision.budget_seconds * (ti * len(prompts) + pi + 1) / shares - extra
+                                 if precision is not None else 0.0)
+                    mine, spent = session.measure(bp, prepared[bp.name], temperature, reps, precision, allowance,
+                                                  warm_all=pi == 0)
+                    extra += spent
                     runs += mine
                     if on_prompt:
                         on_prompt(bp.name, 1 + max(r.rep for r in mine), widest_interval(mine))
@@ -139,25 +141,34 @@ class _Session:
     progress: Optional[Callable[[str], None]]
 
     def measure(self, bp: BenchPrompt, prompt: Prepared, temperature: float, reps: int,
-                precision: Optional[Precision], deadline: float, warm_all: bool) -> list[Run]:
-        """One prompt's runs: ``reps`` rotations of the methods, then more while ``precision`` asks for them."""
+                precision: Optional[Precision], allowance: float, warm_all: bool) -> tuple[list[Run], float]:
+        """One prompt's runs: ``reps`` rotations of the methods, then more while ``precision`` asks for them
+        and ``allowance`` seconds are not spent on them; the runs, and the seconds the extra ones took."""
         runs: list[Run] = []
-        rep = 0
         least = reps if precision is None else max(reps, min(precision.min_reps, precision.max_reps))
-        while rep < least or (precision is not None and rep < precision.max_reps and time.monotonic() < deadline
-                              and widest_interval(runs) > precision.width):
-            for spec in rotation(self.methods, rep):
-                if rep == 0 and (spec == self.methods[0] or warm_all):  # warm-up: plain per prompt, the rest once
-                    generate(self.pair, self.peers, prompt, spec, temperature, 0, min(16, self.max_tokens),
-                             self.top_p)
-                self.empty.clear()
-                out, stats = generate(self.pair, self.peers, prompt, spec, temperature, rep, self.max_tokens,
-                                      self.top_p)
-                runs.append(Run(bp.name, bp.category, spec.method, spec.k, rep, temperature, out, stats.to_dict(),
-                                spec.history))
-                if self.progress:
-                    self.progress(f"{bp.name} {spec.label}")
+        for rep in range(least):
+            runs += self.repetition(bp, prompt, temperature, rep, warm_all)
+        extra_from = time.monotonic()
+        rep = least
+        while (precision is not None and rep < precision.max_reps and time.monotonic() < extra_from + allowance
+               and widest_interval(runs) > precision.width):
+            runs += self.repetition(bp, prompt, temperature, rep, warm_all)
             rep += 1
+        return runs, time.monotonic() - extra_from
+
+    def repetition(self, bp: BenchPrompt, prompt: Prepared, temperature: float, rep: int,
+                 warm_all: bool) -> list[Run]:
+        """Repetition ``rep`` of every method, in the order ``rotation`` gives it (the first one warmed up)."""
+        runs = []
+        for spec in rotation(self.methods, rep):
+            if rep == 0 and (spec == self.methods[0] or warm_all):  # warm-up: plain per prompt, the rest once
+                generate(self.pair, self.peers, prompt, spec, temperature, 0, min(16, self.max_tokens), self.top_p)
+            self.empty.clear()
+            out, stats = generate(self.pair, self.peers, prompt, spec, temperature, rep, self.max_tokens, self.top_p)
+            runs.append(Run(bp.name, bp.category, spec.method, spec.k, rep, temperature, out, stats.to_dict(),
+                            spec.history))
+            if self.progress:
+                self.progress(f"{bp.name} {spec.label}")
         return runs
 
 
