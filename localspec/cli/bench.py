@@ -99,7 +99,8 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
         total = len(prompts) * len(methods) * most * len(temperatures)
         click.echo(f"bench: {len(prompts)} prompts x {len(methods)} methods x "
                    + (f"{reps} reps or more, until every interval is narrower than {width:.0%} or "
-                      f"{budget_minutes or 60.0:g} minutes are spent" if precision else f"{reps} reps")
+                      f"{budget_minutes or 60.0:g} minutes of further repetitions are spent"
+                      if precision else f"{reps} reps")
                    + f"{' x 2 temperatures' if sampled else ''}, {max_tokens} tokens each", err=True)
         pair.calibrate()
         with click.progressbar(length=total, label="running", file=sys.stderr) as bar:
