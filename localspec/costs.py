@@ -270,7 +270,7 @@ def best_k(profile: CostProfile, method: Union[Method, str], alpha: float, kmax:
     bare = _bare_speed(profile, method, forced)  # once, not per K: this runs every round
     best, best_speed = 0, 1.0
     for k in range(1, min(kmax, profile.kmax) + 1):
-        speed = (forced + expected_tokens(alpha, k)) / round_cost(profile, method, k, forced) / bare
+        speed = _round_speed(profile, method, alpha, k, forced) / bare
         if speed > best_speed and speed >= min_gain:
             best, best_speed = k, speed
     return best, best_speed
@@ -279,8 +279,12 @@ def best_k(profile: CostProfile, method: Union[Method, str], alpha: float, kmax:
 def round_speedup(profile: CostProfile, method: Union[Method, str], alpha: float, k: int, forced: int = 0) -> float:
     """The expected tokens/second of a round drafting ``k`` tokens over one that guesses nothing (plain, or
     the ``forced`` tokens alone), as ``best_k`` weighs each K."""
-    bare = _bare_speed(profile, method, forced)
-    return (forced + expected_tokens(alpha, k)) / round_cost(profile, method, k, forced) / bare
+    return _round_speed(profile, method, alpha, k, forced) / _bare_speed(profile, method, forced)
+
+
+def _round_speed(profile: CostProfile, method: Union[Method, str], alpha: float, k: int, forced: int) -> float:
+    """Expected tokens per second of a round drafting ``k`` tokens after the ``forced`` ones."""
+    return (forced + expected_tokens(alpha, k)) / round_cost(profile, method, k, forced)
 
 
 def _bare_speed(profile: CostProfile, method: Union[Method, str], forced: int) -> float:
