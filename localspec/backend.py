@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 import time
-from typing import Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import llama_cpp as ll
 import numpy as np
@@ -101,6 +101,10 @@ class Model(ModelVocabulary):
             raise ConfigError(f"rollback_tokens must be >= 0, got {rollback_tokens}.")
         self._log = LlamaLog(verbose)
         self.verbose = verbose
+        # what ``reopen`` loads again (the thread counts are read when it is called: they may have been set since)
+        self._settings: dict[str, Any] = dict(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_batch=n_batch,
+                                              cache_type=cache_type, flash_attn=flash_attn, huge_pages=huge_pages,
+                                              rollback_tokens=rollback_tokens, verbose=verbose)
         #: True when the caller left the thread count to localspec (see ``calibration.choose_threads``).
         self.threads_unset = not n_threads
         self.n_threads = n_threads if n_threads else default_threads()
@@ -181,6 +185,11 @@ class Model(ModelVocabulary):
         self.decode_calls = 0
 
     # -- lifetime -----------------------------------------------------------
+
+    def reopen(self) -> Model:
+        """The same file loaded again with the same settings and thread counts: a second model with a cache of
+        its own, so that two generations can run side by side (the bench's lockstep mode)."""
+        return Model(self.path, n_threads=self.n_threads, n_threads_batch=self.n_threads_batch, **self._settings)
 
     def close(self) -> None:
         """Free the context and the model. The object cannot be used afterwards."""

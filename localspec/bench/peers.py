@@ -11,7 +11,7 @@ token to the last (the step that finds the end-of-generation token included).
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from ..backend import Model
 from ..events import GenerationStats
@@ -59,6 +59,14 @@ class PeerRunner:
         Args:
             grammar: GBNF text to decode under, with llama-cpp-python's own grammar sampler.
         """
+        run = self.start(method, k, prompt, temperature, seed, max_tokens, top_p, grammar)
+        while run.advance():
+            pass
+        return run.outcome()
+
+    def start(self, method: str, k: int, prompt: Sequence[int], temperature: float, seed: int,
+              max_tokens: int, top_p: float = 1.0, grammar: Optional[str] = None) -> PeerRun:
+        """A generation from an empty cache, to be advanced a token at a time (see ``generate``)."""
         from llama_cpp.llama_grammar import LlamaGrammar
 
         llama = self.plain if method == PEER_PLAIN else self.lookup
@@ -67,23 +75,46 @@ class PeerRunner:
             llama.draft_model = self._lookup_cls(num_pred_tokens=k)
         llama.reset()  # an empty cache: the whole prompt is processed, as in localspec's rows
         llama.set_seed(seed)
-        stats = GenerationStats(method=method, k=k, prompt_tokens=len(prompt))
-        tokens: list[int] = []
+        tokens = llama.generate(list(prompt), temp=temperature, top_k=0, top_p=top_p, min_p=0.0, typical_p=1.0,
+                                repeat_penalty=1.0, reset=True, grammar=parsed)
+        return PeerRun(tokens, GenerationStats(method=method, k=k, prompt_tokens=len(prompt)), max_tokens,
+                       self._is_eog)
+
+
+class PeerRun:
+    """One of llama-cpp-python's generations under way, timed call by call as localspec's engine times its own:
+    the prompt up to the first token, then each token's step (the one that finds the end token included), not
+    the time between them, which another run may be using (the bench's lockstep mode)."""
+
+    def __init__(self, tokens: Iterator[int], stats: GenerationStats, max_tokens: int,
+                 is_eog: Callable[[int], bool]):
+        self._next = tokens
+        self.stats = stats
+        self.tokens: list[int] = []
+        self._max = max_tokens
+        self._is_eog = is_eog
+        self._started = False
+        self._done = False
+
+    def advance(self) -> bool:
+        """Decide the next token (the first one: process the prompt too); False once the generation has ended."""
+        if self._done:
+            return False
         t0 = time.perf_counter()
-        t_first: Optional[float] = None
-        t_end = t0
-        for tok in llama.generate(list(prompt), temp=temperature, top_k=0, top_p=top_p, min_p=0.0,
-                                  typical_p=1.0, repeat_penalty=1.0, reset=True, grammar=parsed):
-            t_end = time.perf_counter()
-            if t_first is None:
-                t_first = t_end
-            if self._is_eog(int(tok)):
-                break
-            tokens.append(int(tok))
-            if len(tokens) >= max_tokens:
-                break
-        t_first = t_first if t_first is not None else t_end
-        stats.generated_tokens = len(tokens)
-        stats.prefill_seconds = t_first - t0
-        stats.decode_seconds = t_end - t_first
-        return tokens, stats
+        tok = next(self._next, None)
+        seconds = time.perf_counter() - t0
+        if self._started:
+            self.stats.decode_seconds += seconds
+        else:
+            self.stats.prefill_seconds, self._started = seconds, True
+        if tok is None or self._is_eog(int(tok)):
+            self._done = True
+        else:
+            self.tokens.append(int(tok))
+            self._done = len(self.tokens) >= self._max
+        self.stats.generated_tokens = len(self.tokens)
+        return not self._done
+
+    def outcome(self) -> tuple[list[int], GenerationStats]:
+        """The tokens (the end token excluded) and the stats, so far."""
+        return self.tokens, self.stats

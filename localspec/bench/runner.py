@@ -8,9 +8,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Protocol, Sequence
 
 from ..api import Pair
+from ..costs import CostProfile
 from ..errors import ConfigError
 from ..events import GenerationStats
 from ..history import HistoryStore
@@ -18,7 +19,7 @@ from ..methods import PLAIN, REGISTRY
 from ..options import GenerationOptions
 from .exactness import TIE_MARGIN, batch_noise
 from .machine import machine_info
-from .peers import PEER_METHODS, PeerRunner
+from .peers import PEER_LOOKUP, PEER_METHODS, PeerRunner
 from .records import BenchReport, Run
 from .structured import Prepared, prepare
 from .suite import BenchPrompt, MethodSpec, rotation
@@ -59,6 +60,7 @@ def run_bench(
     checksums: bool = True,
     precision: Optional[Precision] = None,
     on_prompt: Optional[Callable[[str, int, float], None]] = None,
+    lockstep: bool = False,
 ) -> BenchReport:
     """Measure every method on every prompt; see the module docstring.
 
@@ -75,12 +77,22 @@ def run_bench(
         precision: with it, more repetitions follow the first ``reps`` (at least ``Precision.min_reps``),
             one rotation of every method at a time, until each prompt's intervals are narrow enough.
         on_prompt: called after each prompt with its name, its repetitions and its widest interval.
+        lockstep: run a repetition's methods side by side, a token of each in turn (see ``lockstep``), each
+            localspec method on models of its own (loaded once more for every one after the first), so that
+            a burst of load on a shared machine slows them alike and their ratio keeps its value.
+
+    Raises:
+        ConfigError: a first method other than plain, draft methods without a draft model, or (lockstep)
+            llama-cpp-python's lookup at more than one K.
     """
     if not methods or methods[0].method != PLAIN.name:
         raise ConfigError("The first bench method must be plain: it is the reference for speedups.")
     if pair.draft is None and any(getattr(REGISTRY.find(m.method), "needs_draft", False) for m in methods):
         raise ConfigError("Draft-model methods need a draft model (--draft).")
     peer_rows = any(m.method in PEER_METHODS for m in methods)
+    if lockstep and sum(m.method == PEER_LOOKUP for m in methods) > 1:
+        raise ConfigError("In lockstep every row runs on models of its own, and llama-cpp-python's lookup has one "
+                          "model: give one draft length for it (--k-lcp-lookup).")
     # template, tokenizer and constraints once, before any measuring: a prompt the target cannot take fails now
     prepared = {bp.name: prepare(pair, bp, peers=peer_rows) for bp in prompts}
     profile = pair.calibrate()
@@ -90,7 +102,7 @@ def run_bench(
                                   "tie_margin": max(TIE_MARGIN, 2 * noise)},
                          settings={"reps": reps, "max_tokens": max_tokens, "temperatures": list(temperatures),
                                    "precision": None if precision is None else dataclasses.asdict(precision),
-                                   "top_p": top_p, "methods": [m.label for m in methods]})
+                                   "top_p": top_p, "methods": [m.label for m in methods], "lockstep": lockstep})
     constrained = sorted(name for name, p in prepared.items() if p.grammar is not None)
     if constrained:
         report.settings["constrained"] = constrained
@@ -103,9 +115,17 @@ def run_bench(
     # measured as it runs after a few generations on this machine.
     extra = 0.0  # seconds spent on repetitions beyond the least number, all prompts so far
     shares = len(temperatures) * len(prompts)  # the budget is shared out per prompt and temperature
+    ours = [m for m in methods if m.method not in PEER_METHODS]
+    pairs = {m: pair for m in ours}
     try:
-        with scratch_stores(pair, "empty") as (empty,):
-            session = _Session(pair, peers, empty, methods, max_tokens, top_p, progress)
+        if lockstep:  # the first (plain) on the pair itself, every other method on a copy, with the same costs
+            for m in ours[1:]:
+                pairs[m] = _twin(pair, profile)
+        with scratch_stores(pair, *(f"empty-{i}" for i in range(len(ours)))) as empties:
+            for m, store in zip(ours[1:], empties[1:], strict=True):
+                if pairs[m] is not pair:
+                    pairs[m].set_history(store)
+            session = _Session(pairs, peers, empties, methods, max_tokens, top_p, progress, lockstep)
             for ti, temperature in enumerate(temperatures):
                 for pi, bp in enumerate(prompts):
                     # this prompt's share of the budget, and what the earlier prompts left of theirs
@@ -120,6 +140,8 @@ def run_bench(
     finally:
         if peers is not None:
             peers.close()
+        for twin in {id(p): p for p in pairs.values() if p is not pair}.values():
+            twin.close()
     report.rows = summarise(pair, {name: p.tokens for name, p in prepared.items()}, runs, profile,
                             max(TIE_MARGIN, 2 * noise),
                             {name: p.grammar for name, p in prepared.items() if p.grammar is not None})
@@ -128,17 +150,27 @@ def run_bench(
     return report
 
 
+def _twin(pair: Pair, profile: CostProfile) -> Pair:
+    """A second pair over the same files, settings and costs, with caches of its own."""
+    twin = Pair(pair.target.reopen(), pair.draft.reopen() if pair.draft is not None else None,
+                defaults=pair.defaults, draft_k=pair.draft_k, notify=pair.notify)
+    twin.set_profile(profile)
+    return twin
+
+
 @dataclass
 class _Session:
-    """What every prompt's repetitions share: the models, the peer, auto's empty store, the settings."""
+    """What every prompt's repetitions share: the models (each localspec method's pair), the peer, the empty
+    history stores auto drafts from, the settings."""
 
-    pair: Pair
+    pairs: dict[MethodSpec, Pair]
     peers: Optional[PeerRunner]
-    empty: HistoryStore
+    empty: Sequence[HistoryStore]
     methods: Sequence[MethodSpec]
     max_tokens: int
     top_p: float
     progress: Optional[Callable[[str], None]]
+    lockstep: bool = False
 
     def measure(self, bp: BenchPrompt, prompt: Prepared, temperature: float, reps: int,
                 precision: Optional[Precision], allowance: float, warm_all: bool) -> tuple[list[Run], float]:
@@ -157,19 +189,74 @@ class _Session:
         return runs, time.monotonic() - extra_from
 
     def repetition(self, bp: BenchPrompt, prompt: Prepared, temperature: float, rep: int,
-                 warm_all: bool) -> list[Run]:
-        """Repetition ``rep`` of every method, in the order ``rotation`` gives it (the first one warmed up)."""
+                   warm_all: bool) -> list[Run]:
+        """Repetition ``rep`` of every method, in the order ``rotation`` gives it (the first one warmed up),
+        one after another, or in lockstep."""
+        order = rotation(self.methods, rep)
+        if rep == 0:  # warm-up: plain per prompt, the rest once
+            for spec in order:
+                if spec == self.methods[0] or warm_all:
+                    generate(self.pairs.get(spec), self.peers, prompt, spec, temperature, 0,
+                             min(16, self.max_tokens), self.top_p)
+        outcomes = []
+        if self.lockstep:
+            for store in self.empty:
+                store.clear()
+            started = [start(self.pairs.get(spec), self.peers, prompt, spec, temperature, rep, self.max_tokens,
+                             self.top_p) for spec in order]
+            lockstep(started)
+            outcomes = [run.outcome() for run in started]
+        else:
+            for spec in order:
+                self.empty[0].clear()
+                outcomes.append(generate(self.pairs.get(spec), self.peers, prompt, spec, temperature, rep,
+                                         self.max_tokens, self.top_p))
         runs = []
-        for spec in rotation(self.methods, rep):
-            if rep == 0 and (spec == self.methods[0] or warm_all):  # warm-up: plain per prompt, the rest once
-                generate(self.pair, self.peers, prompt, spec, temperature, 0, min(16, self.max_tokens), self.top_p)
-            self.empty.clear()
-            out, stats = generate(self.pair, self.peers, prompt, spec, temperature, rep, self.max_tokens, self.top_p)
+        for spec, (out, stats) in zip(order, outcomes, strict=True):
             runs.append(Run(bp.name, bp.category, spec.method, spec.k, rep, temperature, out, stats.to_dict(),
                             spec.history))
             if self.progress:
                 self.progress(f"{bp.name} {spec.label}")
         return runs
+
+
+class Running(Protocol):
+    """A generation under way, advanced a token at a time."""
+
+    def advance(self) -> bool:
+        """Decide the next token (the first: process the prompt too); False once the generation has ended."""
+
+    def outcome(self) -> tuple[list[int], GenerationStats]:
+        """The tokens and stats so far."""
+
+
+def lockstep(runs: Sequence[Running]) -> None:
+    """Advance every run a token at a time, in turn, until all have ended.
+
+    Each run times only its own steps, so what slows the machine for a few seconds (another program, a
+    neighbour on the host) falls on every run alike, within a step or two of each other: the ratio of their
+    speeds is measured far more tightly than from runs one after another. A run that ends early leaves the
+    others to go on by themselves.
+    """
+    going = list(runs)
+    while going:
+        going = [run for run in going if run.advance()]
+
+
+class _OurRun:
+    """One of localspec's generations under way (see ``Running``), from empty caches."""
+
+    def __init__(self, pair: Pair, tokens: list[int], opts: GenerationOptions):
+        pair.reset()
+        self._stream = pair.stream(tokens, opts)
+        self._events = iter(self._stream)
+
+    def advance(self) -> bool:
+        return next(self._events, None) is not None
+
+    def outcome(self) -> tuple[list[int], GenerationStats]:
+        r = self._stream.result
+        return r.tokens, r.stats
 
 
 def prompt_tokens(pair: Pair, bp: BenchPrompt) -> list[int]:
@@ -184,15 +271,27 @@ def prompt_tokens(pair: Pair, bp: BenchPrompt) -> list[int]:
     return prepare(pair, bp, peers=False).tokens
 
 
-def generate(pair: Pair, peers: Optional[PeerRunner], prompt: Prepared, spec: MethodSpec, temperature: float,
-             seed: int, max_tokens: int, top_p: float) -> tuple[list[int], GenerationStats]:
+def generate(pair: Optional[Pair], peers: Optional[PeerRunner], prompt: Prepared, spec: MethodSpec,
+             temperature: float, seed: int, max_tokens: int, top_p: float) -> tuple[list[int], GenerationStats]:
+    """One timed generation of ``spec`` from empty caches: its tokens and stats."""
+    run = start(pair, peers, prompt, spec, temperature, seed, max_tokens, top_p)
+    while run.advance():
+        pass
+    return run.outcome()
+
+
+def start(pair: Optional[Pair], peers: Optional[PeerRunner], prompt: Prepared, spec: MethodSpec,
+          temperature: float, seed: int, max_tokens: int, top_p: float) -> Running:
+    """A generation of ``spec`` from empty caches, to be advanced a token at a time (``pair``: a localspec
+    method's models; ``peers``: llama-cpp-python's)."""
     top_p = top_p if temperature > 0 else 1.0
     if spec.method in PEER_METHODS:
         assert peers is not None
-        return peers.generate(spec.method, spec.k, prompt.tokens, temperature, seed, max_tokens, top_p,
-                              grammar=prompt.peer_grammar)
+        return peers.start(spec.method, spec.k, prompt.tokens, temperature, seed, max_tokens, top_p,
+                           grammar=prompt.peer_grammar)
+    assert pair is not None
     method = REGISTRY.get(spec.method)
-    return fresh_generate(pair, prompt.tokens, GenerationOptions(
+    return _OurRun(pair, prompt.tokens, GenerationOptions(
         max_tokens=max_tokens, method=spec.method, k=spec.k, temperature=temperature, top_p=top_p, seed=seed,
         history=spec.history and method.uses_history, grammar=prompt.grammar, logit_bias=prompt.logit_bias))
 

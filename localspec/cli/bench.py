@@ -28,6 +28,10 @@ from .shared import ModelArgs, friendly_errors, model_options
 @click.option("--budget", "budget_minutes", type=click.FloatRange(min=0.1), default=None,
               help="With --width: minutes for the repetitions past the first ones, shared out over the prompts "
                    "(default 60; at most 40 repetitions a prompt).")
+@click.option("--lockstep", is_flag=True,
+              help="Run each repetition's rows side by side, a token of each in turn, so that load from other "
+                   "programs slows them alike and the ratios come out tighter; every localspec row after the first "
+                   "loads the models once more.")
 @click.option("--max-tokens", "-n", type=click.IntRange(min=2), default=None,
               help="Tokens per generation (default 128, quick 64).")
 @click.option("--k-lookup", "k_lookup", type=str, default=None,
@@ -55,8 +59,8 @@ from .shared import ModelArgs, friendly_errors, model_options
               help="Write a PNG of speedup against K per category (needs matplotlib).")
 @friendly_errors
 def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], quick: bool, reps: Optional[int],
-          width: Optional[float], budget_minutes: Optional[float], max_tokens: Optional[int], k_lookup: Optional[str],
-          k_draft: Optional[str], k_lcp_lookup: Optional[str], no_auto: bool, no_peers: bool,
+          width: Optional[float], budget_minutes: Optional[float], lockstep: bool, max_tokens: Optional[int],
+          k_lookup: Optional[str], k_draft: Optional[str], k_lcp_lookup: Optional[str], no_auto: bool, no_peers: bool,
           history_check: bool, related: bool, structured: bool, sampled: bool, sampled_temperature: float,
           sampled_top_p: float,
           json_path: Optional[str], plot_path: Optional[str]) -> None:
@@ -74,6 +78,9 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
     if no_peers and k_lcp_lookup is not None:
         raise click.UsageError("--k-lcp-lookup sets llama-cpp-python's lookup rows, which --no-peers leaves out; "
                                "give one or the other.")
+    if lockstep and related:
+        raise click.UsageError("--related runs its requests in order, one after another; --lockstep is for the "
+                               "suites.")
     if related and structured:
         raise click.UsageError("--related and --structured are two different workloads; give one.")
     if structured and suite:
@@ -101,7 +108,8 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
                    + (f"{reps} reps or more, until every interval is narrower than {width:.0%} or "
                       f"{budget_minutes or 60.0:g} minutes of further repetitions are spent"
                       if precision else f"{reps} reps")
-                   + f"{' x 2 temperatures' if sampled else ''}, {max_tokens} tokens each", err=True)
+                   + f"{' x 2 temperatures' if sampled else ''}, {max_tokens} tokens each"
+                   + (", in lockstep" if lockstep else ""), err=True)
         pair.calibrate()
         with click.progressbar(length=total, label="running", file=sys.stderr) as bar:
             def prompt_done(name: str, n: int, widest: float) -> None:
@@ -110,7 +118,8 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
 
             report = run_bench(pair, prompts, methods, reps=reps, max_tokens=max_tokens,
                                temperatures=temperatures, top_p=sampled_top_p, progress=lambda _: bar.update(1),
-                               checksums=json_path is not None, precision=precision, on_prompt=prompt_done)
+                               checksums=json_path is not None, precision=precision, on_prompt=prompt_done,
+                               lockstep=lockstep)
         click.echo(render_table(report))
         if json_path:
             write_json(report, Path(json_path))
