@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Generator, Optional
 
 from .engine import Generation
 from .events import SOURCE_GRAMMAR, GenerationStats, TokenEvent
@@ -85,7 +85,7 @@ class Stream:
         self._logprobs: list[tuple[float, tuple[tuple[int, float], ...]]] = []
         self._on_end = on_end
 
-    def __iter__(self) -> Iterator[TokenEvent]:
+    def __iter__(self) -> Generator[TokenEvent, None, None]:
         try:
             for ev in self._g:
                 self._text.append(ev.text)

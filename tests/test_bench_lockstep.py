@@ -73,10 +73,60 @@ def test_a_lockstep_bench_runs_every_row_on_models_of_its_own_with_the_same_toke
     assert sequential.settings["lockstep"] is False and sequential.mismatches == 0
 
 
-def test_lockstep_refuses_two_lengths_of_llama_cpp_pythons_lookup(tiny_pair):
+def test_lockstep_runs_two_lengths_of_llama_cpp_pythons_lookup_side_by_side_and_refuses_a_row_twice(tiny_pair):
     rows = [*ROWS, MethodSpec("llama-cpp-python-lookup", 10)]
-    with pytest.raises(ConfigError, match="--k-lcp-lookup"):
-        run_bench(tiny_pair, PROMPTS, rows, reps=1, max_tokens=4, checksums=False, lockstep=True)
+    report = run_bench(tiny_pair, PROMPTS, rows, reps=1, max_tokens=8, checksums=False, lockstep=True)
+    assert report.mismatches == 0 and len(report.rows) == len(rows)
+    with pytest.raises(ConfigError, match="each row once"):
+        run_bench(tiny_pair, PROMPTS, [*ROWS, ROWS[1]], reps=1, max_tokens=4, checksums=False, lockstep=True)
+
+
+def test_a_row_that_fails_in_lockstep_ends_the_others_before_their_models_close(tiny_pair, monkeypatch):
+    started = []
+    real = runner.start
+
+    class Failing:
+        def __init__(self, run, fails):
+            self.run, self.fails, self.steps, self.closed = run, fails, 0, False
+            started.append(self)
+
+        def advance(self):
+            self.steps += 1
+            if self.fails and self.steps == 3:
+                raise RuntimeError("a row failed")
+            return self.run.advance()
+
+        def outcome(self):
+            return self.run.outcome()
+
+        def close(self):
+            self.closed = True
+            self.run.close()
+
+    def starting(pair, peers, prompt, spec, temperature, seed, max_tokens, top_p):
+        run = real(pair, peers, prompt, spec, temperature, seed, max_tokens, top_p)
+        return run if max_tokens < 24 else Failing(run, spec.method == "auto")  # the warm-ups go through
+
+    monkeypatch.setattr(runner, "start", starting)
+    with pytest.raises(RuntimeError, match="a row failed"):
+        run_bench(tiny_pair, PROMPTS, ROWS, reps=1, max_tokens=24, checksums=False, lockstep=True)
+    assert len(started) == len(ROWS) and all(run.closed for run in started)
+    assert all(run.steps >= 3 for run in started[:2])  # they were under way, side by side
+    assert tiny_pair.generate("The cat", max_tokens=4, method="auto").tokens  # the pair is whole afterwards
+
+
+def test_one_after_another_each_row_is_warmed_up_just_before_it_runs(tiny_pair, monkeypatch):
+    calls = []
+    real = runner.generate
+
+    def noting(pair, peers, prompt, spec, temperature, seed, max_tokens, top_p):
+        calls.append((spec.method, "warm-up" if max_tokens < 24 else "run"))
+        return real(pair, peers, prompt, spec, temperature, seed, max_tokens, top_p)
+
+    monkeypatch.setattr(runner, "generate", noting)
+    run_bench(tiny_pair, PROMPTS, [MethodSpec("plain"), MethodSpec("lookup", 2)], reps=1, max_tokens=24,
+              checksums=False)
+    assert calls == [("plain", "warm-up"), ("plain", "run"), ("lookup", "warm-up"), ("lookup", "run")]
 
 
 def test_the_lockstep_option(tiny_dir, tmp_path):
@@ -87,5 +137,6 @@ def test_the_lockstep_option(tiny_dir, tmp_path):
     r = run_cli([*base, "--reps", "2"])
     assert r.exit_code == 0, r.output
     assert "in lockstep" in r.output and "lcp lookup k=2" in r.output and "auto" in r.output
+    assert "In lockstep: each repetition ran its rows side by side" in r.output  # the table says so too
     r = run_cli([*base, "--related"])
     assert r.exit_code == 2 and "--related" in r.output and "--lockstep" in r.output

@@ -11,6 +11,10 @@ taken from the same repetition: the headline reference is llama-cpp-python's
 plain decoding (what a user would otherwise run), the second one localspec's
 own plain path. The table shows medians and 95% intervals; a run given a
 ``Precision`` keeps adding repetitions until those intervals are narrow.
+In lockstep (``run_bench(lockstep=True)``, ``--lockstep``) a repetition's
+rows run side by side, a token of each in turn, each on models of its own
+and timing only its own steps: load from other programs then slows every
+row alike, and the intervals of their ratios narrow.
 
 Greedy runs are also checked for exactness against both plain decodings:
 identical tokens, a divergence where plain's own top-two logits were a

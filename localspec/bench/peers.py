@@ -2,10 +2,10 @@
 
 ``PeerRunner`` loads the bench's target file into llama-cpp-python's own
 ``Llama`` with the same threads, context and GPU layers, once plain and once
-with its built-in ``LlamaPromptLookupDecoding`` draft, and generates with
-``Llama.generate`` (the loop under ``create_completion``) so its runs are
-timed like localspec's: prefill up to the first token, decode from the first
-token to the last (the step that finds the end-of-generation token included).
+per draft length with its built-in ``LlamaPromptLookupDecoding`` draft, and
+generates with ``Llama.generate`` (the loop under ``create_completion``) so
+its runs are timed like localspec's: prefill up to the first token, then
+each token's step (the one that finds the end-of-generation token included).
 """
 
 from __future__ import annotations
@@ -32,24 +32,34 @@ class PeerRunner:
 
     def __init__(self, target: Model):
         from llama_cpp import Llama
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-        self._lookup_cls = LlamaPromptLookupDecoding
-        settings: dict[str, Any] = dict(n_ctx=target.n_ctx, n_threads=target.n_threads,
-                                        n_threads_batch=target.n_threads_batch, n_gpu_layers=target.n_gpu_layers,
-                                        flash_attn=bool(target.flash_attn), verbose=False)
-        self.settings = {k: v for k, v in settings.items() if k != "verbose"}
-        self.plain = Llama(str(target.path), **settings)
-        # A draft model makes Llama keep logits for every position, but it sizes that buffer from the
-        # logits_all argument (n_batch rows otherwise), so past n_batch positions it fails unless asked
-        # for explicitly. The draft object is swapped per K.
-        self.lookup = Llama(str(target.path), draft_model=LlamaPromptLookupDecoding(num_pred_tokens=2),
-                            logits_all=True, **settings)
+        self._settings: dict[str, Any] = dict(n_ctx=target.n_ctx, n_threads=target.n_threads,
+                                              n_threads_batch=target.n_threads_batch,
+                                              n_gpu_layers=target.n_gpu_layers, flash_attn=bool(target.flash_attn),
+                                              verbose=False)
+        self.settings = {k: v for k, v in self._settings.items() if k != "verbose"}
+        self._path = str(target.path)
+        self.plain = Llama(self._path, **self._settings)
+        self._lookups: dict[int, Any] = {}  # one Llama per draft length, loaded when first asked for
         self._is_eog = target.is_eog
 
     def close(self) -> None:
-        for llama in (self.plain, self.lookup):
+        for llama in (self.plain, *self._lookups.values()):
             llama.close()
+
+    def _lookup(self, k: int) -> Any:
+        """llama-cpp-python's ``Llama`` with its prompt-lookup draft of ``k`` tokens: one per K, so that the rows
+        of two lengths can run side by side."""
+        if k not in self._lookups:
+            from llama_cpp import Llama
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            # A draft model makes Llama keep logits for every position, but it sizes that buffer from the
+            # logits_all argument (n_batch rows otherwise), so past n_batch positions it fails unless asked
+            # for explicitly (a buffer of the context's size, whose pages are touched only as used).
+            self._lookups[k] = Llama(self._path, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=k),
+                                     logits_all=True, **self._settings)
+        return self._lookups[k]
 
     def generate(self, method: str, k: int, prompt: Sequence[int], temperature: float, seed: int,
                  max_tokens: int, top_p: float = 1.0,
@@ -69,10 +79,8 @@ class PeerRunner:
         """A generation from an empty cache, to be advanced a token at a time (see ``generate``)."""
         from llama_cpp.llama_grammar import LlamaGrammar
 
-        llama = self.plain if method == PEER_PLAIN else self.lookup
+        llama = self.plain if method == PEER_PLAIN else self._lookup(k)
         parsed = LlamaGrammar.from_string(grammar, verbose=False) if grammar is not None else None
-        if method == PEER_LOOKUP:
-            llama.draft_model = self._lookup_cls(num_pred_tokens=k)
         llama.reset()  # an empty cache: the whole prompt is processed, as in localspec's rows
         llama.set_seed(seed)
         tokens = llama.generate(list(prompt), temp=temperature, top_k=0, top_p=top_p, min_p=0.0, typical_p=1.0,
@@ -118,3 +126,7 @@ class PeerRun:
     def outcome(self) -> tuple[list[int], GenerationStats]:
         """The tokens (the end token excluded) and the stats, so far."""
         return self.tokens, self.stats
+
+    def close(self) -> None:
+        """End the generation here (llama-cpp-python's generator is left where it stopped)."""
+        self._done = True

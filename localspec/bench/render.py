@@ -50,6 +50,9 @@ def _preamble(report: BenchReport, peers: bool) -> list[str]:
                "split: its target + draft model + Python parts.")
     out.append("Ratios are medians over repetitions; the ranges after them are 95% intervals of the (geometric) "
                "mean ratio (t on the log ratios of paired repetitions), or min-max with fewer than three.")
+    if report.settings.get("lockstep"):
+        out.append("In lockstep: each repetition ran its rows side by side, a token of each in turn, each on models "
+                   "of its own and timing only its own steps.")
     if report.settings.get("constrained"):
         out.append("Under a constraint (" + ", ".join(report.settings["constrained"]) + ") every row decodes under "
                    "it: localspec's by llguidance, lcp's by its own GBNF of the same schema, whose tokens are not "

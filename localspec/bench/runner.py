@@ -15,11 +15,11 @@ from ..costs import CostProfile
 from ..errors import ConfigError
 from ..events import GenerationStats
 from ..history import HistoryStore
-from ..methods import PLAIN, REGISTRY
+from ..methods import AUTO, PLAIN, REGISTRY
 from ..options import GenerationOptions
 from .exactness import TIE_MARGIN, batch_noise
 from .machine import machine_info
-from .peers import PEER_LOOKUP, PEER_METHODS, PeerRunner
+from .peers import PEER_METHODS, PeerRunner
 from .records import BenchReport, Run
 from .structured import Prepared, prepare
 from .suite import BenchPrompt, MethodSpec, rotation
@@ -82,17 +82,16 @@ def run_bench(
             a burst of load on a shared machine slows them alike and their ratio keeps its value.
 
     Raises:
-        ConfigError: a first method other than plain, draft methods without a draft model, or (lockstep)
-            llama-cpp-python's lookup at more than one K.
+        ConfigError: a first method other than plain, draft methods without a draft model, or (lockstep) a
+            row given twice.
     """
     if not methods or methods[0].method != PLAIN.name:
         raise ConfigError("The first bench method must be plain: it is the reference for speedups.")
     if pair.draft is None and any(getattr(REGISTRY.find(m.method), "needs_draft", False) for m in methods):
         raise ConfigError("Draft-model methods need a draft model (--draft).")
     peer_rows = any(m.method in PEER_METHODS for m in methods)
-    if lockstep and sum(m.method == PEER_LOOKUP for m in methods) > 1:
-        raise ConfigError("In lockstep every row runs on models of its own, and llama-cpp-python's lookup has one "
-                          "model: give one draft length for it (--k-lcp-lookup).")
+    if lockstep and len(set(methods)) < len(methods):
+        raise ConfigError("In lockstep every row runs on models of its own: give each row once.")
     # template, tokenizer and constraints once, before any measuring: a prompt the target cannot take fails now
     prepared = {bp.name: prepare(pair, bp, peers=peer_rows) for bp in prompts}
     profile = pair.calibrate()
@@ -120,7 +119,7 @@ def run_bench(
     try:
         if lockstep:  # the first (plain) on the pair itself, every other method on a copy, with the same costs
             for m in ours[1:]:
-                pairs[m] = _twin(pair, profile)
+                pairs[m] = _twin(pair, profile, m)
         with scratch_stores(pair, *(f"empty-{i}" for i in range(len(ours)))) as empties:
             for m, store in zip(ours[1:], empties[1:], strict=True):
                 if pairs[m] is not pair:
@@ -150,10 +149,17 @@ def run_bench(
     return report
 
 
-def _twin(pair: Pair, profile: CostProfile) -> Pair:
-    """A second pair over the same files, settings and costs, with caches of its own."""
-    twin = Pair(pair.target.reopen(), pair.draft.reopen() if pair.draft is not None else None,
-                defaults=pair.defaults, draft_k=pair.draft_k, notify=pair.notify)
+def _twin(pair: Pair, profile: CostProfile, spec: MethodSpec) -> Pair:
+    """A second pair over the same files, settings and costs, with caches of its own, for ``spec``'s row (the
+    draft model too where the row may run it)."""
+    method = REGISTRY.get(spec.method)
+    target = pair.target.reopen()
+    try:
+        draft = pair.draft.reopen() if pair.draft is not None and (method.needs_draft or method is AUTO) else None
+    except BaseException:
+        target.close()
+        raise
+    twin = Pair(target, draft, defaults=pair.defaults, draft_k=pair.draft_k, notify=pair.notify)
     twin.set_profile(profile)
     return twin
 
@@ -193,31 +199,38 @@ class _Session:
         """Repetition ``rep`` of every method, in the order ``rotation`` gives it (the first one warmed up),
         one after another, or in lockstep."""
         order = rotation(self.methods, rep)
-        if rep == 0:  # warm-up: plain per prompt, the rest once
-            for spec in order:
-                if spec == self.methods[0] or warm_all:
-                    generate(self.pairs.get(spec), self.peers, prompt, spec, temperature, 0,
-                             min(16, self.max_tokens), self.top_p)
-        outcomes = []
+        warm = [spec for spec in order if rep == 0 and (spec == self.methods[0] or warm_all)]  # the rest: once
         if self.lockstep:
+            for spec in warm:
+                self._warm_up(prompt, spec, temperature)
             for store in self.empty:
                 store.clear()
             started = [start(self.pairs.get(spec), self.peers, prompt, spec, temperature, rep, self.max_tokens,
                              self.top_p) for spec in order]
-            lockstep(started)
+            try:
+                lockstep(started)
+            finally:  # on an error, the runs still under way end before their models can be closed
+                for run in started:
+                    run.close()
             outcomes = [run.outcome() for run in started]
         else:
+            outcomes = []
             for spec in order:
+                if spec in warm:
+                    self._warm_up(prompt, spec, temperature)
                 self.empty[0].clear()
                 outcomes.append(generate(self.pairs.get(spec), self.peers, prompt, spec, temperature, rep,
                                          self.max_tokens, self.top_p))
-        runs = []
-        for spec, (out, stats) in zip(order, outcomes, strict=True):
-            runs.append(Run(bp.name, bp.category, spec.method, spec.k, rep, temperature, out, stats.to_dict(),
-                            spec.history))
-            if self.progress:
+                if self.progress:
+                    self.progress(f"{bp.name} {spec.label}")
+        if self.lockstep and self.progress:
+            for spec in order:
                 self.progress(f"{bp.name} {spec.label}")
-        return runs
+        return [Run(bp.name, bp.category, spec.method, spec.k, rep, temperature, out, stats.to_dict(), spec.history)
+                for spec, (out, stats) in zip(order, outcomes, strict=True)]
+
+    def _warm_up(self, prompt: Prepared, spec: MethodSpec, temperature: float) -> None:
+        generate(self.pairs.get(spec), self.peers, prompt, spec, temperature, 0, min(16, self.max_tokens), self.top_p)
 
 
 class Running(Protocol):
@@ -228,6 +241,9 @@ class Running(Protocol):
 
     def outcome(self) -> tuple[list[int], GenerationStats]:
         """The tokens and stats so far."""
+
+    def close(self) -> None:
+        """End the generation where it is (nothing, once it has ended)."""
 
 
 def lockstep(runs: Sequence[Running]) -> None:
@@ -258,6 +274,9 @@ class _OurRun:
         r = self._stream.result
         return r.tokens, r.stats
 
+    def close(self) -> None:
+        self._events.close()  # the stream's own cleanup: both caches left consistent
+
 
 def prompt_tokens(pair: Pair, bp: BenchPrompt) -> list[int]:
     """The token ids of a prompt that decodes freely (the related workload's, a recording's).
@@ -275,8 +294,11 @@ def generate(pair: Optional[Pair], peers: Optional[PeerRunner], prompt: Prepared
              temperature: float, seed: int, max_tokens: int, top_p: float) -> tuple[list[int], GenerationStats]:
     """One timed generation of ``spec`` from empty caches: its tokens and stats."""
     run = start(pair, peers, prompt, spec, temperature, seed, max_tokens, top_p)
-    while run.advance():
-        pass
+    try:
+        while run.advance():
+            pass
+    finally:
+        run.close()
     return run.outcome()
 
 
