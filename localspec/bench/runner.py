@@ -120,10 +120,10 @@ def run_bench(
         if lockstep:  # the first (plain) on the pair itself, every other method on a copy, with the same costs
             for m in ours[1:]:
                 pairs[m] = _twin(pair, profile, m)
-        with scratch_stores(pair, *(f"empty-{i}" for i in range(len(ours)))) as empties:
-            for m, store in zip(ours[1:], empties[1:], strict=True):
-                if pairs[m] is not pair:
-                    pairs[m].set_history(store)
+        # auto's empty history: the pair's, and in lockstep one for each copy
+        with scratch_stores(pair, *(f"empty-{i}" for i in range(len(ours) if lockstep else 1))) as empties:
+            for m, store in zip(ours[1:], empties[1:], strict=False):  # none one after another
+                pairs[m].set_history(store)
             session = _Session(pairs, peers, empties, methods, max_tokens, top_p, progress, lockstep)
             for ti, temperature in enumerate(temperatures):
                 for pi, bp in enumerate(prompts):
@@ -139,8 +139,9 @@ def run_bench(
     finally:
         if peers is not None:
             peers.close()
-        for twin in {id(p): p for p in pairs.values() if p is not pair}.values():
-            twin.close()
+        for twin in pairs.values():
+            if twin is not pair:
+                twin.close()
     report.rows = summarise(pair, {name: p.tokens for name, p in prepared.items()}, runs, profile,
                             max(TIE_MARGIN, 2 * noise),
                             {name: p.grammar for name, p in prepared.items() if p.grammar is not None})
@@ -293,7 +294,11 @@ def prompt_tokens(pair: Pair, bp: BenchPrompt) -> list[int]:
 def generate(pair: Optional[Pair], peers: Optional[PeerRunner], prompt: Prepared, spec: MethodSpec,
              temperature: float, seed: int, max_tokens: int, top_p: float) -> tuple[list[int], GenerationStats]:
     """One timed generation of ``spec`` from empty caches: its tokens and stats."""
-    run = start(pair, peers, prompt, spec, temperature, seed, max_tokens, top_p)
+    return _finish(start(pair, peers, prompt, spec, temperature, seed, max_tokens, top_p))
+
+
+def _finish(run: Running) -> tuple[list[int], GenerationStats]:
+    """``run`` advanced to its end (closed on an error): its tokens and stats."""
     try:
         while run.advance():
             pass
@@ -320,9 +325,7 @@ def start(pair: Optional[Pair], peers: Optional[PeerRunner], prompt: Prepared, s
 
 def fresh_generate(pair: Pair, tokens: list[int], opts: GenerationOptions) -> tuple[list[int], GenerationStats]:
     """Generate from empty caches: every run prefills the whole prompt, so no run inherits another's work."""
-    pair.reset()
-    r = pair.generate(tokens, opts)
-    return r.tokens, r.stats
+    return _finish(_OurRun(pair, tokens, opts))
 
 
 @contextlib.contextmanager
