@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Does a single-token step cost more right after a batch than right after another single step?
+
+Auto mixes plain rounds (one token) with drafting rounds (a verification of
+K+1 tokens) on the same model, and its plain rounds took a little more target
+time than a plain generation's on the prompts where it mixed them. This
+script loads the target once, fills its cache, and times single steps in two
+orders, interleaved block by block: each right after a single step, and each
+right after a batch of ``--k`` tokens (both cut back afterwards). Each
+block's ratio of medians (after a batch / after a step) is summed up as a
+geometric mean with a 95% interval over the blocks.
+
+Usage:
+    python benchmarks/shape_switch.py TARGET.gguf [--threads 2] [--context 400] [--k 3] [--blocks 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from localspec.backend import Model
+from localspec.bench.intervals import ratio_interval
+
+#: What fills the context: its words do not matter to a step's cost, only their number.
+_FILLER = "def merge(a, b):\n    out = []\n    while a and b:\n        out.append(min(a, b))\n"
+
+
+def timed_eval(model: Model, tokens: list[int], keep: int) -> float:
+    """Seconds to evaluate ``tokens`` after the first ``keep`` positions, which are kept afterwards."""
+    start = time.perf_counter()
+    model.eval(tokens, logits="all")
+    elapsed = time.perf_counter() - start
+    model.truncate(keep)
+    return elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("target")
+    ap.add_argument("--threads", type=int, default=2, help="threads for steps and batches alike")
+    ap.add_argument("--context", type=int, default=400, help="tokens already in the cache")
+    ap.add_argument("--k", type=int, default=3, help="tokens in the batch before a step")
+    ap.add_argument("--blocks", type=int, default=20, help="interleaved blocks of each order")
+    ap.add_argument("--per-block", type=int, default=6, help="steps per order in a block (the first not kept)")
+    args = ap.parse_args()
+    model = Model(args.target, n_ctx=max(1024, args.context + 64), n_threads=args.threads,
+                  n_threads_batch=args.threads)
+    text = model.tokenize(_FILLER, add_special=False)
+    context = (text * (args.context // len(text) + 1))[:args.context]
+    model.eval(context, logits="none")
+    ratios, after_step, after_batch = [], [], []
+    for _ in range(args.blocks):
+        medians = []
+        for before in (1, args.k):
+            times = []
+            for _ in range(args.per_block):
+                timed_eval(model, text[:before], args.context)  # what the step follows
+                times.append(timed_eval(model, text[:1], args.context))
+            medians.append(statistics.median(times[1:]))  # the first: warm-up
+        after_step.append(medians[0])
+        after_batch.append(medians[1])
+        ratios.append(medians[1] / medians[0])
+    iv = ratio_interval(ratios)
+    spread = f"{iv.low:.3f}-{iv.high:.3f}" if iv else "n/a"
+    print(f"{args.threads} thread(s), {args.context} tokens of context: a single step after a {args.k}-token batch "
+          f"{1000 * statistics.median(after_batch):.2f} ms, after a single step "
+          f"{1000 * statistics.median(after_step):.2f} ms; ratio {iv.mean if iv else float('nan'):.3f} ({spread})")
+    model.close()
+
+
+if __name__ == "__main__":
+    main()
