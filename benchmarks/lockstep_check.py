@@ -46,21 +46,33 @@ def timed_eval(model: Model, tokens: list[int], keep: int) -> float:
     return elapsed
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def step_args(ap: argparse.ArgumentParser, context: int, blocks: int) -> None:
+    """The arguments every step-order check takes (this script's, ``shape_switch.py``'s)."""
     ap.add_argument("target")
     ap.add_argument("--threads", type=int, default=2, help="threads for steps and batches alike")
-    ap.add_argument("--context", type=int, default=300, help="tokens already in both caches")
-    ap.add_argument("--k", type=int, default=3, help="tokens in the batch (a verification of K-1 guesses)")
-    ap.add_argument("--blocks", type=int, default=16, help="interleaved blocks of each order")
+    ap.add_argument("--context", type=int, default=context, help="tokens already in the cache")
+    ap.add_argument("--k", type=int, default=3, help="tokens in a batch (a verification of K-1 guesses)")
+    ap.add_argument("--blocks", type=int, default=blocks, help="interleaved blocks of each order")
     ap.add_argument("--per-block", type=int, default=6, help="evaluations per order in a block (the first not kept)")
+
+
+def filled_model(args: argparse.Namespace) -> tuple[Model, list[int]]:
+    """The target loaded with ``args``' threads and ``args.context`` tokens of filler in its cache; the filler's
+    tokens (one repetition of the text)."""
+    model = Model(args.target, n_ctx=max(1024, args.context + 64), n_threads=args.threads,
+                  n_threads_batch=args.threads)
+    text = model.tokenize(_FILLER, add_special=False)
+    model.eval((text * (args.context // len(text) + 1))[:args.context], logits="none")
+    return model, text
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    step_args(ap, context=300, blocks=16)
     args = ap.parse_args()
-    a = Model(args.target, n_ctx=max(1024, args.context + 64), n_threads=args.threads, n_threads_batch=args.threads)
+    a, text = filled_model(args)
     b = a.reopen()
-    text = a.tokenize(_FILLER, add_special=False)
-    context = (text * (args.context // len(text) + 1))[:args.context]
-    for model in (a, b):
-        model.eval(context, logits="none")
+    b.eval((text * (args.context // len(text) + 1))[:args.context], logits="none")
     ratios: dict[int, list[float]] = {1: [], args.k: []}
     medians: dict[tuple[str, int], list[float]] = {}
     for _ in range(args.blocks):

@@ -18,38 +18,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
-from localspec.backend import Model
+from lockstep_check import filled_model, step_args, timed_eval  # a sibling script: run from anywhere
+
 from localspec.bench.intervals import ratio_interval
-
-#: What fills the context: its words do not matter to a step's cost, only their number.
-_FILLER = "def merge(a, b):\n    out = []\n    while a and b:\n        out.append(min(a, b))\n"
-
-
-def timed_eval(model: Model, tokens: list[int], keep: int) -> float:
-    """Seconds to evaluate ``tokens`` after the first ``keep`` positions, which are kept afterwards."""
-    start = time.perf_counter()
-    model.eval(tokens, logits="all")
-    elapsed = time.perf_counter() - start
-    model.truncate(keep)
-    return elapsed
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("target")
-    ap.add_argument("--threads", type=int, default=2, help="threads for steps and batches alike")
-    ap.add_argument("--context", type=int, default=400, help="tokens already in the cache")
-    ap.add_argument("--k", type=int, default=3, help="tokens in the batch before a step")
-    ap.add_argument("--blocks", type=int, default=20, help="interleaved blocks of each order")
-    ap.add_argument("--per-block", type=int, default=6, help="steps per order in a block (the first not kept)")
+    step_args(ap, context=400, blocks=20)
     args = ap.parse_args()
-    model = Model(args.target, n_ctx=max(1024, args.context + 64), n_threads=args.threads,
-                  n_threads_batch=args.threads)
-    text = model.tokenize(_FILLER, add_special=False)
-    context = (text * (args.context // len(text) + 1))[:args.context]
-    model.eval(context, logits="none")
+    model, text = filled_model(args)
     ratios, after_step, after_batch = [], [], []
     for _ in range(args.blocks):
         medians = []
