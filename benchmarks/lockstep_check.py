@@ -29,6 +29,7 @@ import argparse
 import statistics
 import time
 
+from localspec import memory
 from localspec.backend import Model
 from localspec.bench.intervals import ratio_interval
 
@@ -51,7 +52,7 @@ def step_args(ap: argparse.ArgumentParser, context: int, blocks: int) -> None:
     ap.add_argument("target")
     ap.add_argument("--threads", type=int, default=2, help="threads for steps and batches alike")
     ap.add_argument("--context", type=int, default=context, help="tokens already in the cache")
-    ap.add_argument("--k", type=int, default=3, help="tokens in a batch (a verification of K-1 guesses)")
+    ap.add_argument("--k", type=int, default=3, help="tokens in a batch, at least 2 (a verification of K-1 guesses)")
     ap.add_argument("--blocks", type=int, default=blocks, help="interleaved blocks of each order")
     ap.add_argument("--per-block", type=int, default=6, help="evaluations per order in a block (the first not kept)")
 
@@ -59,8 +60,15 @@ def step_args(ap: argparse.ArgumentParser, context: int, blocks: int) -> None:
 def filled_model(args: argparse.Namespace) -> tuple[Model, list[int]]:
     """The target loaded with ``args``' threads and ``args.context`` tokens of filler in its cache; the filler's
     tokens (one repetition of the text)."""
+    if args.k < 2:
+        raise SystemExit(f"--k is the batch's size, at least 2; got {args.k}.")
     model = Model(args.target, n_ctx=max(1024, args.context + 64), n_threads=args.threads,
                   n_threads_batch=args.threads)
+    kind = model.memory.kind
+    if kind != memory.FULL:  # cutting a recurrent state back evaluates tokens again, untimed
+        model.close()
+        raise SystemExit(f"{args.target}: its memory ({kind}) cannot be cut back in place; "
+                         "give a model with an attention cache only.")
     text = model.tokenize(_FILLER, add_special=False)
     model.eval((text * (args.context // len(text) + 1))[:args.context], logits="none")
     return model, text
@@ -78,7 +86,8 @@ def main() -> None:
     for _ in range(args.blocks):
         for n in ratios:
             batch = text[:n]
-            alone = [timed_eval(a, batch, args.context) for _ in range(args.per_block)][1:]  # first: warm-up
+            # the first of each order is not kept: it follows a change of batch shape, so llama.cpp builds a graph
+            alone = [timed_eval(a, batch, args.context) for _ in range(args.per_block)][1:]
             after = []
             for _ in range(args.per_block):
                 timed_eval(b, text[:1], args.context)  # the other model's step, as lockstep's previous row

@@ -2,13 +2,15 @@
 """Does a single-token step cost more right after a batch than right after another single step?
 
 Auto mixes plain rounds (one token) with drafting rounds (a verification of
-K+1 tokens) on the same model, and its plain rounds took a little more target
+a few tokens) on the same model, and its plain rounds took a little more target
 time than a plain generation's on the prompts where it mixed them. This
 script loads the target once, fills its cache, and times single steps in two
 orders, interleaved block by block: each right after a single step, and each
 right after a batch of ``--k`` tokens (both cut back afterwards). Each
 block's ratio of medians (after a batch / after a step) is summed up as a
-geometric mean with a 95% interval over the blocks.
+geometric mean with a 95% interval over the blocks. llama.cpp reuses a
+step's compute graph only when the batch keeps its shape; running with
+``LLAMA_GRAPH_REUSE_DISABLE=1`` is the control (both orders then build one).
 
 Usage:
     python benchmarks/shape_switch.py TARGET.gguf [--threads 2] [--context 400] [--k 3] [--blocks 20]
