@@ -57,9 +57,9 @@ def step_args(ap: argparse.ArgumentParser, context: int, blocks: int) -> None:
     ap.add_argument("--per-block", type=int, default=6, help="evaluations per order in a block (the first not kept)")
 
 
-def filled_model(args: argparse.Namespace) -> tuple[Model, list[int]]:
+def filled_model(args: argparse.Namespace) -> tuple[Model, list[int], list[int]]:
     """The target loaded with ``args``' threads and ``args.context`` tokens of filler in its cache; the filler's
-    tokens (one repetition of the text)."""
+    tokens (one repetition of the text, what batches are cut from), and the context's."""
     if args.k < 2:
         raise SystemExit(f"--k is the batch's size, at least 2; got {args.k}.")
     model = Model(args.target, n_ctx=max(1024, args.context + 64), n_threads=args.threads,
@@ -70,17 +70,18 @@ def filled_model(args: argparse.Namespace) -> tuple[Model, list[int]]:
         raise SystemExit(f"{args.target}: its memory ({kind}) cannot be cut back in place; "
                          "give a model with an attention cache only.")
     text = model.tokenize(_FILLER, add_special=False)
-    model.eval((text * (args.context // len(text) + 1))[:args.context], logits="none")
-    return model, text
+    context = (text * (args.context // len(text) + 1))[:args.context]
+    model.eval(context, logits="none")
+    return model, text, context
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     step_args(ap, context=300, blocks=16)
     args = ap.parse_args()
-    a, text = filled_model(args)
+    a, text, context = filled_model(args)
     b = a.reopen()
-    b.eval((text * (args.context // len(text) + 1))[:args.context], logits="none")
+    b.eval(context, logits="none")
     ratios: dict[int, list[float]] = {1: [], args.k: []}
     medians: dict[tuple[str, int], list[float]] = {}
     for _ in range(args.blocks):

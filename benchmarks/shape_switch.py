@@ -30,7 +30,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     step_args(ap, context=400, blocks=20)
     args = ap.parse_args()
-    model, text = filled_model(args)
+    model, text, _ = filled_model(args)
     ratios, after_step, after_batch = [], [], []
     for _ in range(args.blocks):
         medians = []
