@@ -32,6 +32,7 @@ import time
 from localspec import memory
 from localspec.backend import Model
 from localspec.bench.intervals import ratio_interval
+from localspec.errors import LocalspecError
 
 #: What fills the context: its words do not matter to a step's cost, only their number.
 _FILLER = ("A step of a transformer reads every weight once and the cache of every token before it; "
@@ -62,8 +63,11 @@ def filled_model(args: argparse.Namespace) -> tuple[Model, list[int], list[int]]
     tokens (one repetition of the text, what batches are cut from), and the context's."""
     if args.k < 2:
         raise SystemExit(f"--k is the batch's size, at least 2; got {args.k}.")
-    model = Model(args.target, n_ctx=max(1024, args.context + 64), n_threads=args.threads,
-                  n_threads_batch=args.threads)
+    try:
+        model = Model(args.target, n_ctx=max(1024, args.context + 64), n_threads=args.threads,
+                      n_threads_batch=args.threads)
+    except LocalspecError as e:  # a missing or unreadable file: its one sentence, not a traceback
+        raise SystemExit(str(e)) from None
     kind = model.memory.kind
     if kind != memory.FULL:  # cutting a recurrent state back evaluates tokens again, untimed
         model.close()
