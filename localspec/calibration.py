@@ -33,12 +33,15 @@ STALE_TOLERANCE = 0.25
 STALE_FLOOR = 0.001
 #: Repetitions whose 75th percentile exceeds the fastest by this factor mean the machine was busy.
 BUSY_SPREAD = 1.3
+#: A cached thread choice is beaten when a few fresh steps (or batches) at another count take at most this
+#: fraction of the choice's fresh time: the first measurement saw a machine that no longer is.
+BEATEN = 0.85
 #: What "busy" means, and what becomes of a busy measurement: it is cached like any other, since measuring
 #: again at every start costs more than it saves on a virtual machine whose repetitions always disagree a
 #: little; a later start whose check finds steps faster than cached (``_stale``) measures again.
 _BUSY_WHY = "other programs running, or repeated steps that disagree"
-_KEPT = ("; kept all the same, and measured again when a later start finds steps faster than they were "
-         "(or by `localspec calibrate`)")
+_KEPT = ("; kept all the same, and measured again when a later start finds steps faster than they were, "
+         "or another thread count faster (or by `localspec calibrate`)")
 #: Seconds a measurement of one shape may take in the thread sweep, and one whole ``measure``, before it takes
 #: fewer repetitions (never under 3): a slow machine is measured no worse for it, and sooner.
 SWEEP_SHAPE_SECONDS = 1.5
@@ -79,6 +82,7 @@ class ThreadChoice:
         batch_seconds: seconds per batch at each thread count tried.
         checked: a fresh step time at ``threads`` that confirmed the cache (None when just measured),
             which ``calibrate`` may reuse to confirm its own.
+        busy: the machine looked busy while the counts were measured.
     """
 
     threads: int
@@ -86,6 +90,7 @@ class ThreadChoice:
     step_seconds: dict[int, float]
     batch_seconds: dict[int, float]
     checked: Optional[float] = None
+    busy: bool = False
 
 
 def choose_threads(target: Model, refresh: bool = False,
@@ -103,18 +108,18 @@ def choose_threads(target: Model, refresh: bool = False,
     if rec and "batch_seconds" in rec and not refresh:  # older records lack the batch sweep: measured again
         cached = ThreadChoice(int(rec["threads"]), int(rec["batch_threads"]),
                               {int(n): float(t) for n, t in rec["step_seconds"].items()},
-                              {int(n): float(t) for n, t in rec["batch_seconds"].items()})
-        then, now = cached.step_seconds[cached.threads], step_seconds(target, cached.threads)  # a few steps
-        if not _stale(then, now):
-            cached.checked = now
+                              {int(n): float(t) for n, t in rec["batch_seconds"].items()},
+                              busy=bool(rec.get("busy")))
+        why = _contradiction(target, cached, default_threads())
+        if why is None:
             return cached
-        say(f"localspec: the cached thread measurement no longer holds (a step takes {1000 * now:.1f} ms at "
-            f"{cached.threads} threads, {1000 * then:.1f} ms when measured); measuring again")
+        say(f"localspec: the cached thread measurement no longer holds ({why}); measuring again")
     else:
         say("localspec: measuring the fastest thread counts for this machine (once; --threads and "
             "--threads-batch override)")
     steps, batches, noisy = measure_threads(target, default_threads())
-    choice = ThreadChoice(min(steps, key=lambda n: steps[n]), min(batches, key=lambda n: batches[n]), steps, batches)
+    choice = ThreadChoice(min(steps, key=lambda n: steps[n]), min(batches, key=lambda n: batches[n]), steps, batches,
+                          busy=noisy)
     if noisy:
         say(f"localspec: the machine looked busy while measuring the thread counts ({_BUSY_WHY}){_KEPT}")
     store = _read_store(path)
@@ -123,6 +128,41 @@ def choose_threads(target: Model, refresh: bool = False,
                   "busy": noisy}
     _save_store(path, store, notify)
     return choice
+
+
+def rivals(seconds: dict[int, float], chosen: int, max_threads: int) -> list[int]:
+    """The thread counts worth a few fresh steps beside ``chosen``: the runner-up of the measured ``seconds``
+    and all cores, where they differ from it (a busy first measurement pins a low count)."""
+    others = sorted((n for n in seconds if n != chosen and n <= max_threads), key=lambda n: seconds[n])
+    return sorted({*others[:1], max_threads} - {chosen})
+
+
+def _contradiction(target: Model, cached: ThreadChoice, max_threads: int) -> Optional[str]:
+    """Why a few fresh steps contradict a cached thread choice, or None (then ``cached.checked`` is set).
+
+    The chosen count's step is timed again, and so are its rivals' (see
+    ``rivals``): a choice made on a busy machine can still time
+    the same at its own count while another count has become much faster.
+    Where the choice was measured busy, the batch count's rivals are timed
+    too, a few batches each.
+    """
+    then, now = cached.step_seconds[cached.threads], step_seconds(target, cached.threads)
+    if _stale(then, now):
+        return f"a step takes {1000 * now:.1f} ms at {cached.threads} threads, {1000 * then:.1f} ms when measured"
+    for n in rivals(cached.step_seconds, cached.threads, max_threads):
+        rival = step_seconds(target, n)
+        if _beaten(now, rival):
+            return (f"a step takes {1000 * rival:.1f} ms at {n} threads and {1000 * now:.1f} ms at the "
+                    f"{cached.threads} chosen")
+    if cached.busy:
+        mine = batch_seconds(target, cached.batch_threads)
+        for n in rivals(cached.batch_seconds, cached.batch_threads, max_threads):
+            rival = batch_seconds(target, n)
+            if _beaten(mine, rival):
+                return (f"a batch takes {1000 * rival:.1f} ms at {n} threads and {1000 * mine:.1f} ms at the "
+                        f"{cached.batch_threads} chosen")
+    cached.checked = now
+    return None
 
 
 def _setup(target: Model, draft: Optional[Model]) -> list[str]:
@@ -198,6 +238,11 @@ def contended(threads: int) -> bool:
     return others is not None and others + threads > (os.cpu_count() or 1)
 
 
+def _beaten(chosen: float, rival: float) -> bool:
+    """A rival count's fresh time clearly under the chosen count's (not by a timer's jitter)."""
+    return rival < BEATEN * chosen and chosen - rival > STALE_FLOOR
+
+
 def _stale(cached: float, fresh: float) -> bool:
     """A fresh time that the cached one no longer describes (off by more than the noise of a few steps)."""
     return abs(fresh - cached) > max(STALE_TOLERANCE * cached, STALE_FLOOR)
@@ -205,17 +250,29 @@ def _stale(cached: float, fresh: float) -> bool:
 
 def step_seconds(target: Model, threads: Optional[int] = None, reps: int = 3) -> float:
     """A fresh single-step time of the target (at ``threads``, then back), median of ``reps``; empties its cache."""
+    return _fresh_seconds(target, 1, threads, reps)
+
+
+def batch_seconds(target: Model, threads: Optional[int] = None, reps: int = 3) -> float:
+    """A fresh time of one verification batch of ``AUTO_KMAX + 1`` tokens (at ``threads`` threads for batches,
+    then back), median of ``reps``; empties the target's cache."""
+    return _fresh_seconds(target, AUTO_KMAX + 1, threads, reps)
+
+
+def _fresh_seconds(target: Model, n: int, threads: Optional[int], reps: int) -> float:
+    """Median seconds of evaluating ``n`` tokens after a short context, ``threads`` set for that shape."""
     base = target.tokenize(_CALIBRATION_TEXT, add_special=False)
-    ctx = (base * 2)[: min(16, target.n_ctx - 2)]  # short: a step barely depends on it, and prefill is dear
+    ctx = (base * 2)[: min(16, target.n_ctx - n - 1)]  # short: a step barely depends on it, and prefill is dear
+    probe = (base * 2)[:n]
     was = target.n_threads, target.n_threads_batch
     if threads is not None:
-        target.set_threads(threads, was[1])
+        target.set_threads(*((threads, was[1]) if n == 1 else (was[0], threads)))
     target.reset()
     target.eval(ctx, logits="none")
     target.checkpoint()  # a recurrent state goes back to the context by a restore, not a replay
 
     def step() -> None:
-        target.eval(base[:1], logits="last")
+        target.eval(probe, logits="last" if n == 1 else "all")
         target.truncate(len(ctx))
 
     try:

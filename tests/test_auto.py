@@ -25,6 +25,7 @@ from localspec.backend import Model
 from localspec.calibration import calibrate, calibration_key, others_running
 from localspec.costs import CostProfile, best_k, expected_tokens
 from localspec.drafters import DraftingContext
+from localspec.llama import default_threads
 from localspec.options import GenerationOptions
 
 REAL_OTHERS_RUNNING = others_running  # conftest's autouse fixture stands in for it in every test
@@ -161,7 +162,6 @@ def test_calibration_is_cached_per_settings_and_refreshable(tiny_dir, tmp_path):
 
 def test_the_thread_count_is_measured_once_and_the_fastest_is_used(tiny_dir, tmp_path, monkeypatch):
     from localspec import calibration
-    from localspec.llama import default_threads
 
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
     calls = []
@@ -189,14 +189,16 @@ def test_the_thread_count_is_measured_once_and_the_fastest_is_used(tiny_dir, tmp
     with localspec.load(tiny_dir / "target.gguf", n_ctx=512, n_threads=1) as pair:
         assert pair.choose_threads() == {} and pair.target.n_threads == 1  # --threads wins, nothing measured
     assert calls == [default_threads()]
-    # Loading with both caches warm confirms them with one short run of steps, not one per cache.
+    # Loading with both caches warm confirms them with one short run of steps at the chosen count (and one at
+    # each rival count, which the thread cache alone needs), not one per cache.
     checks = []
     real_steps = calibration.step_seconds
     monkeypatch.setattr(calibration, "step_seconds", lambda *a, **k: checks.append(1) or real_steps(*a, **k))
+    looks = 1 + len(calibration.rivals(sweep, best, default_threads()))
     with localspec.load(tiny_dir / "target.gguf", tiny_dir / "draft.gguf", n_ctx=512) as pair:
-        assert pair.calibrate().source == "measured" and len(checks) == 1  # threads confirmed; costs measured
+        assert pair.calibrate().source == "measured" and len(checks) == looks  # threads confirmed; costs measured
     with localspec.load(tiny_dir / "target.gguf", tiny_dir / "draft.gguf", n_ctx=512) as pair:
-        assert pair.calibrate().source == "cache" and len(checks) == 2  # one check confirmed both caches
+        assert pair.calibrate().source == "cache" and len(checks) == 2 * looks  # one check confirmed both caches
 
 
 PROMPTS = ["The cat sat on the mat and the dog sat on the", "in the end, in the end, in the end, in the",
@@ -330,7 +332,6 @@ def test_the_correction_is_kept_by_the_pair_across_generations_and_forgotten_wit
 
 def test_batches_get_their_own_measured_thread_count_and_the_peers_the_same_budget(tiny_dir, tmp_path, monkeypatch):
     from localspec.bench.peers import PeerRunner
-    from localspec.llama import default_threads
 
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
     with localspec.load(tiny_dir / "target.gguf", n_ctx=512) as pair:
@@ -387,6 +388,81 @@ def test_a_cache_that_no_longer_holds_is_measured_again_and_a_busy_measurement_i
         assert sum("looked busy" in n for n in notices) == 2
         assert [rec["busy"] for rec in json.loads(busy_cache.read_text()).values()] == [True, True]
         assert calibrate(t, None, cache_file=busy_cache).source == "cache"  # the next start does not measure
+
+
+class _Machine:
+    """Stand-in timings for the thread sweep and its checks: seconds per step and per batch at each count."""
+
+    def __init__(self, steps: dict[int, float], batches: dict[int, float], busy: bool):
+        self.steps, self.batches, self.busy, self.sweeps, self.checked = steps, batches, busy, 0, []
+
+    def measure_threads(self, target, max_threads, steps=7):
+        self.sweeps += 1
+        return dict(self.steps), dict(self.batches), self.busy
+
+    def step_seconds(self, target, threads=None, reps=3):
+        self.checked.append(("step", threads))
+        return self.steps[threads]
+
+    def batch_seconds(self, target, threads=None, reps=3):
+        self.checked.append(("batch", threads))
+        return self.batches[threads]
+
+
+def _stand_in(monkeypatch, machine: _Machine) -> None:
+    from localspec import calibration
+
+    for name in ("measure_threads", "step_seconds", "batch_seconds"):
+        monkeypatch.setattr(calibration, name, getattr(machine, name))
+
+
+@pytest.mark.skipif(default_threads() < 2, reason="one core: there is no other thread count to prefer")
+def test_a_busy_first_thread_measurement_is_not_kept_once_a_quiet_start_finds_another_count_faster(
+        tiny_dir, tmp_path, monkeypatch):
+    """The first sweep ran beside a program busy on one core: one thread looked four times faster than all
+    cores. A later, quiet start re-times the chosen count (faster than then, within the tolerance) and its
+    rivals, finds all cores twice as fast, and measures again."""
+    from localspec import calibration
+
+    cores = default_threads()
+    cache = tmp_path / "cal.json"
+    notices: list[str] = []
+    busy_first = _Machine({n: 0.1005 if n == 1 else 0.3904 for n in range(1, cores + 1)},
+                          {n: 0.30 if n == 1 else 0.90 for n in range(1, cores + 1)}, busy=True)
+    quiet = _Machine({n: 0.079 if n == 1 else 0.040 for n in range(1, cores + 1)},
+                     {n: 0.25 if n == 1 else 0.14 for n in range(1, cores + 1)}, busy=False)
+    with Model(tiny_dir / "target.gguf", n_ctx=512) as t:
+        _stand_in(monkeypatch, busy_first)
+        assert calibration.choose_threads(t, cache_file=cache, notify=notices.append).threads == 1
+        _stand_in(monkeypatch, quiet)
+        again = calibration.choose_threads(t, cache_file=cache, notify=notices.append)
+        assert (again.threads, again.batch_threads, quiet.sweeps) == (cores, cores, 1)
+        assert any(f"at {cores} threads" in n and "no longer holds" in n for n in notices)
+        quiet.checked.clear()
+        # The quiet choice is confirmed by a few steps at its rivals, and kept.
+        assert calibration.choose_threads(t, cache_file=cache).threads == cores and quiet.sweeps == 1
+        assert ("step", cores) in quiet.checked and ("step", 1) in quiet.checked
+        assert not any(kind == "batch" for kind, _ in quiet.checked)  # batches only rechecked after a busy sweep
+
+
+@pytest.mark.skipif(default_threads() < 2, reason="one core: there is no other thread count to prefer")
+def test_a_busy_choice_whose_steps_hold_is_still_measured_again_when_its_batch_count_is_beaten(
+        tiny_dir, tmp_path, monkeypatch):
+    from localspec import calibration
+
+    cores = default_threads()
+    cache = tmp_path / "cal.json"
+    steps = {n: 0.05 if n == cores else 0.08 for n in range(1, cores + 1)}
+    first = _Machine(steps, {n: 0.2 if n == 1 else 0.6 for n in range(1, cores + 1)}, busy=True)
+    later = _Machine(steps, {n: 0.2 if n == 1 else 0.1 for n in range(1, cores + 1)}, busy=False)
+    with Model(tiny_dir / "target.gguf", n_ctx=512) as t:
+        _stand_in(monkeypatch, first)
+        assert calibration.choose_threads(t, cache_file=cache).batch_threads == 1
+        _stand_in(monkeypatch, later)
+        assert calibration.choose_threads(t, cache_file=cache).batch_threads == cores and later.sweeps == 1
+        later.sweeps = 0
+        # Not busy any more and the steps hold: the next start does not time batches, nor sweep.
+        assert calibration.choose_threads(t, cache_file=cache).batch_threads == cores and later.sweeps == 0
 
 
 def test_a_measurement_while_other_programs_keep_the_cores_busy_is_used_and_marked(tiny_dir, tmp_path,
