@@ -2,20 +2,33 @@
 
 localspec's own server is for one user on one machine. Beyond that, a
 serving engine batches many users on a GPU; this module writes the command
-that runs the same target and drafting method there. Only documented flags
-and config keys are written:
+that runs the same target and drafting method there.
 
+* llama.cpp's ``llama-server`` loads the same GGUF files. Its flags are those
+  of the build the user has, read from its ``--help``
+  (``localspec.llama_server_flags``); without one, those of the llama.cpp
+  localspec runs. A draft model is ``-md`` with ``--spec-type draft-simple``
+  and ``--spec-draft-n-max``; a target's MTP head is ``--spec-type
+  draft-mtp``; lookup is ``--spec-type ngram-simple``; history is
+  ``--spec-type ngram-mod`` (one n-gram pool shared by every request). The
+  command also keeps what localspec's server does besides drafting: the
+  context length, the prompt cache (``--cache-ram``, and ``--ctx-checkpoints``
+  for a model with a recurrent state), chat templates with tools
+  (``--jinja``), the API key (``--api-key-file``), host and port. Every
+  variant is started, on the tiny test models and on the Qwen2.5-Coder pair,
+  by ``tests/test_export_run.py`` on a CPU-only llama-server built from the
+  pinned source (``scripts/build_llama_server.sh``), and answers the
+  ``openai`` client with drafted and accepted tokens in its timings.
 * vLLM: ``vllm serve MODEL --speculative-config JSON`` with ``method`` one of
   ``draft_model`` (a draft model), ``ngram`` (prompt lookup, with
   ``prompt_lookup_min``/``prompt_lookup_max``) or ``suffix`` (suffix decoding,
   which also matches earlier requests' outputs: the counterpart of the history
   drafter), and ``num_speculative_tokens``. vLLM serves the original
   (unquantized) Hugging Face repositories best, so the GGUF's source
-  repository is named when its header or the catalog says which it is.
-* llama.cpp's ``llama-server``: ``-m``/``-md`` with ``--draft-max`` for a
-  draft model; ``--spec-type ngram-simple`` with ``--spec-ngram-size-n``/``-m``
-  for lookup; ``--spec-type ngram-mod`` (one n-gram pool shared by every
-  request) for history. It loads the same GGUF files.
+  repository is named when its header or the catalog says which it is. The
+  command is checked against vLLM's own argument parser and
+  ``SpeculativeConfig`` where vLLM is installed (a GPU machine); it has not
+  been served here.
 """
 
 from __future__ import annotations
@@ -29,13 +42,17 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .errors import ConfigError
-from .methods import DRAFT, HISTORY, LOOKUP
+from .llama_server_flags import PINNED_BUILD, ServerFlags, pinned
+from .methods import DRAFT, HISTORY, LOOKUP, MTP
 
 ENGINES = ("vllm", "llama-server")
 #: localspec's drafting methods that an engine can run, and what each engine calls them.
 VLLM_METHODS = {DRAFT.name: "draft_model", LOOKUP.name: "ngram", HISTORY.name: "suffix"}
-LLAMA_SERVER_SPEC_TYPES = {LOOKUP.name: "ngram-simple", HISTORY.name: "ngram-mod"}
+LLAMA_SERVER_SPEC_TYPES = {DRAFT.name: "draft-simple", MTP.name: "draft-mtp", LOOKUP.name: "ngram-simple",
+                           HISTORY.name: "ngram-mod"}
 NGRAM_MOD_N = 24  # llama.cpp's docs: small n are not recommended for ngram-mod
+CACHE_RAM_MIB = 8192  # llama-server's prompt cache, in MiB: the pinned build's default, written out
+CTX_CHECKPOINTS = 32  # snapshots of a recurrent state per slot: the pinned build's default, written out
 
 _HF_URL = re.compile(r"^https?://(?:www\.)?huggingface\.co/([\w.-]+/[\w.-]+?)/?$")
 _REPO = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -49,11 +66,15 @@ class Served:
         path: the GGUF on this machine.
         repo: the Hugging Face repository it was converted from, if known.
         repo_from: where ``repo`` was learnt (shown to the user).
+        mtp_head: its GGUF has next-n (MTP) layers.
+        recurrent: it keeps a recurrent state (a state-space or hybrid model), which engines cache by snapshots.
     """
 
     path: Path
     repo: Optional[str] = None
     repo_from: str = ""
+    mtp_head: bool = False
+    recurrent: bool = False
 
 
 @dataclass
@@ -72,8 +93,11 @@ class Export:
         words = [shlex.quote(w) for w in self.argv]
         first = next((i for i, w in enumerate(words) if w.startswith("-")), len(words))
         parts = [" ".join(words[:first])]  # the program and its subcommand and model
-        for i in range(first, len(words), 2):  # then each option with its value
-            parts.append(" ".join(words[i : i + 2]))
+        for word in words[first:]:  # then each option with its value, if it takes one
+            if word.startswith("-") or len(parts) == 1:
+                parts.append(word)
+            else:
+                parts[-1] += " " + word
         return "\n".join([*lines, " \\\n  ".join(parts)])
 
 
@@ -155,40 +179,123 @@ def _vllm_model(model: Served, role: str, notes: list[str]) -> str:
 
 
 def llama_server(target: Served, draft: Optional[Served], method: str, k: int, ngram: tuple[int, int], ctx: int,
-                 host: str = "127.0.0.1", port: int = 8080, gpu_layers: int = 99) -> Export:
-    """``llama-server`` with the same GGUF files and drafting method.
+                 host: str = "127.0.0.1", port: int = 8080, gpu_layers: int = 99,
+                 flags: Optional[ServerFlags] = None, api_key_file: Optional[Path] = None) -> Export:
+    """``llama-server`` with the same GGUF files and drafting method, in the flags of one build.
+
+    Args:
+        target: the target model.
+        draft: the draft model (for ``draft``).
+        method: ``draft``, ``lookup``, ``history`` or ``mtp``.
+        k: tokens per draft.
+        ngram: lookup's (min, max) n-gram lengths; llama-server's ngram-simple takes the max.
+        ctx: the context length.
+        host: the address to listen on.
+        port: the port.
+        gpu_layers: layers of each model to put on the GPU.
+        flags: what the build accepts (``llama_server_flags.find``); the pinned build's if None.
+        api_key_file: a file holding the API key the server will demand, if any.
 
     Raises:
-        ConfigError: the method has no llama-server counterpart, or it needs a draft that is missing.
+        ConfigError: the method has no llama-server counterpart, it needs a draft or MTP head that is
+            missing, or the build is too old for it.
     """
-    argv = ["llama-server", "-m", str(target.path), "-c", str(ctx), "--host", host, "--port", str(port),
-            "-ngl", str(gpu_layers)]
-    notes: list[str] = []
-    if method == DRAFT.name:
-        if draft is None:
-            raise ConfigError("The draft method needs a draft model; give --draft or export lookup.")
-        argv += ["-md", str(draft.path), "-ngld", str(gpu_layers), "--draft-max", str(k), "--draft-min", "0"]
-    elif method == LOOKUP.name:
-        argv += ["--spec-type", LLAMA_SERVER_SPEC_TYPES[method], "--spec-ngram-size-n", str(ngram[1]),
-                 "--spec-ngram-size-m", str(k), "--draft-max", str(k)]
-    elif method == HISTORY.name:
-        argv += ["--spec-type", LLAMA_SERVER_SPEC_TYPES[method], "--spec-ngram-size-n", str(NGRAM_MOD_N),
-                 "--draft-max", str(k)]
-        notes.append("ngram-mod keeps one n-gram pool for every request, so earlier replies feed later drafts, "
-                     f"as localspec's history does; n = {NGRAM_MOD_N} as llama.cpp's docs suggest for it")
-    else:
-        raise ConfigError(f"llama-server has no counterpart of the {method!r} method; export draft, lookup or "
-                          "history.")
-    notes.append("flags of llama-server as llama.cpp's docs/speculative.md gives them (2026); builds from "
-                 "before --spec-type know only -md")
+    flags = flags or pinned()
+    notes = [f"flags of llama-server {flags.build}, from {flags.source}"]
+    argv = ["llama-server", *_model_flags(flags, target, ctx, host, port, gpu_layers)]
+    argv += _speculation(flags, target, draft, method, k, ngram, gpu_layers, notes)
+    argv += _serving(flags, target, api_key_file)
     return Export("llama-server", method, k, argv, notes)
 
 
-def best_method(bench: Any, source: str = "the bench file") -> tuple[str, int, float]:
+_NEWER = f"use a newer llama-server, such as the one built from {PINNED_BUILD}"
+
+
+def _need(flags: ServerFlags, what: str, *names: str) -> str:
+    """The first of ``names`` the build accepts, or ConfigError naming the build that is needed."""
+    name = flags.first(*names)
+    if name is None:
+        raise ConfigError(f"{flags.source} lists no {names[0]} option, which {what} needs; {_NEWER}.")
+    return name
+
+
+def _spec_type(flags: ServerFlags, name: str) -> list[str]:
+    """``--spec-type NAME``, or ConfigError when the build does not know that type."""
+    if not flags.spec_types:
+        raise ConfigError(f"{flags.source} lists no --spec-type option, which {name} needs; {_NEWER}.")
+    if name not in flags.spec_types:
+        raise ConfigError(f"{flags.source} does not list {name} among its --spec-type values; {_NEWER}.")
+    return ["--spec-type", name]
+
+
+def _model_flags(flags: ServerFlags, target: Served, ctx: int, host: str, port: int, gpu_layers: int) -> list[str]:
+    argv = [_need(flags, "the target", "-m", "--model"), str(target.path),
+            _need(flags, "the context length", "-c", "--ctx-size"), str(ctx),
+            _need(flags, "the address", "--host"), host, _need(flags, "the port", "--port"), str(port)]
+    ngl = flags.first("-ngl", "--gpu-layers", "--n-gpu-layers")
+    return argv + ([ngl, str(gpu_layers)] if ngl else [])
+
+
+def _speculation(flags: ServerFlags, target: Served, draft: Optional[Served], method: str, k: int,
+                 ngram: tuple[int, int], gpu_layers: int, notes: list[str]) -> list[str]:
+    """The flags of one drafting method, with ``k`` tokens per draft."""
+    if method == DRAFT.name:
+        if draft is None:
+            raise ConfigError("The draft method needs a draft model; give --draft or export lookup.")
+        argv = [_need(flags, "a draft model", "-md", "--spec-draft-model", "--model-draft"), str(draft.path)]
+        argv += _spec_type(flags, LLAMA_SERVER_SPEC_TYPES[DRAFT.name]) if flags.spec_types else []
+        ngld = flags.first("-ngld", "--spec-draft-ngl", "--gpu-layers-draft")
+        return argv + ([ngld, str(gpu_layers)] if ngld else []) + _draft_lengths(flags, k)
+    if method == MTP.name:
+        if not target.mtp_head:
+            raise ConfigError(f"{target.path.name} has no MTP head (no next-n layers in its GGUF); export draft, "
+                              "lookup or history.")
+        return _spec_type(flags, LLAMA_SERVER_SPEC_TYPES[MTP.name]) + _draft_lengths(flags, k)
+    if method == LOOKUP.name:
+        return _spec_type(flags, LLAMA_SERVER_SPEC_TYPES[LOOKUP.name]) + [
+            _need(flags, "lookup", "--spec-ngram-simple-size-n", "--spec-ngram-size-n"), str(ngram[1]),
+            _need(flags, "lookup", "--spec-ngram-simple-size-m", "--spec-ngram-size-m"), str(k)]
+    if method == HISTORY.name:
+        notes.append("ngram-mod keeps one n-gram pool for every request, so earlier replies feed later drafts, "
+                     f"as localspec's history does; it matches {NGRAM_MOD_N} tokens, as llama.cpp advises")
+        return _spec_type(flags, LLAMA_SERVER_SPEC_TYPES[HISTORY.name]) + [
+            _need(flags, "history", "--spec-ngram-mod-n-match", "--spec-ngram-size-n"), str(NGRAM_MOD_N),
+            _need(flags, "history", "--spec-ngram-mod-n-max", "--draft-max"), str(k),
+            _need(flags, "history", "--spec-ngram-mod-n-min", "--draft-min"), "1"]
+    raise ConfigError(f"llama-server has no counterpart of the {method!r} method; export draft, lookup, history "
+                      "or mtp.")
+
+
+def _draft_lengths(flags: ServerFlags, k: int) -> list[str]:
+    """Draft up to ``k`` tokens, and keep a draft of any length (localspec's own rule)."""
+    return [_need(flags, "a draft length", "--spec-draft-n-max", "--draft-max"), str(k),
+            _need(flags, "a draft length", "--spec-draft-n-min", "--draft-min"), "0"]
+
+
+def _serving(flags: ServerFlags, target: Served, api_key_file: Optional[Path]) -> list[str]:
+    """What localspec's own server does besides drafting: tool calls, the prompt cache, the API key."""
+    argv = ["--jinja"] if "--jinja" in flags.options else []  # chat templates with tools; older builds lack it
+    cache_ram = flags.first("--cache-ram", "-cram")
+    argv += [cache_ram, str(CACHE_RAM_MIB)] if cache_ram else []
+    checkpoints = flags.first("--ctx-checkpoints", "-ctxcp")
+    if target.recurrent and checkpoints:  # a recurrent state is cached by snapshots, not cut back
+        argv += [checkpoints, str(CTX_CHECKPOINTS)]
+    if api_key_file is not None:
+        argv += [_need(flags, "an API key file", "--api-key-file"), str(api_key_file)]
+    return argv
+
+
+def best_method(bench: Any, source: str = "the bench file",
+                methods: tuple[str, ...] = (DRAFT.name, LOOKUP.name, HISTORY.name)) -> tuple[str, int, float]:
     """The drafting method and K with the best median speedup over all prompts of a ``localspec bench --json``.
 
     Plain decoding, auto and llama-cpp-python's rows are left out: the engine
     runs one fixed method.
+
+    Args:
+        bench: the parsed file.
+        source: its name, for messages.
+        methods: the methods the engine can run.
 
     Raises:
         ConfigError: not such a file, or it has no drafting rows.
@@ -199,19 +306,21 @@ def best_method(bench: Any, source: str = "the bench file") -> tuple[str, int, f
     scores: dict[tuple[str, int], list[float]] = {}
     for row in rows:
         try:
-            if row["method"] in (DRAFT.name, LOOKUP.name, HISTORY.name) and float(row.get("temperature", 0)) == 0:
+            if row["method"] in methods and float(row.get("temperature", 0)) == 0:
                 scores.setdefault((str(row["method"]), int(row["k"])), []).append(float(row["speedup"]))
         except (TypeError, KeyError, ValueError, AttributeError):
             raise ConfigError(f"{source} has a row that is not a bench row ({str(row)[:80]}); write it again "
                               "with `localspec bench --json`.") from None
     if not scores:
-        raise ConfigError(f"{source} has no greedy draft, lookup or history rows to choose from.")
+        names = ", ".join(methods[:-1]) + (" or " if len(methods) > 1 else "") + methods[-1]
+        raise ConfigError(f"{source} has no greedy {names} rows to choose from.")
     (method, k), speedups = max(scores.items(), key=lambda kv: sorted(kv[1])[len(kv[1]) // 2])
     return method, k, sorted(speedups)[len(speedups) // 2]
 
 
-def load_bench(path: Path) -> tuple[str, int, float]:
-    """``best_method`` of a bench JSON file.
+def load_bench(path: Path, methods: tuple[str, ...] = (DRAFT.name, LOOKUP.name, HISTORY.name)
+               ) -> tuple[str, int, float]:
+    """``best_method`` of a bench JSON file, among ``methods``.
 
     Raises:
         ConfigError: the file cannot be read, is not JSON, or is not a bench file.
@@ -220,7 +329,7 @@ def load_bench(path: Path) -> tuple[str, int, float]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"Cannot read {path} as a `localspec bench --json` file ({exc}).") from None
-    return best_method(data, str(path))
+    return best_method(data, str(path), methods)
 
 
 def served(path: Path, repo: Optional[str], hub_repo: Optional[str]) -> Served:
@@ -233,15 +342,33 @@ def served(path: Path, repo: Optional[str], hub_repo: Optional[str]) -> Served:
     """
     from .gguf_header import read_local
 
+    metadata = read_local(path).metadata
+    arch = str(metadata.get("general.architecture", ""))
+    mtp_head = bool(metadata.get(f"{arch}.nextn_predict_layers"))
+    recurrent = any(key.startswith((f"{arch}.ssm.", f"{arch}.wkv.")) for key in metadata)
     if repo:
-        return Served(path.resolve(), repo, "the command line")
-    found, why = source_repo(read_local(path).metadata, hub_repo)
-    return Served(path.resolve(), found, why)
+        return Served(path.resolve(), repo, "the command line", mtp_head, recurrent)
+    found, why = source_repo(metadata, hub_repo)
+    return Served(path.resolve(), found, why, mtp_head, recurrent)
 
 
 def plan(engine: str, target: Served, draft: Optional[Served], method: str, k: int, ngram: tuple[int, int],
-         ctx: int, port: Optional[int] = None) -> Export:
+         ctx: int, port: Optional[int] = None, host: Optional[str] = None,
+         flags: Optional[ServerFlags] = None, api_key_file: Optional[Path] = None) -> Export:
     """The command for ``engine`` (one of ``ENGINES``).
+
+    Args:
+        engine: ``vllm`` or ``llama-server``.
+        target: the target model.
+        draft: the draft model, if any.
+        method: the drafting method.
+        k: tokens per draft.
+        ngram: lookup's (min, max) n-gram lengths.
+        ctx: the context length.
+        port: the port; the engine's own default if None.
+        host: the address to listen on; the engine's own default if None.
+        flags: the llama-server build's options (``llama_server_flags.find``); the pinned build's if None.
+        api_key_file: a file holding the API key llama-server will demand.
 
     Raises:
         ConfigError: an unknown engine, or what ``vllm`` and ``llama_server`` raise.
@@ -249,5 +376,6 @@ def plan(engine: str, target: Served, draft: Optional[Served], method: str, k: i
     if engine not in ENGINES:
         raise ConfigError(f"Unknown engine {engine!r}; export to one of {', '.join(ENGINES)}.")
     if engine == "vllm":
-        return vllm(target, draft, method, k, ngram, ctx, port=port or 8000)
-    return llama_server(target, draft, method, k, ngram, ctx, port=port or 8080)
+        return vllm(target, draft, method, k, ngram, ctx, host=host or "0.0.0.0", port=port or 8000)
+    return llama_server(target, draft, method, k, ngram, ctx, host=host or "127.0.0.1", port=port or 8080,
+                        flags=flags, api_key_file=api_key_file)

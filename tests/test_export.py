@@ -7,9 +7,10 @@ Sources of the documented sets below (read 2026-12-01):
   ``suffix.md`` (``"method": "suffix"``), and ``vllm/config/speculative.py`` (``SpeculativeConfig``:
   ``prompt_lookup_min``/``prompt_lookup_max``, ``SpeculativeMethod``); ``vllm serve`` options
   ``--host``, ``--port``, ``--max-model-len`` (``docs/cli``).
-* llama.cpp: ``docs/speculative.md`` (``--draft-max``, ``--draft-min``, ``--spec-type`` with
-  ``ngram-simple``/``ngram-mod``, ``--spec-ngram-size-n``, ``--spec-ngram-size-m``) and
-  ``tools/server/README.md`` (``-m``, ``-md``, ``-c``, ``--host``, ``--port``, ``-ngl``, ``-ngld``).
+* llama.cpp: what a llama-server build accepts is read from its ``--help``
+  (``localspec.llama_server_flags``); the pinned build's list is checked against a real build, and every
+  exported command is started on one, in ``test_export_run.py``. Here: the flags come from the build's list,
+  a removed flag is never written, and an older build gets its own names or one sentence saying what it lacks.
 """
 
 from __future__ import annotations
@@ -23,12 +24,11 @@ from clirun import run_cli
 
 from localspec.errors import ConfigError
 from localspec.export import Served, best_method, llama_server, source_repo, vllm
+from localspec.llama_server_flags import ServerFlags, parse_help, pinned
 
 VLLM_SERVE_OPTIONS = {"--host", "--port", "--max-model-len", "--speculative-config"}
 VLLM_SPEC_KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}
 VLLM_SPEC_METHODS = {"ngram", "draft_model", "suffix"}
-LLAMA_SERVER_OPTIONS = {"-m", "-md", "-c", "--host", "--port", "-ngl", "-ngld", "--draft-max", "--draft-min",
-                        "--spec-type", "--spec-ngram-size-n", "--spec-ngram-size-m"}
 LLAMA_SERVER_SPEC_TYPES = {"none", "ngram-cache", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod"}
 
 TARGET = Served(Path("/models/target.gguf"), "Qwen/Qwen2.5-Coder-1.5B-Instruct", "test")
@@ -36,10 +36,17 @@ DRAFT = Served(Path("/models/draft.gguf"), "Qwen/Qwen2.5-Coder-0.5B-Instruct", "
 
 
 def _options(argv: list[str], start: int) -> dict[str, str]:
-    """Options and their values; every option here takes one value."""
-    words = argv[start:]
-    assert len(words) % 2 == 0, words
-    return dict(zip(words[::2], words[1::2], strict=True))
+    """Options and their values ("" for a switch); an option is given once."""
+    options: dict[str, str] = {}
+    for word in argv[start:]:
+        if word.startswith("-"):
+            assert word not in options, argv
+            options[word] = ""
+        else:
+            last = list(options)[-1]
+            assert options[last] == "", argv  # one value per option
+            options[last] = word
+    return options
 
 
 def _reparsed(text: str) -> list[str]:
@@ -64,22 +71,98 @@ def test_vllm_gets_its_documented_speculative_config(method, expected):
 
 
 @pytest.mark.parametrize("method", ["draft", "lookup", "history"])
-def test_llama_server_gets_its_documented_flags(method):
+def test_llama_server_gets_the_pinned_builds_flags(method):
     plan = llama_server(TARGET, DRAFT, method, 6, (2, 4), 2048)
     assert plan.argv[0] == "llama-server"
     options = _options(plan.argv, 1)
-    assert set(options) <= LLAMA_SERVER_OPTIONS
-    assert options["-m"] == str(TARGET.path) and options["-c"] == "2048" and options["--draft-max"] == "6"
+    assert set(options) <= pinned().options
+    assert not {"--draft-max", "--draft-min", "--spec-ngram-size-n", "--spec-ngram-size-m"} & set(options)
+    assert options["-m"] == str(TARGET.path) and options["-c"] == "2048" and "--jinja" in options
+    assert options["--cache-ram"] == "8192" and "--ctx-checkpoints" not in options  # the target has no state
     if method == "draft":
-        assert options["-md"] == str(DRAFT.path) and "--spec-type" not in options
+        assert options["-md"] == str(DRAFT.path) and options["--spec-type"] == "draft-simple"
+        assert options["--spec-draft-n-max"] == "6" and options["--spec-draft-n-min"] == "0"
     else:
         assert "-md" not in options and options["--spec-type"] in LLAMA_SERVER_SPEC_TYPES
         assert options["--spec-type"] == {"lookup": "ngram-simple", "history": "ngram-mod"}[method]
         if method == "lookup":
-            assert options["--spec-ngram-size-n"] == "4" and options["--spec-ngram-size-m"] == "6"
-        else:  # ngram-mod drafts up to --draft-max; its docs advise a long n
-            assert options["--spec-ngram-size-n"] == "24" and "--spec-ngram-size-m" not in options
+            assert options["--spec-ngram-simple-size-n"] == "4" and options["--spec-ngram-simple-size-m"] == "6"
+        else:  # ngram-mod drafts up to n-max; its docs advise a long match
+            assert options["--spec-ngram-mod-n-match"] == "24" and options["--spec-ngram-mod-n-max"] == "6"
+    assert "ggml-org/llama.cpp@0c1e57098" in plan.notes[0] and "llama-cpp-python 0.3.36" in plan.notes[0]
     assert _reparsed(plan.render()) == plan.argv
+
+
+def test_mtp_and_a_recurrent_state_and_the_api_key_are_carried_over(tmp_path: Path):
+    head = Served(TARGET.path, mtp_head=True, recurrent=True)
+    key = tmp_path / "key"
+    options = _options(llama_server(head, None, "mtp", 2, (1, 5), 1024, host="0.0.0.0", api_key_file=key).argv, 1)
+    assert options["--spec-type"] == "draft-mtp" and options["--spec-draft-n-max"] == "2" and "-md" not in options
+    assert options["--ctx-checkpoints"] == "32" and options["--api-key-file"] == str(key)
+    assert options["--host"] == "0.0.0.0"
+    with pytest.raises(ConfigError, match=r"target\.gguf has no MTP head"):
+        llama_server(TARGET, None, "mtp", 2, (1, 5), 1024)
+
+
+# Two entries in llama.cpp's --help layout: flags and value hint, then the description at column 40.
+NEW_HELP = """----- common params -----
+
+-h,    --help, --usage                  print usage and exit
+-m,    --model FNAME                    model path to load
+-c,    --ctx-size N                     size of the prompt context (default: 4096)
+--host HOST                             ip address to listen (default: 127.0.0.1)
+--port PORT                             port to listen (default: 8080)
+--spec-draft-model, -md, --model-draft FNAME
+                                        draft model for speculative decoding (default: unused)
+--spec-type none,draft-simple,ngram-simple
+                                        comma-separated list of types of speculative decoding to use
+--spec-draft-n-max N                    number of tokens to draft for speculative decoding (default: 3)
+--spec-draft-n-min N                    minimum number of draft tokens
+--draft, --draft-n, --draft-max N       the argument has been removed. use --spec-draft-n-max or
+                                        --spec-ngram-mod-n-max
+--draft-min, --draft-n-min N            the argument has been removed. use --spec-draft-n-min or
+                                        --spec-ngram-mod-n-min
+--spec-ngram-simple-size-n N            ngram size N for ngram-simple speculative decoding
+--spec-ngram-simple-size-m N            ngram size M for ngram-simple speculative decoding
+"""
+OLD_HELP = """-m,    --model FNAME                    model path
+-c,    --ctx-size N                     size of the prompt context
+--host HOST                             ip address to listen
+--port PORT                             port to listen
+-md,   --model-draft FNAME              draft model for speculative decoding (default: unused)
+--draft-max, --draft, --draft-n N       number of tokens to draft for speculative decoding (default: 16)
+--draft-min, --draft-n-min N            minimum number of draft tokens to use for speculative decoding
+"""
+
+
+def test_the_help_text_gives_the_options_and_leaves_out_removed_ones():
+    flags = parse_help(NEW_HELP, "new", "new --help")
+    assert {"-m", "--model", "-md", "--spec-draft-model", "--model-draft", "--host", "--spec-draft-n-max"} <= (
+        flags.options)
+    assert not {"--draft", "--draft-max", "--draft-min", "-----", "common"} & flags.options
+    assert flags.spec_types == {"none", "draft-simple", "ngram-simple"}
+    bracketed = parse_help("--spec-type [none|ngram-cache|ngram-simple]\n    types\n", "b", "b")
+    assert bracketed.spec_types == {"none", "ngram-cache", "ngram-simple"}
+
+
+def test_each_build_gets_its_own_flag_names_or_one_sentence_naming_the_build_needed():
+    new = _options(llama_server(TARGET, DRAFT, "draft", 5, (1, 5), 2048,
+                                flags=parse_help(NEW_HELP, "new", "new --help")).argv, 1)
+    assert new["--spec-draft-n-max"] == "5" and "--draft-max" not in new and "--jinja" not in new
+    old_flags = parse_help(OLD_HELP, "old", "old --help")
+    old = _options(llama_server(TARGET, DRAFT, "draft", 5, (1, 5), 2048, flags=old_flags).argv, 1)
+    assert old["--draft-max"] == "5" and old["--draft-min"] == "0" and "--spec-type" not in old
+    assert "--cache-ram" not in old  # not in that build: left out, not guessed
+    for method in ("lookup", "history", "mtp"):
+        with pytest.raises(ConfigError, match=r"^old --help lists no --spec-type option, which \S+ needs; use a "
+                                              r"newer llama-server, such as the one built from ggml-org/llama\.cpp@"):
+            llama_server(Served(TARGET.path, mtp_head=True), DRAFT, method, 5, (1, 5), 2048, flags=old_flags)
+    new_flags = parse_help(NEW_HELP, "new", "new --help")
+    with pytest.raises(ConfigError, match=r"^new --help does not list ngram-mod among its --spec-type values; "):
+        llama_server(TARGET, DRAFT, "history", 5, (1, 5), 2048, flags=new_flags)
+    with pytest.raises(ConfigError, match=r"^new --help lists no --spec-ngram-mod-n-match option, which history "):
+        llama_server(TARGET, DRAFT, "history", 5, (1, 5), 2048,
+                     flags=ServerFlags(new_flags.options, frozenset({"ngram-mod"}), "new", "new --help"))
 
 
 def test_the_source_repository_comes_from_the_header_else_the_catalog_else_the_parent_with_a_warning():
@@ -137,7 +220,7 @@ def test_export_command_on_files(tiny_dir: Path, tmp_path: Path):
     bench.write_text(json.dumps({"rows": [{"method": "draft", "k": 2, "temperature": 0.0, "speedup": 1.7}]}))
     r = run_cli(["export", "-t", t, "-d", d, "--to", "llama-server", "--from-bench", str(bench)])
     assert r.exit_code == 0 and "draft with K=2 did best (1.70x" in r.output
-    assert _reparsed(r.output)[_reparsed(r.output).index("--draft-max") + 1] == "2"
+    assert _reparsed(r.output)[_reparsed(r.output).index("--spec-draft-n-max") + 1] == "2"
     bench.write_text("not json")
     r = run_cli(["export", "-t", t, "-d", d, "--to", "llama-server", "--from-bench", str(bench)])
     assert r.exit_code == 1 and "bench --json" in r.output and "Traceback" not in r.output
