@@ -459,6 +459,50 @@ class Model(ModelVocabulary):
         self._dirty = False
         self._checkpoints.clear()
 
+    def state_identity(self) -> str:
+        """What a saved state of this context depends on: the model file, llama.cpp's build and the settings
+        that shape the state (cache types, flash attention, offload, the rollback snapshots). A state saved
+        under another identity is never loaded."""
+        import llama_cpp
+
+        st = self.path.stat()
+        kept = {k: self._settings[k] for k in ("cache_type", "flash_attn", "rollback_tokens")}
+        return "|".join([str(self.path.resolve()), str(st.st_size), str(st.st_mtime_ns), llama_cpp.__version__,
+                         f"ngl={self.n_gpu_layers}", f"fa={self.flash_attn}", "swa_full=1",
+                         *(f"{k}={v}" for k, v in sorted(kept.items())), f"nextn={int(self._ext is not None)}"])
+
+    def save_state(self) -> bytearray:
+        """The whole state of the cache as it stands (``tokens`` says what it holds), for ``load_state``."""
+        self._repair()
+        t0 = time.perf_counter()
+        with self._log:
+            data = memory.save_sequence(self._ctx)
+        self.busy_seconds += time.perf_counter() - t0
+        return data
+
+    def load_state(self, tokens: np.ndarray, data: Union[bytes, bytearray]) -> bool:
+        """Replace the cache with a state ``save_state`` gave when the cache held ``tokens``.
+
+        Returns:
+            True if llama.cpp took it; False if it refused (the cache is then empty).
+        """
+        arr = self.check_tokens(tokens)
+        if len(arr) > self.n_ctx or self._ext is not None:  # hidden rows are not part of a saved state
+            return False
+        self._repair()
+        t0 = time.perf_counter()
+        with self._log:
+            ok = memory.restore_sequence(self._ctx, data)
+        self.busy_seconds += time.perf_counter() - t0
+        self._checkpoints.clear()
+        if not ok:
+            self.reset()
+            return False
+        self._tokens[: len(arr)] = arr
+        self._n = self._undo_floor = len(arr)
+        self._dirty = False
+        return True
+
     def common_prefix(self, tokens: np.ndarray) -> int:
         """Length of the longest common prefix of the cache and ``tokens``."""
         return prefix_length(self._tokens[: self._n], tokens)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Union
 
 import llama_cpp as ll
 
@@ -114,3 +114,25 @@ def restore(ctx: Any, checkpoint: Checkpoint) -> bool:
     """Put a checkpoint's state back into sequence 0; False if llama.cpp refused it."""
     n = len(checkpoint.data)
     return int(ll.llama_state_seq_set_data_ext(ctx, checkpoint.data, n, 0, _PARTIAL)) == n
+
+
+
+
+def save_sequence(ctx: Any) -> bytearray:
+    """The whole state of sequence 0 (attention cache and recurrent state), as llama.cpp serializes it."""
+    size = int(ll.llama_state_seq_get_size_ext(ctx, 0, 0))
+    buf = bytearray(size)
+    view = (ctypes.c_uint8 * size).from_buffer(buf)  # llama.cpp writes straight into the bytes kept
+    written = int(ll.llama_state_seq_get_data_ext(ctx, view, size, 0, 0))
+    del view  # a bytearray cannot be resized while a ctypes view holds it
+    del buf[written:]
+    return buf
+
+
+def restore_sequence(ctx: Any, data: Union[bytes, bytearray]) -> bool:
+    """Replace sequence 0's whole state with ``data`` (from ``save_sequence``); False if llama.cpp refused it."""
+    if isinstance(data, bytearray):
+        src: Any = (ctypes.c_uint8 * len(data)).from_buffer(data)
+    else:  # read-only bytes (from disk): a pointer to them, not a copy
+        src = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
+    return int(ll.llama_state_seq_set_data_ext(ctx, src, len(data), 0, 0)) == len(data)

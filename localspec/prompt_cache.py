@@ -1,0 +1,625 @@
+"""The prompt cache: saved model states for token prefixes, in RAM and on disk, so a prompt is processed once.
+
+A model's context holds one sequence, so a request from another conversation
+(or a new process) would process its whole prompt again. ``PromptCache``
+keeps the state each model had after a prefix (llama.cpp's per-sequence
+state: the attention cache and any recurrent state) and, before a model
+processes a prompt, restores the state of the longest prefix it holds when
+that saves more time than the restore costs.
+
+* **Entries** belong to one model (``Model.state_identity``: file, build and
+  the settings that shape a state), so the target's, the draft model's and
+  any other model's states are found and kept apart; a state saved under
+  another identity is never loaded.
+* **Lookup** walks the prompt's blocks of ``BLOCK`` tokens through a chain of
+  hashes (each block's hash covers every token before it), so finding the
+  longest cached prefix takes time linear in the prompt, whatever the number
+  of entries. An attention cache can use any shared prefix of an entry (the
+  rest is cut off); a recurrent state only an entry that is a whole prefix.
+* **Tiers**: RAM under a strict byte budget, and a folder on disk under its
+  own, written by a background thread so a save costs the caller one copy
+  of the state. Eviction is least recently used among the entries never hit
+  first, so a shared system prompt outlives one-off side requests.
+* **Disk files** carry a header with a format version, the model identity,
+  the tokens and a SHA-256 of the state: a truncated, corrupt, foreign or
+  wrong-model file is found out before llama.cpp sees it, ignored with one
+  notice and deleted. Files are written to a temporary name and renamed, so
+  a process killed mid-save leaves nothing that loads, and processes sharing
+  the folder only ever see whole files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import queue
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Union
+
+import numpy as np
+
+from . import memory
+from .backend import Model
+
+#: Tokens per hashed block of the lookup chain.
+BLOCK = 32
+#: Disk files: magic, format version.
+MAGIC = b"LSPC"
+FORMAT_VERSION = 1
+_HEAD = struct.Struct("<4sII")  # magic, version, header length
+SUFFIX = ".lspc"
+#: Default budgets: this share of the memory free at start (at most RAM_MOST), and of the disk free (at most DISK_MOST).
+RAM_SHARE, RAM_MOST = 0.25, 8 * 2**30
+DISK_SHARE, DISK_MOST = 0.10, 16 * 2**30
+#: Prompts shorter than this are not worth an entry (a restore costs more than their processing).
+MIN_TOKENS = BLOCK
+
+State = Union[bytes, bytearray]
+
+
+@dataclass
+class Entry:
+    """One model's saved state after ``tokens``.
+
+    Attributes:
+        identity: the model's ``state_identity``.
+        tokens: the prefix the state holds.
+        size: bytes of the state.
+        data: the state, while it is in RAM (None: only on disk).
+        file: its disk file, once written (None: RAM only).
+        hits: times it was restored.
+        used: when it was saved or last restored (``time.monotonic``).
+    """
+
+    identity: str
+    tokens: np.ndarray
+    size: int
+    data: Optional[State] = None
+    file: Optional[Path] = None
+    hits: int = 0
+    used: float = field(default_factory=time.monotonic)
+    serial: int = 0
+    queued: bool = False  # waiting for the disk writer, which holds the state meanwhile
+
+
+@dataclass
+class CacheStats:
+    """What the cache has done since it was opened."""
+
+    saves: int = 0
+    restores: int = 0
+    restored_tokens: int = 0
+    disk_reads: int = 0
+    disk_writes: int = 0
+    rejected_files: int = 0
+    save_seconds: float = 0.0
+    restore_seconds: float = 0.0
+    saved_bytes: int = 0
+    restored_bytes: int = 0
+    read_seconds: float = 0.0
+    read_bytes: int = 0
+
+
+def _chain(tokens: np.ndarray) -> Iterable[int]:
+    """The hash of each whole block of ``tokens`` together with every block before it, in order."""
+    h = 0
+    for start in range(0, len(tokens) - BLOCK + 1, BLOCK):
+        h = hash((h, tokens[start : start + BLOCK].tobytes()))
+        yield h
+
+
+class _Index:
+    """Entries of one model by their token blocks: ``through[h]`` holds every entry whose tokens begin with
+    the blocks chained into ``h``, ``ends[h]`` those whose last whole block that is (0: none whole)."""
+
+    def __init__(self) -> None:
+        self.through: dict[int, set[int]] = {}
+        self.ends: dict[int, set[int]] = {}
+
+    def add(self, serial: int, tokens: np.ndarray) -> None:
+        last = 0
+        for h in _chain(tokens):
+            self.through.setdefault(h, set()).add(serial)
+            last = h
+        self.ends.setdefault(last, set()).add(serial)
+
+    def remove(self, serial: int, tokens: np.ndarray) -> None:
+        last = 0
+        for h in _chain(tokens):
+            self._drop(self.through, h, serial)
+            last = h
+        self._drop(self.ends, last, serial)
+
+    @staticmethod
+    def _drop(table: dict[int, set[int]], h: int, serial: int) -> None:
+        held = table.get(h)
+        if held is not None:
+            held.discard(serial)
+            if not held:
+                del table[h]
+
+    def candidates(self, tokens: np.ndarray) -> set[int]:
+        """Entries that may share the most with ``tokens``: those sharing its deepest indexed block, and every
+        entry ending in a block it shares (a whole-prefix entry, which is all a recurrent state can use)."""
+        found = set(self.ends.get(0, ()))
+        deepest: set[int] = set()
+        for h in _chain(tokens):
+            through = self.through.get(h)
+            if not through:
+                break
+            deepest = through
+            found |= self.ends.get(h, set())
+        return found | deepest
+
+
+def usable(model: Model, entry_tokens: np.ndarray, wanted: np.ndarray) -> int:
+    """How many of ``wanted`` a restore of an entry holding ``entry_tokens`` gives ``model``: any shared prefix for
+    an attention cache (the rest is cut off), only the whole entry for a recurrent state."""
+    n = min(len(entry_tokens), len(wanted))
+    diff = np.flatnonzero(entry_tokens[:n] != wanted[:n])
+    shared = int(diff[0]) if diff.size else n
+    if model.memory.kind == memory.FULL:
+        return shared
+    return shared if shared == len(entry_tokens) else 0
+
+
+def default_ram_budget() -> int:
+    """Bytes for the RAM tier: ``RAM_SHARE`` of the memory available now, at most ``RAM_MOST``."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        free = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        free = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")) if hasattr(os, "sysconf") else 0
+    return int(min(RAM_MOST, RAM_SHARE * free))
+
+
+def default_disk_budget(folder: Path) -> int:
+    """Bytes for the disk tier: ``DISK_SHARE`` of the free space where ``folder`` is, at most ``DISK_MOST``."""
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        st = os.statvfs(probe)
+    except OSError:
+        return 0
+    return int(min(DISK_MOST, DISK_SHARE * st.f_bavail * st.f_frsize))
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB" if n < 10 * 2**30 else f"{n / 2**30:.1f} GiB"
+
+
+class PromptCache:
+    """Saved model states by token prefix, in RAM and optionally on disk (see the module's docstring).
+
+    Args:
+        ram_bytes: the RAM tier's budget (0: no RAM tier; None: ``default_ram_budget``).
+        folder: the disk tier's folder (None: no disk tier).
+        disk_bytes: the disk tier's budget (None: ``default_disk_budget``).
+        notify: where one-line notices go (a damaged file, a full disk, a budget smaller than an entry).
+    """
+
+    def __init__(self, ram_bytes: Optional[int] = None, folder: Optional[Path] = None,
+                 disk_bytes: Optional[int] = None, notify: Optional[Callable[[str], None]] = None):
+        self.ram_bytes = default_ram_budget() if ram_bytes is None else max(0, int(ram_bytes))
+        self.folder = folder
+        self.disk_bytes = 0 if folder is None else (default_disk_budget(folder) if disk_bytes is None
+                                                    else max(0, int(disk_bytes)))
+        self.notify = notify or (lambda _: None)
+        self.stats = CacheStats()
+        self._entries: dict[int, Entry] = {}
+        self._indexes: dict[str, _Index] = {}
+        self._serials = itertools.count(1)
+        self._lock = threading.RLock()
+        self._said: set[str] = set()
+        # seconds per token each model took to process prompts, measured (see ``observe_prefill``)
+        self._prefill_rate: dict[str, float] = {}
+        self._writes: queue.Queue[tuple[Entry, State]] = queue.Queue()
+        self._writer: Optional[threading.Thread] = None
+        self._scanned: set[str] = set()
+
+    # -- what it holds ----------------------------------------------------------
+
+    @property
+    def enabled(self) -> bool:
+        return self.ram_bytes > 0 or self.disk_bytes > 0
+
+    def entries(self) -> list[Entry]:
+        """Every entry known, RAM and disk, newest use first."""
+        with self._lock:
+            return sorted(self._entries.values(), key=lambda e: -e.used)
+
+    def ram_used(self) -> int:
+        """Bytes of states held in RAM."""
+        with self._lock:
+            return sum(e.size for e in self._entries.values() if e.data is not None)
+
+    def describe(self) -> str:
+        """One line for a person: the budgets and where the disk tier is."""
+        ram = f"{_mib(self.ram_bytes)} of RAM" if self.ram_bytes else "no RAM"
+        disk = f"{_mib(self.disk_bytes)} on disk in {self.folder}" if self.disk_bytes and self.folder else "no disk"
+        return f"prompt cache: {ram}, {disk}"
+
+    # -- restoring --------------------------------------------------------------
+
+    def restore(self, model: Model, wanted: np.ndarray) -> int:
+        """Give ``model`` the longest prefix of ``wanted`` the cache or its own context holds, when a saved one is
+        longer than its own by more than the restore costs. Returns the tokens of ``wanted`` it then holds.
+
+        A state llama.cpp refuses, or a disk file that fails its checks, is dropped (with one notice for a file)
+        and the model's context is left as it was or emptied; the caller then processes what is missing.
+        """
+        if not self.enabled or len(wanted) < MIN_TOKENS:
+            return model.common_prefix(wanted)
+        identity = model.state_identity()
+        self._scan(identity)
+        live = model.common_prefix(wanted)
+        if model.memory.kind != memory.FULL and live < model.n_past:
+            live = 0  # going back in a recurrent state may mean starting again: count on nothing
+        best = self._best(model, identity, wanted)
+        if best is None:
+            return live
+        entry, gain = best
+        if gain <= live or not self._worth(identity, entry, gain - live):
+            return live
+        data = entry.data if entry.data is not None else self._read(entry)
+        if data is None:
+            return model.common_prefix(wanted)
+        t0 = time.perf_counter()
+        ok = model.load_state(entry.tokens, data)
+        seconds = time.perf_counter() - t0
+        if not ok:
+            self._forget(entry, f"llama.cpp refused a saved state of {model.path.name}")
+            return 0
+        model.truncate(gain)  # an attention cache keeps only the shared part
+        with self._lock:
+            entry.hits += 1
+            entry.used = time.monotonic()
+            self.stats.restores += 1
+            self.stats.restored_tokens += gain
+            self.stats.restore_seconds += seconds
+            self.stats.restored_bytes += entry.size
+        if entry.file is not None:
+            _touch(entry.file)
+        return gain
+
+    def _best(self, model: Model, identity: str, wanted: np.ndarray) -> Optional[tuple[Entry, int]]:
+        with self._lock:
+            index = self._indexes.get(identity)
+            if index is None:
+                return None
+            best: Optional[tuple[Entry, int]] = None
+            for serial in index.candidates(wanted):
+                entry = self._entries[serial]
+                if entry.data is None and entry.file is None:  # evicted while its file is being written
+                    continue
+                n = usable(model, entry.tokens, wanted)
+                if n and (best is None or n > best[1] or (n == best[1] and entry.size < best[0].size)):
+                    best = (entry, n)
+            return best
+
+    def _worth(self, identity: str, entry: Entry, gained: int) -> bool:
+        """Whether restoring ``entry`` to gain ``gained`` tokens over the live context costs less than processing
+        them: both measured (prompt processing by ``observe_prefill``, restores and saves by their bytes).
+        Before either is measured, a restore is taken: it is a copy, a prompt is a model's forward passes."""
+        rate = self._prefill_rate.get(identity)
+        moved = self.stats.saved_bytes + self.stats.restored_bytes
+        spent = self.stats.save_seconds + self.stats.restore_seconds
+        if rate is None or not moved or not spent:
+            return True
+        read = 0.0
+        if entry.data is None:  # a disk read too: at its measured speed, or at 200 MB/s until one is measured
+            read = entry.size * (self.stats.read_seconds / self.stats.read_bytes if self.stats.read_bytes else 5e-9)
+        return entry.size * spent / moved + read < gained * rate
+
+    def observe_prefill(self, model: Model, tokens: int, seconds: float) -> None:
+        """A model processed ``tokens`` prompt tokens in ``seconds``: what a restore is weighed against."""
+        if tokens >= BLOCK and seconds > 0:
+            identity = model.state_identity()
+            old = self._prefill_rate.get(identity)
+            rate = seconds / tokens
+            self._prefill_rate[identity] = rate if old is None else 0.5 * (old + rate)
+
+    # -- saving -------------------------------------------------------------------
+
+    def save(self, model: Model) -> Optional[Entry]:
+        """Save ``model``'s state for the tokens its context holds now (a copy in RAM; the disk file is written
+        in the background). Returns the entry, or None when nothing was saved (too short, held already, or over
+        every budget)."""
+        if not self.enabled or model.n_past < MIN_TOKENS:
+            return None
+        identity = model.state_identity()
+        tokens = np.array(model.tokens, dtype=np.int32)
+        if self._held(identity, tokens):
+            return None
+        t0 = time.perf_counter()
+        try:
+            data = model.save_state()
+        except MemoryError:
+            self._say("memory", "localspec: no memory for a prompt-cache entry; this prompt was not cached.")
+            return None
+        size = len(data)
+        if size > max(self.ram_bytes, self.disk_bytes):
+            self._say("budget", f"localspec: a prompt-cache entry of {_mib(size)} is larger than the cache's "
+                                f"budgets ({self.describe()}); prompts this long are not cached.")
+            return None
+        with self._lock:
+            self.stats.saves += 1
+            self.stats.save_seconds += time.perf_counter() - t0
+            self.stats.saved_bytes += size
+            entry = Entry(identity, tokens, size, data if size <= self.ram_bytes else None,
+                          serial=next(self._serials))
+            if model.memory.kind == memory.FULL:
+                self._supersede(identity, tokens)
+            self._add(entry)
+            self._fit_ram()
+        if self.disk_bytes and self.folder is not None and size <= self.disk_bytes:
+            self._write_later(entry, data)
+        return entry
+
+    def _held(self, identity: str, tokens: np.ndarray) -> bool:
+        with self._lock:
+            index = self._indexes.get(identity)
+            if index is None:
+                return False
+            for serial in index.candidates(tokens):
+                e = self._entries[serial]
+                if len(e.tokens) == len(tokens) and np.array_equal(e.tokens, tokens):
+                    e.used = time.monotonic()
+                    return True
+        return False
+
+    def _supersede(self, identity: str, tokens: np.ndarray) -> None:
+        """Drop this model's RAM entries that ``tokens`` extends: an attention cache's longer state serves every
+        prompt the shorter one did (its disk files stay, for other processes)."""
+        index = self._indexes.get(identity)
+        if index is None:
+            return
+        for serial in list(index.candidates(tokens)):
+            e = self._entries[serial]
+            if len(e.tokens) < len(tokens) and e.data is not None and np.array_equal(e.tokens, tokens[: len(e.tokens)]):
+                if e.file is None:
+                    self._remove(e)
+                else:
+                    e.data = None
+
+    def _add(self, entry: Entry) -> None:
+        self._entries[entry.serial] = entry
+        self._indexes.setdefault(entry.identity, _Index()).add(entry.serial, entry.tokens)
+
+    def _remove(self, entry: Entry) -> None:
+        self._entries.pop(entry.serial, None)
+        index = self._indexes.get(entry.identity)
+        if index is not None:
+            index.remove(entry.serial, entry.tokens)
+
+    @staticmethod
+    def _eviction_order(entries: Iterable[Entry]) -> list[Entry]:
+        """Entries never restored first, then the least recently used."""
+        return sorted(entries, key=lambda e: (e.hits > 0, e.used))
+
+    def _fit_ram(self) -> None:
+        """Evict RAM states until the budget holds (an entry written to disk stays known there)."""
+        held = [e for e in self._entries.values() if e.data is not None]
+        used = sum(e.size for e in held)
+        for e in self._eviction_order(held):
+            if used <= self.ram_bytes:
+                break
+            used -= e.size
+            e.data = None
+            if e.file is None and not e.queued:
+                self._remove(e)
+
+    def clear(self) -> int:
+        """Forget every entry, in RAM and on disk; returns how many there were."""
+        self.flush()
+        with self._lock:
+            n = len(self._entries)
+            for e in list(self._entries.values()):
+                if e.file is not None:
+                    _unlink(e.file)
+                self._remove(e)
+            self._scanned.clear()
+        if self.folder is not None and self.folder.is_dir():
+            for f in self.folder.rglob(f"*{SUFFIX}"):
+                _unlink(f)
+        return n
+
+    # -- the disk tier ------------------------------------------------------------
+
+    def _write_later(self, entry: Entry, data: State) -> None:
+        entry.queued = True
+        self._writes.put((entry, data))  # the same bytes as the RAM entry: nothing writes to them again
+        if self._writer is None or not self._writer.is_alive():
+            self._writer = threading.Thread(target=self._write_loop, name="localspec-prompt-cache", daemon=True)
+            self._writer.start()
+
+    def _write_loop(self) -> None:
+        while True:
+            try:
+                item = self._writes.get(timeout=2.0)
+            except queue.Empty:
+                return
+            entry, data = item
+            try:
+                self._write(entry, data)
+            finally:
+                entry.queued = False
+                self._writes.task_done()
+
+    def flush(self) -> None:
+        """Wait until every queued disk write is done."""
+        if self._writer is not None and self._writer.is_alive():
+            self._writes.join()
+
+    def close(self) -> None:
+        """Finish the disk writes; the RAM tier is dropped."""
+        self.flush()
+        with self._lock:
+            for e in self._entries.values():
+                e.data = None
+
+    def _dir(self, identity: str) -> Path:
+        assert self.folder is not None
+        return self.folder / hashlib.sha256(identity.encode()).hexdigest()[:20]
+
+    def _write(self, entry: Entry, data: State) -> None:
+        folder = self._dir(entry.identity)
+        name = hashlib.sha256(entry.tokens.tobytes()).hexdigest()[:32] + SUFFIX
+        path = folder / name
+        header = json.dumps({"identity": entry.identity, "n_tokens": int(len(entry.tokens)), "state_bytes": len(data),
+                             "state_sha256": hashlib.sha256(data).hexdigest(), "saved_at": time.time()}).encode()
+        blob = _HEAD.pack(MAGIC, FORMAT_VERSION, len(header)) + header + entry.tokens.astype("<i4").tobytes()
+        tmp = folder / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            self._make_room(len(blob) + len(data))
+            with open(tmp, "wb") as f:
+                f.write(blob)
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)  # whole or not at all, for every reader
+        except OSError as exc:
+            _unlink(tmp)
+            self._say("disk", f"localspec: could not write a prompt-cache entry in {folder} "
+                              f"({exc.strerror or exc}); prompts are cached in RAM only for now.")
+            return
+        with self._lock:
+            entry.file = path
+            self.stats.disk_writes += 1
+            if entry.serial not in self._entries:  # evicted from RAM meanwhile: known on disk again
+                self._add(entry)
+
+    def _make_room(self, size: int) -> None:
+        """Delete the least recently used files (by modification time, which a restore renews) until ``size``
+        more bytes fit the disk budget; files of every model and process count."""
+        assert self.folder is not None
+        files = []
+        for f in self.folder.rglob(f"*{SUFFIX}"):
+            try:
+                st = f.stat()
+            except OSError:
+                continue
+            files.append((st.st_mtime, st.st_size, f))
+        used = sum(s for _, s, _ in files)
+        for _, s, f in sorted(files):
+            if used + size <= self.disk_bytes:
+                break
+            used -= s
+            _unlink(f)
+            with self._lock:
+                for e in [e for e in self._entries.values() if e.file == f]:
+                    e.file = None
+                    if e.data is None:
+                        self._remove(e)
+
+    def _scan(self, identity: str) -> None:
+        """Learn the disk files of this model (once per model): their headers and tokens, not their states."""
+        if identity in self._scanned or self.folder is None or not self.disk_bytes:
+            return
+        self._scanned.add(identity)
+        folder = self._dir(identity)
+        if not folder.is_dir():
+            return
+        known = {e.file for e in self._entries.values() if e.file is not None}
+        for f in sorted(folder.glob(f"*{SUFFIX}")):
+            if f in known:
+                continue
+            head = self._header(f, identity)
+            if head is None:
+                continue
+            tokens, size = head
+            with self._lock:
+                self._add(Entry(identity, tokens, size, None, f, used=0.0, serial=next(self._serials)))
+
+    def _header(self, path: Path, identity: str) -> Optional[tuple[np.ndarray, int]]:
+        """A disk file's tokens and state size, or None (with one notice, and the file deleted) when it is not a
+        whole entry of this format for this model."""
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(_HEAD.size)
+                magic, version, n = _HEAD.unpack(raw) if len(raw) == _HEAD.size else (b"", 0, 0)
+                if magic != MAGIC or version != FORMAT_VERSION or n > 2**20:
+                    self._reject(path, "not an entry of this version")
+                    return None
+                header = json.loads(f.read(n))
+                if header.get("identity") != identity:
+                    self._reject(path, "saved for another model or settings")
+                    return None
+                count = int(header["n_tokens"])
+                tokens = np.frombuffer(f.read(4 * count), dtype="<i4").astype(np.int32)
+                size = int(header["state_bytes"])
+            expected = _HEAD.size + n + 4 * count + size
+            if len(tokens) != count or path.stat().st_size != expected:
+                self._reject(path, "truncated")
+                return None
+            return tokens, size
+        except (OSError, ValueError, KeyError, TypeError, struct.error):
+            self._reject(path, "unreadable")
+            return None
+
+    def _read(self, entry: Entry) -> Optional[bytes]:
+        """The state of a disk entry, checked against its header's SHA-256; None (notice, file deleted) if it fails."""
+        assert entry.file is not None
+        t0 = time.perf_counter()
+        try:
+            with open(entry.file, "rb") as f:
+                _, _, n = _HEAD.unpack(f.read(_HEAD.size))
+                header = json.loads(f.read(n))
+                f.seek(4 * int(header["n_tokens"]), os.SEEK_CUR)
+                data = f.read()
+        except (OSError, ValueError, KeyError, struct.error):
+            self._forget(entry, "unreadable")
+            return None
+        if len(data) != entry.size or hashlib.sha256(data).hexdigest() != header.get("state_sha256"):
+            self._forget(entry, "its state does not match its checksum")
+            return None
+        with self._lock:
+            self.stats.disk_reads += 1
+            self.stats.read_seconds += time.perf_counter() - t0
+            self.stats.read_bytes += len(data)
+        return data
+
+    def _reject(self, path: Path, why: str) -> None:
+        self.stats.rejected_files += 1
+        self._say(f"file:{path}", f"localspec: ignored and deleted the prompt-cache file {path} ({why}).")
+        _unlink(path)
+        return None
+
+    def _forget(self, entry: Entry, why: str) -> None:
+        with self._lock:
+            self._remove(entry)
+        if entry.file is not None:
+            self._reject(entry.file, why)
+        else:
+            self._say(why, f"localspec: dropped a prompt-cache entry ({why}).")
+
+    def _say(self, key: str, message: str) -> None:
+        """One notice per kind of trouble, not one per request."""
+        if key not in self._said:
+            self._said.add(key)
+            self.notify(message)
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def _unlink(path: Optional[Path]) -> None:
+    if path is None:
+        return
+    try:
+        path.unlink()
+    except OSError:
+        pass
