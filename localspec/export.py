@@ -208,7 +208,7 @@ def llama_server(target: Served, draft: Optional[Served], method: str, k: int, n
     return Export("llama-server", method, k, argv, notes)
 
 
-_NEWER = f"use a newer llama-server, such as the one built from {PINNED_BUILD}"
+_NEWER = f"use a newer llama-server, such as llama.cpp's {PINNED_BUILD}"
 
 
 def _need(flags: ServerFlags, what: str, *names: str) -> str:
@@ -252,8 +252,12 @@ def _speculation(flags: ServerFlags, target: Served, draft: Optional[Served], me
                               "lookup or history.")
         return _spec_type(flags, LLAMA_SERVER_SPEC_TYPES[MTP.name]) + _draft_lengths(flags, k)
     if method == LOOKUP.name:
+        size_n = min(ngram[1], k)  # ngram-simple drafts nothing shorter than its n-gram (common/ngram-map.cpp)
+        if size_n < ngram[1]:
+            notes.append(f"lookup matches {size_n}-grams, not {ngram[1]}: llama-server's ngram-simple drafts no "
+                         "fewer tokens than it matches")
         return _spec_type(flags, LLAMA_SERVER_SPEC_TYPES[LOOKUP.name]) + [
-            _need(flags, "lookup", "--spec-ngram-simple-size-n", "--spec-ngram-size-n"), str(ngram[1]),
+            _need(flags, "lookup", "--spec-ngram-simple-size-n", "--spec-ngram-size-n"), str(size_n),
             _need(flags, "lookup", "--spec-ngram-simple-size-m", "--spec-ngram-size-m"), str(k)]
     if method == HISTORY.name:
         notes.append("ngram-mod keeps one n-gram pool for every request, so earlier replies feed later drafts, "

@@ -21,8 +21,8 @@ from typing import Optional
 
 from .errors import ConfigError
 
-#: The llama.cpp that llama-cpp-python 0.3.36 vendors, which localspec runs.
-PINNED_BUILD = "ggml-org/llama.cpp@0c1e57098 (the llama.cpp in llama-cpp-python 0.3.36)"
+#: The llama.cpp that llama-cpp-python 0.3.36 vendors, which localspec runs, as its ``--version`` names it.
+PINNED_BUILD = "0.5.0-dev (commit ggml-org/llama.cpp@0c1e57098, the llama.cpp in llama-cpp-python 0.3.36)"
 
 _PINNED_OPTIONS = frozenset({
     "-m", "--model", "-md", "--spec-draft-model", "-c", "--ctx-size", "--host", "--port", "-ngl", "-ngld",
@@ -111,9 +111,9 @@ def read_build(program: str) -> ServerFlags:
     except (OSError, subprocess.SubprocessError) as exc:
         raise ConfigError(f"Cannot run {program} --help ({exc}); give the path of a llama-server binary with "
                           "--llama-server, or leave it out for the flags of the llama.cpp localspec runs.") from None
-    words = (version.stdout + version.stderr).split()
-    build = " ".join(words[words.index("version:"):][:3]) if "version:" in words else "build of unknown version"
-    flags = parse_help(shown.stdout + shown.stderr, f"{program} ({build})", f"{program} --help")
+    said = [line.strip() for line in (version.stdout + version.stderr).splitlines() if line.startswith("version:")]
+    build = said[0].removeprefix("version:").strip() if said else "of unknown version"
+    flags = parse_help(shown.stdout + shown.stderr, build, f"{program} --help")
     if "-m" not in flags.options and "--model" not in flags.options:
         raise ConfigError(f"{program} --help lists no -m/--model option, so it is not a llama-server; give the "
                           "path of llama.cpp's llama-server with --llama-server.")

@@ -93,6 +93,14 @@ def test_llama_server_gets_the_pinned_builds_flags(method):
     assert _reparsed(plan.render()) == plan.argv
 
 
+def test_lookup_never_matches_longer_than_it_drafts():
+    """ngram-simple drops a draft shorter than its n-gram, so n-grams of 5 with K=3 would never draft."""
+    plan = llama_server(TARGET, None, "lookup", 3, (1, 5), 2048)
+    options = _options(plan.argv, 1)
+    assert options["--spec-ngram-simple-size-n"] == "3" and options["--spec-ngram-simple-size-m"] == "3"
+    assert any("matches 3-grams, not 5" in note for note in plan.notes)
+
+
 def test_mtp_and_a_recurrent_state_and_the_api_key_are_carried_over(tmp_path: Path):
     head = Served(TARGET.path, mtp_head=True, recurrent=True)
     key = tmp_path / "key"
@@ -155,7 +163,7 @@ def test_each_build_gets_its_own_flag_names_or_one_sentence_naming_the_build_nee
     assert "--cache-ram" not in old  # not in that build: left out, not guessed
     for method in ("lookup", "history", "mtp"):
         with pytest.raises(ConfigError, match=r"^old --help lists no --spec-type option, which \S+ needs; use a "
-                                              r"newer llama-server, such as the one built from ggml-org/llama\.cpp@"):
+                                              r"newer llama-server, such as llama\.cpp's 0\.5\.0-dev \(commit "):
             llama_server(Served(TARGET.path, mtp_head=True), DRAFT, method, 5, (1, 5), 2048, flags=old_flags)
     new_flags = parse_help(NEW_HELP, "new", "new --help")
     with pytest.raises(ConfigError, match=r"^new --help does not list ngram-mod among its --spec-type values; "):
