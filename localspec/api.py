@@ -40,6 +40,7 @@ from .options import GenerationOptions, check_k
 from .processors import Processing
 from .prompts import chat_text, chat_with_tools, check_length, infill_tokens
 from .results import Result, Stream
+from .thinking import reply_reading
 from .tools import ToolUse, may_call, tool_use
 
 
@@ -313,7 +314,8 @@ class Pair:
 
     def chat(self, messages: Sequence[Mapping[str, Any]], options: Optional[GenerationOptions] = None, *,
              tools: Union[None, ToolUse, Sequence[Mapping[str, Any]]] = None, tool_choice: Any = None,
-             parallel_tool_calls: Optional[bool] = None, **changes: Any) -> Result:
+             parallel_tool_calls: Optional[bool] = None, template_vars: Optional[Mapping[str, Any]] = None,
+             **changes: Any) -> Result:
         """Generate the assistant's reply to chat ``messages`` (dicts with role and content).
 
         Args:
@@ -326,21 +328,25 @@ class Pair:
             tool_choice: "auto" (the default: the model decides), "none", "required", or a function's
                 name (or OpenAI's ``{"type": "function", "function": {"name": ...}}``).
             parallel_tool_calls: whether one reply may hold several calls (default: yes).
+            template_vars: more variables for the chat template (such as ``enable_thinking``); they win over
+                what ``think`` sets.
 
         Raises:
             ConfigError: a tool or the choice is malformed, the template cannot write tool calls,
                 or tools come with another constraint (``grammar``).
         """
         return self.stream_chat(messages, options, tools=tools, tool_choice=tool_choice,
-                                parallel_tool_calls=parallel_tool_calls, **changes).finish()
+                                parallel_tool_calls=parallel_tool_calls, template_vars=template_vars,
+                                **changes).finish()
 
     def stream_chat(self, messages: Sequence[Mapping[str, Any]], options: Optional[GenerationOptions] = None, *,
                     tools: Union[None, ToolUse, Sequence[Mapping[str, Any]]] = None, tool_choice: Any = None,
-                    parallel_tool_calls: Optional[bool] = None, **changes: Any) -> Stream:
+                    parallel_tool_calls: Optional[bool] = None, template_vars: Optional[Mapping[str, Any]] = None,
+                    **changes: Any) -> Stream:
         """Like ``chat``, yielding TokenEvents (``tool_calls.CallReader`` reads the calls as they stream)."""
         opts = self.options(options, **changes)
         use = tool_use(tools, tool_choice, parallel_tool_calls)
-        text, opts = chat_with_tools(self.target, messages, use, opts)
+        text, opts = chat_with_tools(self.target, messages, use, opts, template_vars)
         check_length(self.target, text)
         return self._start(self.target.tokenize(text, add_special=False), text, opts, calls=may_call(use))
 
@@ -374,13 +380,15 @@ class Pair:
         drafts = method.build is not None and opts.draft_length(self.draft_k) > 0
         profile = self.calibrate() if method.adaptive and drafts else None
         drafter, k = self.drafter(opts, prompt_text, prompt_tokens, profile)
+        matcher, reader = reply_reading(self.target, opts, prompt_tokens, prompt_text,
+                                        self.matcher(opts.grammar) if opts.grammar else None)
         g = Generation(self.target, prompt_tokens, drafter=drafter, k=k, params=opts.sampling,
                        max_tokens=opts.max_tokens, rng=np.random.default_rng(opts.seed), stop=opts.stop,
-                       method=opts.method, matcher=self.matcher(opts.grammar) if opts.grammar else None,
+                       method=opts.method, matcher=matcher,
                        processing=processing, logprobs=opts.logprobs)
         store = self.history if opts.history else None
         return Stream(g, prompt_tokens, (lambda done: self._record(store, prompt_tokens, done)) if store else None,
-                      calls=calls)
+                      calls=calls, reader=reader)
 
     def _record(self, store: HistoryStore, prompt_tokens: list[int], done: Generation) -> None:
         """Record a finished generation: the prompt's new part (what the cache did not hold) and the reply."""

@@ -22,13 +22,17 @@ class TokenEvent:
 
     Attributes:
         token: the token id.
-        text: text completed by this token (may be empty mid-character).
+        text: text completed by this token (may be empty mid-character); from a reasoning model, the
+            answer's text only.
         source: "draft", "target", "correction" or "bonus" (see the SOURCE_* names).
         drafter: for an accepted drafted token, which drafter guessed it
             ("draft" model, "lookup" or "history"); empty otherwise.
         logprob: with ``logprobs`` asked for, the token's log-probability under the processed logits it
             was chosen from (bias, penalties and grammar applied; temperature 1); else None.
         top_logprobs: the likeliest tokens there and their log-probabilities, likeliest first.
+        reasoning: from a reasoning model, the reasoning text this token completed (empty in the answer).
+            Text that may begin a marker waits for the next token, so a token can complete either, both or
+            neither.
     """
 
     token: int
@@ -37,6 +41,7 @@ class TokenEvent:
     drafter: str = ""
     logprob: Optional[float] = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
+    reasoning: str = ""
 
     @property
     def from_draft(self) -> bool:

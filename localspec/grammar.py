@@ -5,7 +5,7 @@ The running half of ``localspec.constraint``, over llguidance; see there.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any, Optional, Protocol
 
 import numpy as np
 
@@ -190,5 +190,19 @@ class TriggeredMatcher:
         self._n -= n
 
 
-#: What the engine drives: a grammar that holds throughout, or one from a trigger token on.
-GrammarState = Union[Matcher, TriggeredMatcher]
+class GrammarState(Protocol):
+    """What the engine drives: a grammar that holds throughout (``Matcher``), one from a trigger token on
+    (``TriggeredMatcher``), or one that holds only after a reply's reasoning (``reasoning_gate.ReasoningGate``)."""
+
+    def mask(self, logits: np.ndarray) -> np.ndarray: ...
+
+    def valid_prefix(self, tokens: list[int]) -> int: ...
+
+    def forced_tokens(self, k: int) -> list[int]: ...
+
+    def consume(self, tokens: list[int]) -> None: ...
+
+    def rollback(self, n: int) -> None: ...
+
+    @property
+    def end_token(self) -> int: ...

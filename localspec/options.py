@@ -39,6 +39,8 @@ MAX_BIASED = 1024
 MAX_LAST_N = 1 << 16
 #: The most alternatives ``logprobs`` gives per token (OpenAI's ``top_logprobs`` bound).
 MAX_LOGPROBS = 20
+#: The largest reasoning budget, in tokens.
+MAX_THINK_BUDGET = 1 << 20
 
 
 def _is_number(x: object) -> bool:
@@ -178,6 +180,11 @@ class GenerationOptions:
             matches it (method "prediction": only from it). The output stays plain decoding's.
         logprobs: None, or give every token its log-probability under the processed logits it was chosen
             from (bias, penalties and grammar applied, at temperature 1) and this many likeliest alternatives.
+        think: for a reasoning model, True to let it think before it answers, False to have it answer at once
+            (through its template's switch, and by closing any reasoning it starts all the same); None as its
+            template has it. Other models ignore it.
+        think_budget: the most tokens a reasoning model thinks for; then it is made to close its reasoning
+            (its own closing tokens are written for it) and the answer follows. None: no limit.
     """
 
     max_tokens: int = _opt(256, "Most tokens to generate.", "--max-tokens", "-n")
@@ -210,6 +217,10 @@ class GenerationOptions:
                                            "drafted from wherever the reply matches it.", "--prediction")
     logprobs: Optional[int] = _opt(None, f"Give each token's log-probability and the N likeliest alternatives "
                                          f"(0 to {MAX_LOGPROBS}).", "--logprobs")
+    think: Optional[bool] = _opt(None, "Let a reasoning model think before it answers, or not (default: as its "
+                                       "chat template has it).", "--think/--no-think")
+    think_budget: Optional[int] = _opt(None, "Most tokens a reasoning model may think for; then its reasoning is "
+                                             "closed for it and the answer follows.", "--think-budget")
 
     def __post_init__(self) -> None:
         SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)  # checks the sampling values
@@ -238,6 +249,12 @@ class GenerationOptions:
         if lp is not None and not (_is_whole(lp) and 0 <= lp <= MAX_LOGPROBS):
             raise ConfigError(f"logprobs must be a whole number from 0 to {MAX_LOGPROBS} (the likeliest "
                               f"alternatives to give with each token), got {lp!r}.")
+        if self.think is not None and not isinstance(self.think, bool):
+            raise ConfigError(f"think must be true, false or unset, got {self.think!r}.")
+        b = self.think_budget
+        if b is not None and not (_is_whole(b) and 0 <= b <= MAX_THINK_BUDGET):
+            raise ConfigError(f"think_budget must be a whole number of tokens from 0 to {MAX_THINK_BUDGET}, "
+                              f"got {b!r}.")
         if not isinstance(self.history, bool):
             raise ConfigError(f"history must be true or false, got {self.history!r}.")
         if len(self.stop) > MAX_STOPS:

@@ -8,16 +8,28 @@ from typing import Any, Mapping, Optional, Sequence
 from .backend import Model
 from .errors import ConfigError, ContextOverflowError
 from .options import GenerationOptions
+from .thinking import model_reasoning
 from .tools import ToolUse, reply_options, template_messages
+
+#: What the renderer gives every template itself: a template variable may not be set under these names.
+RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "eos_token", "bos_token",
+                                "raise_exception", "functions", "function_call", "tool_choice", "strftime_now"})
 
 
 def chat_text(target: Model, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-              tools: Sequence[Mapping[str, Any]] = ()) -> str:
+              tools: Sequence[Mapping[str, Any]] = (), variables: Optional[Mapping[str, Any]] = None) -> str:
     """Chat messages rendered with the chat template stored in ``target``'s GGUF (see ``Pair.format_chat``).
 
+    Args:
+        variables: more variables for the template (such as ``enable_thinking``).
+
     Raises:
-        ConfigError: the GGUF has no chat template, or the template rejects the messages.
+        ConfigError: the GGUF has no chat template, the template rejects the messages, or a variable is one
+            the renderer sets itself.
     """
+    taken = sorted(RESERVED_VARIABLES.intersection(variables or {}))
+    if taken:
+        raise ConfigError(f"The template variable {taken[0]!r} is set by localspec itself; leave it out.")
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     template = target.chat_template()
@@ -34,15 +46,18 @@ def chat_text(target: Model, messages: Sequence[Mapping[str, Any]], add_generati
     )
     try:
         return formatter(messages=template_messages(messages),  # type: ignore[arg-type]
-                         tools=list(tools) or None).prompt  # type: ignore[arg-type]
+                         tools=list(tools) or None, **(variables or {})).prompt  # type: ignore[arg-type]
     except Exception as exc:  # jinja2 errors and the template's own raise_exception
         raise ConfigError(f"The chat template of {target.path.name} rejected the messages: {exc}") from exc
 
 
 def chat_with_tools(target: Model, messages: Sequence[Mapping[str, Any]], use: Optional[ToolUse],
-                    opts: GenerationOptions) -> tuple[str, GenerationOptions]:
+                    opts: GenerationOptions,
+                    variables: Optional[Mapping[str, Any]] = None) -> tuple[str, GenerationOptions]:
     """The chat prompt for a reply that may use tools, and the reply's options: under ``use``, the calls'
     grammar (or under "none" the call token's ban), the tools shown to the template where they should be.
+    A reasoning model's thinking is switched as ``opts.think`` asks (``thinking.ModelReasoning.switched``);
+    ``variables`` for the template win over that switch.
 
     Raises:
         ConfigError: as ``chat_text``, or ``tools.reply_options`` (a template or vocabulary that cannot
@@ -52,7 +67,11 @@ def chat_with_tools(target: Model, messages: Sequence[Mapping[str, Any]], use: O
     if use is not None:
         opts, show = reply_options(use, opts, target)
         shown = use.offered() if show else ()
-    return chat_text(target, messages, tools=shown), opts
+    reasoning = model_reasoning(target)
+    switch: Mapping[str, Any] = {}
+    if reasoning is not None:
+        messages, switch = reasoning.switched(messages, opts.think)
+    return chat_text(target, messages, tools=shown, variables={**switch, **(variables or {})}), opts
 
 
 def infill_tokens(target: Model, prefix: str, suffix: str) -> list[int]:

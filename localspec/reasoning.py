@@ -39,6 +39,7 @@ class ReasoningFormat:
             at the start of a reply.
         close: what the model is made to write to end its reasoning early (a budget, thinking off).
         separator: what follows ``close`` before a constrained answer (the template's own spacing).
+        signs: texts a chat template that writes this format has in it.
     """
 
     name: str
@@ -49,12 +50,14 @@ class ReasoningFormat:
     reopens: bool = False
     close: str = ""
     separator: str = ""
+    signs: tuple[str, ...] = ()
 
 
-THINK = ReasoningFormat("think", opens=("<think>",), closes=("</think>",), close="\n</think>", separator="\n\n")
+THINK = ReasoningFormat("think", opens=("<think>",), closes=("</think>",), close="\n</think>", separator="\n\n",
+                        signs=("<think>", "</think>"))
 HARMONY = ReasoningFormat("harmony", opens=("<|channel|>analysis<|message|>",), closes=("<|end|>",),
                           answers=("<|channel|>final<|message|>",), drops=("<|start|>assistant",), reopens=True,
-                          close="<|end|><|start|>assistant<|channel|>final<|message|>")
+                          close="<|end|><|start|>assistant<|channel|>final<|message|>", signs=("<|channel|>",))
 #: The formats there are, in the order a model's template is matched against them.
 FORMATS = (HARMONY, THINK)
 
@@ -87,7 +90,8 @@ class ReasoningReader:
 
     def feed(self, text: str) -> list[Piece]:
         """The pieces ``text`` completes (text that could begin a marker waits for the next chunk)."""
-        buf, out = self._held + text, []
+        out: list[Piece] = []
+        buf = self._held + text
         while buf:
             found = self._first_marker(buf)
             if found is None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Optional
 
 from .engine import Generation
 from .events import SOURCE_GRAMMAR, GenerationStats, TokenEvent
+from .thinking import TokenReader
 from .tool_calls import CallReader, ToolCall, read_calls
 
 
@@ -15,7 +17,8 @@ class Result:
     """A finished generation.
 
     Attributes:
-        text: the generated text (end-of-generation token not included).
+        text: the generated text (end-of-generation token not included); from a reasoning model, the answer
+            only (its reasoning is in ``reasoning``).
         tokens: the generated token ids.
         finish_reason: "stop" (the model ended its answer, or a stop string
             came: the text ends before it), "tool_calls" (it ended after calling
@@ -29,6 +32,8 @@ class Result:
             the model ended it); else None.
         content: with tools offered, the reply's text without its calls (None when it is only calls);
             else the text.
+        reasoning: from a reasoning model, the reasoning before the answer (without its markers); None when
+            the reply had none, or the model does not reason.
     """
 
     text: str
@@ -39,6 +44,7 @@ class Result:
     logprobs: Optional[list[tuple[float, tuple[tuple[int, float], ...]]]] = None
     tool_calls: Optional[list[ToolCall]] = None
     content: Optional[str] = None
+    reasoning: Optional[str] = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON shape printed by ``localspec generate --json``."""
@@ -47,6 +53,8 @@ class Result:
         if self.logprobs is not None:
             out["logprobs"] = [{"token": t, "logprob": lp, "top_logprobs": [[i, v] for i, v in top]}
                                for t, (lp, top) in zip(self.tokens, self.logprobs, strict=True)]
+        if self.reasoning is not None:
+            out["reasoning"] = self.reasoning
         if self.tool_calls is not None:
             out["content"] = self.content
             out["tool_calls"] = [c.to_openai() for c in self.tool_calls]
@@ -72,12 +80,17 @@ class Stream:
     """Iterator over ``TokenEvent``s of one generation; ``result`` once it is done.
 
     Leaving the loop early (``break``, an exception, Ctrl-C) stops the
-    generation and leaves both models' caches consistent.
+    generation and leaves both models' caches consistent. With a ``reader``
+    (a reasoning model's), each event's text is the answer's and its
+    ``reasoning`` the reasoning's.
     """
 
     def __init__(self, generation: Generation, prompt_tokens: list[int],
-                 on_end: Optional[Callable[[Generation], None]] = None, calls: bool = False):
+                 on_end: Optional[Callable[[Generation], None]] = None, calls: bool = False,
+                 reader: Optional[TokenReader] = None):
         self._g = generation
+        self._reader = reader
+        self._reasoning: list[str] = []
         self._calls = calls
         self._read: Optional[tuple[str, CallReader]] = None
         self._prompt_tokens = prompt_tokens
@@ -88,13 +101,21 @@ class Stream:
     def __iter__(self) -> Generator[TokenEvent, None, None]:
         try:
             for ev in self._g:
+                if self._reader is not None:
+                    thought, answer = self._reader.feed(ev.token, ev.text)
+                    ev = dataclasses.replace(ev, text=answer, reasoning=thought)
+                    self._reasoning.append(thought)
                 self._text.append(ev.text)
                 if ev.logprob is not None:
                     self._logprobs.append((ev.logprob, ev.top_logprobs))
                 yield ev
         finally:
             self._g.close()
-            self._text.append(self._g.tail_text)  # an incomplete final character, if any
+            tail = self._g.tail_text  # an incomplete final character, if any
+            if self._reader is not None:
+                thought, tail = self._reader.flush(tail)
+                self._reasoning.append(thought)
+            self._text.append(tail)
             on_end, self._on_end = self._on_end, None
             if on_end is not None:
                 on_end(self._g)
@@ -112,8 +133,9 @@ class Stream:
             calls, content = reader.calls, "".join(reader.content)
             content = content or None if calls else content
             finish = "tool_calls" if calls and finish == "stop" and not reader.cut else finish
+        reasoning = "".join(self._reasoning) if self._reader is not None and self._reader.reasoned else None
         return Result(text, list(self._g.tokens), finish, self._g.stats, self._prompt_tokens,
-                      list(self._logprobs) if self._g.logprobs is not None else None, calls, content)
+                      list(self._logprobs) if self._g.logprobs is not None else None, calls, content, reasoning)
 
     def cancel(self) -> None:
         """End the generation soon; safe to call from another thread (e.g. when a client leaves).

@@ -1,0 +1,154 @@
+"""Reasoning models: the reply split into reasoning and answer, thinking switched and budgeted, and a
+constraint that holds only from the end of the reasoning, exactly as plain decoding gives it."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from helpers import same_distribution, token_counts
+from tinymodel import write_tiny_model
+
+import localspec
+from localspec.constraint import Constraint
+from localspec.thinking import model_reasoning
+
+THINK_TOKENS = ["<think>", "</think>"]
+# A template that opens the reasoning in the prompt (as DeepSeek-R1's does) unless enable_thinking is false,
+# and drops an earlier answer's reasoning.
+OPENS = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['role'] == 'assistant' %}{{ m['content'].split('</think>')[-1] | trim }}"
+    "{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}"
+)
+# ChatML that knows <think> but has no switch of its own: Qwen's soft switch applies.
+SOFT = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'].split('</think>')[-1] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+          "additionalProperties": False}
+MESSAGES = [{"role": "user", "content": "in the end, in the end, in the"}]
+METHODS = [("lookup", 3), ("draft", 2), ("draft", 6), ("auto", None)]
+
+
+@pytest.fixture(scope="module")
+def think_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("think")
+    for name, template in (("opens", OPENS), ("soft", SOFT)):
+        for role, noise in (("t", 0.0), ("d", 0.35)):
+            write_tiny_model(d / f"{name}-{role}.gguf", seed=0, noise=noise, user_tokens=THINK_TOKENS,
+                             chat_template=template)
+    return d
+
+
+@pytest.fixture(scope="module")
+def opens(think_dir):
+    with localspec.load(think_dir / "opens-t.gguf", think_dir / "opens-d.gguf", n_ctx=1024, history=False) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def soft(think_dir):
+    with localspec.load(think_dir / "soft-t.gguf", think_dir / "soft-d.gguf", n_ctx=1024, history=False) as pair:
+        yield pair
+
+
+def close_tokens(pair) -> list[int]:
+    return pair.target.tokenize("\n</think>", add_special=False)
+
+
+def index_of(tokens: list[int], part: list[int]) -> int:
+    return next(i for i in range(len(tokens)) if tokens[i:i + len(part)] == part)
+
+
+def test_a_model_reasons_only_where_its_template_writes_reasoning(tiny_pair, opens, soft):
+    assert model_reasoning(tiny_pair.target) is None
+    r = tiny_pair.chat(MESSAGES, max_tokens=12, method="plain", think=False, think_budget=2)
+    assert r.reasoning is None and "reasoning" not in r.to_dict()
+    assert r.text == tiny_pair.chat(MESSAGES, max_tokens=12, method="plain").text  # switches change nothing
+    assert model_reasoning(opens.target).fmt.name == model_reasoning(soft.target).fmt.name == "think"
+
+
+def test_a_budget_closes_the_reasoning_as_plain_decoding_with_the_same_forcing(opens):
+    budget, close = 6, close_tokens(opens)
+    prompt = opens.chat_tokens(MESSAGES)
+    head = opens.generate(prompt, max_tokens=budget, method="plain").tokens
+    assert len(head) == budget and "</think>" not in opens.target.detokenize(head)
+    rest = opens.generate(prompt + head + close, max_tokens=20, method="plain").tokens
+    expected = head + close + rest
+    for method, k in [("plain", None), *METHODS]:
+        r = opens.chat(MESSAGES, max_tokens=len(expected), method=method, k=k, think_budget=budget)
+        assert r.tokens == expected, f"{method} k={k}"
+        assert r.reasoning == opens.target.detokenize(head).strip()
+        assert r.text == opens.target.detokenize(rest).lstrip()
+
+
+def test_the_reply_streams_split_as_it_finishes(opens):
+    stream = opens.stream_chat(MESSAGES, max_tokens=24, method="draft", k=4, think_budget=5)
+    events = list(stream)
+    r = stream.result
+    assert r.reasoning and "".join(e.reasoning for e in events) == r.reasoning
+    assert "".join(e.text for e in events) == r.text and "think>" not in r.text + r.reasoning
+
+
+def test_a_schema_holds_only_after_the_reasoning_and_every_method_matches_plain(opens):
+    grammar = Constraint.json_schema(SCHEMA)
+    plain = opens.chat(MESSAGES, max_tokens=40, method="plain", think_budget=4, grammar=grammar)
+    assert plain.finish_reason == "stop" and plain.reasoning is not None
+    jsonschema.validate(json.loads(plain.text), SCHEMA)
+    free = opens.chat(MESSAGES, max_tokens=4, method="plain")
+    assert plain.tokens[:4] == free.tokens  # the reasoning is the model's own, unconstrained
+    for method, k in METHODS:
+        r = opens.chat(MESSAGES, max_tokens=40, method=method, k=k, think_budget=4, grammar=grammar)
+        assert r.tokens == plain.tokens, f"{method} k={k}"
+    # the forced close and the grammar's forced tokens are free drafts
+    r = opens.chat(MESSAGES, max_tokens=40, method="lookup", k=4, think_budget=4, grammar=grammar)
+    assert r.stats.accepted_by["grammar"] >= len(close_tokens(opens))
+
+
+def test_without_a_budget_the_constraint_waits_for_the_reasoning_to_end(opens):
+    grammar = Constraint.json_schema(SCHEMA)
+    free = opens.chat(MESSAGES, max_tokens=30, method="plain")
+    r = opens.chat(MESSAGES, max_tokens=30, method="draft", k=4, grammar=grammar)
+    end = opens.target.tokenize("</think>", add_special=False)
+    cut = index_of(free.tokens + end, end)
+    assert r.tokens[:cut] == free.tokens[:cut]
+
+
+def test_sampling_across_the_forced_close_keeps_plain_decodings_distribution(opens):
+    prompt = opens.format_chat(MESSAGES)
+    position = 2 + len(close_tokens(opens))  # the answer's first token, after two reasoning tokens and the close
+    plain = token_counts(opens, prompt, 1000, position, method="plain", think_budget=2)
+    spec = token_counts(opens, prompt, 1000, position, method="draft", k=4, think_budget=2)
+    assert same_distribution(plain, spec) > 1e-3
+
+
+def test_thinking_off_reaches_the_template_variable(opens):
+    r = opens.chat(MESSAGES, max_tokens=8, method="plain", think=False)
+    prompt = opens.target.detokenize(r.prompt_tokens)
+    assert prompt.endswith("<think>\n\n</think>\n\n")
+    assert r.reasoning in (None, "")
+    on = opens.chat(MESSAGES, max_tokens=8, method="plain", think=True)
+    assert opens.target.detokenize(on.prompt_tokens).endswith("<think>\n") and on.reasoning is not None
+
+
+def test_thinking_off_without_a_variable_is_the_soft_switch_and_a_closed_reasoning(soft):
+    r = soft.chat(MESSAGES, max_tokens=8, method="plain", think=False)
+    assert "the /no_think\nassistant" in soft.target.detokenize(r.prompt_tokens)
+    on = soft.chat(MESSAGES, max_tokens=8, method="plain", think=True)
+    assert "the /think\nassistant" in soft.target.detokenize(on.prompt_tokens)
+    # a reply that opens its reasoning under think=False is made to close it at once
+    think = soft.target.tokenize("<think>", add_special=False)
+    forced = soft.generate(soft.format_chat(MESSAGES) + "<think>", max_tokens=8, method="plain", think=False)
+    assert forced.tokens[:len(close_tokens(soft))] == close_tokens(soft) and forced.reasoning == ""
+    assert think  # the vocabulary has the marker as one token
+
+
+def test_a_template_variable_the_renderer_sets_is_refused(opens):
+    with pytest.raises(localspec.ConfigError, match="'messages' is set by localspec"):
+        opens.chat(MESSAGES, max_tokens=2, template_vars={"messages": []})
