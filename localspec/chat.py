@@ -57,6 +57,8 @@ commands:
   /temperature T        0 for greedy, above 0 to sample
   /top-p P              nucleus sampling mass (1: off)
   /max-tokens N         the longest reply
+  /think [on|off|auto]  let a reasoning model think first, or not (alone: toggle; auto: as its template has it)
+  /think-budget N|off   the most tokens it thinks for before it must answer
   /save FILE            write the conversation as JSON
   /exit                 leave (Ctrl-D works too)
 Several lines as one message: paste them (on a terminal), or type \"\"\" on a
@@ -136,6 +138,15 @@ class ChatSession:
                 raise ConfigError(f"{name} takes {what}, got {arg!r}.") from None
             self.options = self.options.replace(**{option: value})  # validated there, once
             return f"{name[1:]}: {value:g}", False
+        if name == "/think":
+            return self._think(arg), False
+        if name == "/think-budget":
+            try:
+                budget = None if arg == "off" else int(arg)
+            except ValueError:
+                raise ConfigError(f"/think-budget takes a whole number of tokens or off, got {arg!r}.") from None
+            self.options = self.options.replace(think_budget=budget)
+            return f"think budget: {arg}", False
         if name == "/save":
             if not arg:
                 raise ConfigError("/save needs a file name.")
@@ -147,6 +158,15 @@ class ChatSession:
                 raise ConfigError(f"Cannot write {path}: {exc.strerror}.") from exc
             return f"saved {len(self.messages)} messages to {path}", False
         raise ConfigError(f"Unknown command {name}; /help lists them.")
+
+    def _think(self, arg: str) -> str:
+        """Set thinking on, off, or back to the template's default; without ``arg``, toggle it."""
+        words = {"on": True, "off": False, "auto": None}
+        if arg and arg not in words:
+            raise ConfigError(f"/think takes on, off or auto, got {arg!r}.")
+        think = words[arg] if arg else self.options.think is False
+        self.options = self.options.replace(think=think)
+        return "thinking: " + {True: "on", False: "off", None: "auto"}[think]
 
     def reply(self, user_text: str, on_event: Callable[[TokenEvent], None]) -> tuple[Result, bool]:
         """Answer ``user_text``, calling ``on_event`` per token.
@@ -274,7 +294,19 @@ def run_chat(session: ChatSession, show_drafts: bool, stdout: Optional[TextIO] =
     if show_drafts and colour:
         say("colours: " + " ".join(click.style(name, fg=c) for name, c in palette.items()), dim=True)
 
+    thinking = [False]  # whether the reasoning block is open on screen
+
     def on_event(ev: TokenEvent) -> None:
+        if ev.reasoning:  # a reasoning model's thinking: dimmed, in a block of its own before the answer
+            if not thinking[0]:
+                click.echo(click.style("thinking: ", dim=True) if colour else "thinking: ", nl=False, file=stdout,
+                           color=colour)
+                thinking[0] = True
+            click.echo(click.style(ev.reasoning, dim=True) if colour else ev.reasoning, nl=False, file=stdout,
+                       color=colour)
+        if ev.text and thinking[0]:
+            click.echo("\n", file=stdout)
+            thinking[0] = False
         fg = None
         if show_drafts and colour:
             fg = palette.get(ev.drafter if ev.source == SOURCE_DRAFT else ev.source)
@@ -303,6 +335,7 @@ def run_chat(session: ChatSession, show_drafts: bool, stdout: Optional[TextIO] =
             if leave:
                 return
             continue
+        thinking[0] = False
         try:
             result, interrupted = session.reply(text, on_event)
         except LocalspecError as exc:

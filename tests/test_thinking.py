@@ -152,3 +152,48 @@ def test_thinking_off_without_a_variable_is_the_soft_switch_and_a_closed_reasoni
 def test_a_template_variable_the_renderer_sets_is_refused(opens):
     with pytest.raises(localspec.ConfigError, match="'messages' is set by localspec"):
         opens.chat(MESSAGES, max_tokens=2, template_vars={"messages": []})
+
+
+def test_generate_json_gives_both_fields_and_the_flags_reach_the_options(think_dir):
+    from clirun import run_cli
+
+    model = str(think_dir / "opens-t.gguf")
+    r = run_cli(["generate", "-t", model, "-d", "none", "--message", "hi", "-n", "16", "--method", "plain",
+                 "--think-budget", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert isinstance(out["reasoning"], str) and "think>" not in out["text"] + out["reasoning"]
+    off = run_cli(["generate", "-t", model, "-d", "none", "--message", "hi", "-n", "4", "--no-think", "--json"])
+    assert off.exit_code == 0 and json.loads(off.stdout).get("reasoning") in (None, "")
+    plain = run_cli(["generate", "-t", model, "-d", "none", "--message", "hi", "-n", "16", "--method", "plain",
+                     "--think-budget", "3"])
+    assert plain.exit_code == 0 and plain.stdout.strip() == out["text"].strip()  # stdout is the answer alone
+    assert out["reasoning"] in plain.stderr
+    bad = run_cli(["generate", "-t", model, "--message", "hi", "--think-budget", "-1"])
+    assert bad.exit_code == 1 and "think_budget must be a whole number" in bad.stderr
+
+
+def test_chat_shows_the_reasoning_apart_and_keeps_only_the_answer(opens):
+    from localspec.chat import ChatSession
+
+    session = ChatSession(opens, None, localspec.GenerationOptions(max_tokens=16, method="plain", think_budget=3))
+    events = []
+    r, _ = session.reply("hello there", events.append)
+    assert r.reasoning and session.messages[-1] == {"role": "assistant", "content": r.text}
+    assert session.command("/think") == ("thinking: off", False) and session.options.think is False
+    assert session.command("/think on")[0] == "thinking: on" and session.command("/think auto")[0] == "thinking: auto"
+    assert session.command("/think-budget 7")[0] == "think budget: 7" and session.options.think_budget == 7
+    with pytest.raises(localspec.ConfigError, match="/think takes on, off or auto"):
+        session.command("/think maybe")
+    # the next turn's prompt holds the earlier answer, not its reasoning
+    r2, _ = session.reply("again", lambda ev: None)
+    assert r.reasoning not in opens.target.detokenize(r2.prompt_tokens)
+
+
+def test_the_chat_loop_prints_a_thinking_block_before_the_answer(think_dir):
+    from clirun import run_cli
+
+    r = run_cli(["chat", "-t", str(think_dir / "opens-t.gguf"), "-d", "none", "-n", "12", "--method", "plain",
+                 "--think-budget", "3"], input="hello\n/exit\n")
+    assert r.exit_code == 0, r.output
+    assert "thinking: " in r.stdout

@@ -79,6 +79,8 @@ def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str
         reader = CallReader() if may_call(tools) else None
         shown = 0
         for ev in stream:  # with tools, the reply's content as it comes (its calls are printed whole below)
+            if ev.reasoning:  # a reasoning model's thinking goes to stderr, dimmed: stdout is the answer
+                click.echo(click.style(ev.reasoning, dim=True), nl=False, err=True)
             click.echo("".join(e.text for e in reader.feed(ev.text) if e.kind == "content") if reader else ev.text,
                        nl=False)
             shown += len(ev.text)
@@ -89,6 +91,8 @@ def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str
         else:
             click.echo(rest, nl=False)
         click.echo()
+        if result.reasoning:
+            click.echo(err=True)
         for call in result.tool_calls or []:
             click.echo(json.dumps(call.to_openai(), ensure_ascii=False))
         click.echo(result.summary_line(), err=True)
