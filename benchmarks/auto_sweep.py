@@ -29,7 +29,8 @@ import sys
 from pathlib import Path
 
 from localspec.costs import CostCorrection, CostProfile
-from localspec.replay import Recorded, replay_auto, replay_method
+from localspec.drafters import PromptLookupDrafter
+from localspec.replay import Recorded, Round, auto_rounds, replay_auto, replay_method, replay_rounds
 
 #: verify(n)/verify(1) and a draft step over a target step, per machine: the measured 2-core curves and GPU-like
 #: ones, made up (one file, which tests/test_replay.py reads too).
@@ -42,15 +43,27 @@ def load_curves() -> dict[str, tuple[list[float], float]]:
             for c in json.loads(CURVES_FILE.read_text())["curves"]}
 
 
-def sweep(requests: list[Recorded], verify: list[float], draft_step: float,
-          reps: int) -> list[tuple[str, float, float]]:
+def sweep(requests: list[Recorded], verify: list[float], draft_step: float, reps: int,
+          correction: CostCorrection | None = None) -> list[tuple[str, float, float]]:
     """Per request: auto's predicted speedup over plain (the median of ``reps`` passes, the first one with
-    nothing learnt yet included) and lookup K=2's."""
+    nothing learnt yet included) and lookup K=2's; ``correction``: the one kept across the passes (a new one)."""
     profile = CostProfile.synthetic(verify, draft_step)
-    correction = CostCorrection()
+    correction = correction if correction is not None else CostCorrection()
     passes = [replay_auto(profile, requests, False, correction=correction) for _ in range(reps)]
     lookup = replay_method(profile, requests, "lookup", 2)
     return [(req.name, statistics.median(p[i] for p in passes), lookup[i]) for i, req in enumerate(requests)]
+
+
+def shown(rounds: list[Round]) -> str:
+    """Rounds in one line: ``.`` a plain one, ``l3/4`` a lookup round that kept 3 of its 4 tokens."""
+    return "".join(f" {r.by[0]}{r.kept}/{r.drafted} " if r.by else "." for r in rounds)
+
+
+def show_rounds(req: Recorded, verify: list[float], draft_step: float, correction: CostCorrection) -> None:
+    """Auto's rounds on one request after the sweep's passes (``correction`` as they left it), and lookup K=2's."""
+    profile = CostProfile.synthetic(verify, draft_step)
+    print(f"    {req.name} auto:     {shown(auto_rounds(profile, req, correction=correction))}")
+    print(f"    {req.name} lookup 2: {shown(replay_rounds(req, PromptLookupDrafter(), 2))}")
 
 
 def main() -> None:
@@ -61,6 +74,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="passes over the requests, one correction kept across them")
     ap.add_argument("--floor", type=float, default=0.98, help="list the requests where auto falls below this")
     ap.add_argument("-v", "--verbose", action="store_true", help="every request's figures")
+    ap.add_argument("--rounds", metavar="NAME", action="append", default=[],
+                    help="also print auto's rounds on this request (e.g. doc-qa#2) on each curve, after the passes")
     args = ap.parse_args()
     requests = [Recorded(**r) for path in args.traces for r in json.loads(path.read_text())["requests"]]
     if not requests:
@@ -68,7 +83,8 @@ def main() -> None:
     curves = {"given": ([float(x) for x in args.verify.split(",")], args.draft_step)} if args.verify else load_curves()
     print(f"{len(requests)} recorded requests, {args.reps} passes each; auto / max(plain, lookup K=2), predicted")
     for name, (verify, draft_step) in curves.items():
-        rows = sweep(requests, verify, draft_step, args.reps)
+        correction = CostCorrection()
+        rows = sweep(requests, verify, draft_step, args.reps, correction)
         rel = [auto / max(1.0, lookup) for _, auto, lookup in rows]
         geo = math.exp(statistics.fmean(math.log(r) for r in rel))
         auto_geo = math.exp(statistics.fmean(math.log(a) for _, a, _ in rows))
@@ -79,6 +95,8 @@ def main() -> None:
         if args.verbose:
             for (n, auto, lookup), r in zip(rows, rel, strict=True):
                 print(f"    {n:20s} auto {auto:.3f}  lookup 2 {lookup:.3f}  auto / better {r:.3f}")
+        for req in (r for r in requests if r.name in args.rounds):
+            show_rounds(req, verify, draft_step, correction)
 
 
 if __name__ == "__main__":

@@ -190,6 +190,14 @@ def replay_auto(profile: CostProfile, requests: list[Recorded], shared_history: 
     return out
 
 
+def auto_rounds(profile: CostProfile, req: Recorded, kmax: int = AUTO_KMAX,
+                correction: Optional[CostCorrection] = None) -> list[Round]:
+    """The rounds auto runs on one request with an empty history, as ``replay_auto`` replays it: what it
+    chose round by round, to see where a prediction is won or lost."""
+    auto = _auto(profile, req, HistoryIndex(), history_estimates(), kmax, correction)
+    return replay_rounds(req, auto, kmax, profile)
+
+
 def replay_method(profile: CostProfile, requests: list[Recorded], method: str, k: int,
                   overhead: Overhead = Overhead()) -> list[float]:
     """Predicted speedup per request of one fixed method and draft length (history: of the earlier requests).
