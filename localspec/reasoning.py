@@ -23,6 +23,8 @@ REASONING = "reasoning"
 ANSWER = "answer"
 
 _START, _REASONING, _ANSWER = "start", "reasoning", "answer"
+#: The template variable that turns thinking on or off (Qwen3's; other templates read it too).
+THINK_VARIABLE = "enable_thinking"
 
 
 @dataclass(frozen=True)

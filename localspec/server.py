@@ -196,11 +196,12 @@ class Server:
             return
         stream: Optional[Stream] = None
         req = job.request
-        sent = 0  # characters sent so far
+        sent = thought = 0  # characters of the answer and of the reasoning sent so far
         try:
             if req.chat:
                 assert req.messages is not None
-                stream = self.pair.stream_chat(req.messages, req.options, tools=req.tools)
+                stream = self.pair.stream_chat(req.messages, req.options, tools=req.tools,
+                                               template_vars=req.template_vars)
             elif req.suffix is not None:
                 assert isinstance(req.prompt, str)
                 stream = self.pair.stream_infill(req.prompt, req.suffix, req.options)
@@ -215,6 +216,9 @@ class Server:
                     break  # leaving the loop closes the stream: both caches stay consistent
                 if ev.logprob is not None:  # before its text, so a chunk carries the tokens that made it
                     job.put("logprobs", server_logprobs.entry(ev, self.pair.target.token_bytes))
+                if ev.reasoning:
+                    job.put("reasoning", ev.reasoning)
+                    thought += len(ev.reasoning)
                 if ev.text:
                     job.put("text", ev.text)
                     sent += len(ev.text)
@@ -232,6 +236,8 @@ class Server:
             return
         assert stream is not None
         result = stream.result
+        if result.reasoning is not None and len(result.reasoning) > thought:
+            job.put("reasoning", result.reasoning[thought:])  # held back until the end (a marker's start)
         if len(result.text) > sent:
             job.put("text", result.text[sent:])  # held back until the end (an incomplete character)
         self.counts["completed"] += 1
@@ -320,6 +326,8 @@ async def _whole(server: Server, job: Job, request: Request) -> Any:
                 text.append(value)
             elif kind == "logprobs":
                 entries.append(value)
+            elif kind == "reasoning":
+                continue  # the result has it whole
             elif kind == "error":
                 return value.response()
             else:
@@ -352,6 +360,8 @@ async def _stream(server: Server, job: Job, request: Request) -> Any:
             while True:
                 if kind == "logprobs":
                     chunks.add_logprobs(value)
+                elif kind == "reasoning":
+                    yield chunks.reasoning(value)
                 elif kind == "text":
                     for piece in chunks.calls(reader.feed(value)) if reader else (chunks.text(value),):
                         yield piece

@@ -82,6 +82,8 @@ def whole(model: str, request: ChatRequest, r: Result, text: str, entries: list[
     choice: dict[str, Any] = {"index": 0, "finish_reason": r.finish_reason, "logprobs": logprobs(request, entries)}
     if request.chat:
         choice["message"] = {"role": "assistant", "content": text}
+        if r.reasoning is not None:  # a reasoning model's thinking, as llama-server and vLLM give it
+            choice["message"]["reasoning_content"] = r.reasoning
         if r.tool_calls:  # the text was the calls and what came around them
             choice["message"].update(content=r.content, tool_calls=[c.to_openai() for c in r.tool_calls])
     else:
@@ -114,6 +116,10 @@ class Chunks:
     def text(self, text: str) -> str:
         return sse(self._chunk(text))
 
+    def reasoning(self, text: str) -> str:
+        """A chunk of a reasoning model's thinking (``delta.reasoning_content``; a completion's text has none)."""
+        return sse(self._chunk(None, reasoning=text)) if self.request.chat else ""
+
     def calls(self, found: list[CallEvent]) -> Iterator[str]:
         """The chunks for what a call reader found: content, a call's start, more of its arguments."""
         for e in found:
@@ -136,7 +142,7 @@ class Chunks:
                        "usage": usage(self.request, r), **stats(r)})
 
     def _chunk(self, text: Optional[str], finish: Optional[str] = None, role: bool = False,
-               call: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+               call: Optional[dict[str, Any]] = None, reasoning: Optional[str] = None) -> dict[str, Any]:
         request = self.request
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
                                   "logprobs": logprobs(request, self._entries, self._offset) if not role else None}
@@ -148,6 +154,8 @@ class Chunks:
                 delta["content"] = text
             if call is not None:
                 delta["tool_calls"] = [call]
+            if reasoning is not None:
+                delta["reasoning_content"] = reasoning
             choice["delta"] = delta
         else:
             choice["text"] = text or ""

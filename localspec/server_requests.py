@@ -22,6 +22,7 @@ from .errors import LocalspecError
 from .methods import HISTORY
 from .options import MAX_LOGPROBS, GenerationOptions
 from .server_http import ApiError
+from .server_reasoning import reasoning_fields
 from .tools import CHOICES, ToolUse
 
 #: Request fields that would change the output and that localspec does not implement, with the values
@@ -141,6 +142,8 @@ class _Body(_Strict):
 
 class ChatBody(_Body):
     messages: list[Message]
+    reasoning_effort: Optional[str] = None  # OpenAI's: "none" turns a reasoning model's thinking off
+    chat_template_kwargs: Optional[dict[str, Any]] = None  # llama-server's and vLLM's template variables
 
 
 class CompletionBody(_Body):
@@ -169,6 +172,7 @@ class ChatRequest:
     include_usage: bool
     suffix: Optional[str] = None
     tools: Optional[ToolUse] = None  # chat: the tools offered, and how the reply may use them
+    template_vars: Optional[dict[str, Any]] = None  # chat: more variables for the chat template
 
 
 @dataclass(frozen=True)
@@ -219,6 +223,9 @@ def parse_request(body: Any, chat: bool, defaults: GenerationOptions, limits: Li
             raise ApiError(400, f"localspec does not support {name!r} (got {_short(value)}); leave it out.",
                            param=name, code="unsupported_parameter")
     options = _options(req, defaults, limits)
+    template_vars = None
+    if isinstance(req, ChatBody):
+        options, template_vars = reasoning_fields(req.reasoning_effort, req.chat_template_kwargs, options)
     stream = bool(req.stream)
     if req.stream_options is not None and not stream:
         raise ApiError(400, "'stream_options' is only allowed with \"stream\": true.", param="stream_options",
@@ -226,7 +233,7 @@ def parse_request(body: Any, chat: bool, defaults: GenerationOptions, limits: Li
     include_usage = req.stream_options.include_usage if req.stream_options else False
     if isinstance(req, ChatBody):
         return ChatRequest(True, _messages(req.messages), None, options, stream, include_usage,
-                           tools=_tools(req))
+                           tools=_tools(req), template_vars=template_vars)
     assert isinstance(req, CompletionBody)
     given = next((f for f in ("tools", "tool_choice", "parallel_tool_calls") if getattr(req, f) is not None), None)
     if given is not None:

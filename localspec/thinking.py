@@ -18,11 +18,9 @@ from typing import Any, Mapping, Optional, Sequence
 from .backend import Model
 from .grammar import GrammarState
 from .options import GenerationOptions
-from .reasoning import FORMATS, THINK, Piece, ReasoningFormat, ReasoningReader, joined, opened_in
+from .reasoning import FORMATS, THINK, THINK_VARIABLE, Piece, ReasoningFormat, ReasoningReader, joined, opened_in
 from .reasoning_gate import ReasoningGate
 
-#: The template variable that turns thinking on or off (Qwen3's; DeepSeek's and Granite's templates read it too).
-THINK_VARIABLE = "enable_thinking"
 #: The soft switches Qwen documents for its ChatML templates without the variable: (on, off).
 SOFT_SWITCH = ("/think", "/no_think")
 #: How many prompt tokens are rendered to see whether the template opened the reasoning.

@@ -1,0 +1,79 @@
+"""A reasoning model served: reasoning_content apart from the content, whole and streamed, through the
+``openai`` client; reasoning_effort and chat_template_kwargs switch the thinking."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from serverproc import ServeProcess
+from test_thinking import OPENS, THINK_TOKENS
+from tinymodel import write_tiny_model
+
+import localspec
+
+MESSAGES = [{"role": "user", "content": "in the end, in the end, in the"}]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("serve-think")
+    return write_tiny_model(d / "opens.gguf", seed=0, user_tokens=THINK_TOKENS, chat_template=OPENS)
+
+
+@pytest.fixture(scope="module")
+def server(model, tmp_path_factory):
+    s = ServeProcess(["-t", str(model), "-d", "none", "--ctx", "1024", "--think-budget", "5"],
+                     tmp_path_factory.mktemp("serve"))
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url, api_key="not-needed", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def pair(model):
+    with localspec.load(model, None, n_ctx=1024, history=False) as p:
+        yield p
+
+
+def test_the_reasoning_comes_apart_from_the_content(client, pair):
+    want = pair.chat(MESSAGES, max_tokens=20, method="plain", think_budget=5)
+    assert want.reasoning
+    r = client.chat.completions.create(model="opens", messages=MESSAGES, max_tokens=20, temperature=0,
+                                       extra_body={"method": "plain"})
+    message = r.choices[0].message
+    assert message.content == want.text and message.model_extra["reasoning_content"] == want.reasoning
+
+
+def test_streamed_reasoning_comes_in_its_own_deltas(client, pair):
+    want = pair.chat(MESSAGES, max_tokens=20, method="draft" if pair.draft else "lookup", think_budget=5)
+    chunks = list(client.chat.completions.create(model="opens", messages=MESSAGES, max_tokens=20, temperature=0,
+                                                 stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == want.reasoning
+    assert "".join(d.content or "" for d in deltas) == want.text
+    first_answer = next(i for i, d in enumerate(deltas) if d.content)
+    assert not any((d.model_extra or {}).get("reasoning_content") for d in deltas[first_answer:])
+
+
+def test_reasoning_effort_none_and_chat_template_kwargs_turn_thinking_off(client, pair):
+    off = pair.chat(MESSAGES, max_tokens=8, method="plain", think=False)
+    for extra in ({"reasoning_effort": "none"}, {"chat_template_kwargs": {"enable_thinking": False}}):
+        r = client.chat.completions.create(model="opens", messages=MESSAGES, max_tokens=8, temperature=0,
+                                           extra_body={"method": "plain", **extra})
+        assert r.choices[0].message.content == off.text
+        assert r.choices[0].message.model_extra.get("reasoning_content") in (None, "")
+        assert r.usage.prompt_tokens == len(off.prompt_tokens)  # the template closed the reasoning
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ({"reasoning_effort": "extreme"}, "'reasoning_effort' must be one of"),
+    ({"chat_template_kwargs": {"enable_thinking": "no"}}, "enable_thinking must be true or false"),
+    ({"chat_template_kwargs": {"messages": []}}, "'messages' is set by localspec"),
+])
+def test_bad_reasoning_fields_are_a_400_with_one_sentence(client, extra, needle):
+    with pytest.raises(openai.BadRequestError, match=needle):
+        client.chat.completions.create(model="opens", messages=MESSAGES, max_tokens=4, extra_body=extra)
