@@ -240,3 +240,14 @@ def test_export_writes_absolute_paths(tiny_dir: Path, monkeypatch):
     argv = _reparsed(r.output)
     assert argv[argv.index("-m") + 1] == str(tiny_dir / "target.gguf")
     assert argv[argv.index("-md") + 1] == str(tiny_dir / "draft.gguf")
+
+
+def test_a_binary_that_is_not_llama_server_and_a_key_file_for_vllm_get_one_sentence(tiny_dir: Path, tmp_path: Path):
+    t = str(tiny_dir / "target.gguf")
+    r = run_cli(["export", "-t", t, "--to", "llama-server", "--llama-server", "/bin/true"])
+    assert r.exit_code == 1 and "/bin/true --help lists no -m/--model option" in r.output
+    assert "Traceback" not in r.output
+    key = tmp_path / "key"
+    key.write_text("k")
+    r = run_cli(["export", "-t", t, "--to", "vllm", "--target-repo", "org/tiny", "--api-key-file", str(key)])
+    assert r.exit_code != 0 and "VLLM_API_KEY" in r.output
