@@ -139,4 +139,6 @@ def reply_reading(target: Model, opts: GenerationOptions, prompt_tokens: Sequenc
     inside = reasoning.inside(target, prompt_tokens, prompt_text)
     budget = 0 if opts.think is False else opts.think_budget
     gated = inner is not None or budget is not None
-    return (reasoning.gate(inner, target.eos, inside, budget) if gated else None), TokenReader(reasoning, inside)
+    # a channel format's reply is reasoning until its answer's channel opens, as far as the gate goes
+    gate = reasoning.gate(inner, target.eos, inside or reasoning.fmt.reopens, budget) if gated else None
+    return gate, TokenReader(reasoning, inside)

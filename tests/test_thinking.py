@@ -197,3 +197,35 @@ def test_the_chat_loop_prints_a_thinking_block_before_the_answer(think_dir):
                  "--think-budget", "3"], input="hello\n/exit\n")
     assert r.exit_code == 0, r.output
     assert "thinking: " in r.stdout
+
+
+# with <|return|> and <|call|> in the vocabulary, llama.cpp does not end a reply at <|end|> (as for GPT-OSS)
+HARMONY_TOKENS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"]
+HARMONY = (
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}<|start|>assistant<|channel|>final<|message|>"
+    "{% else %}<|start|>{{ m['role'] }}<|message|>{% endif %}{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant{% endif %}"
+)
+
+
+def test_harmony_channels_split_and_a_budget_ends_the_analysis_channel(tmp_path):
+    path = write_tiny_model(tmp_path / "harmony.gguf", seed=0, control_tokens=HARMONY_TOKENS, chat_template=HARMONY)
+    with localspec.load(path, None, n_ctx=1024, history=False) as pair:
+        reasoning = model_reasoning(pair.target)
+        assert reasoning.fmt.name == "harmony"
+
+        def shown(tokens):  # control tokens as their text, as the reader sees them
+            return "".join(reasoning.text(t, pair.target.detokenize([t])) for t in tokens)
+
+        prompt = pair.format_chat(MESSAGES) + "<|channel|>analysis<|message|>"
+        close = pair.target.tokenize("<|end|><|start|>assistant<|channel|>final<|message|>", add_special=False)
+        stream = pair.stream(prompt, max_tokens=40, method="lookup", think_budget=3)
+        events = list(stream)
+        r = stream.result
+        assert r.tokens[3:3 + len(close)] == close
+        assert r.reasoning == shown(r.tokens[:3]).strip() and r.text
+        assert r.text == pair.target.detokenize(r.tokens[3 + len(close):]).lstrip()
+        assert "".join(e.reasoning for e in events) == r.reasoning
+        assert r.text.startswith("".join(e.text for e in events))  # an incomplete last character comes at the end
+        plain = pair.generate(prompt, max_tokens=40, method="plain", think_budget=3)
+        assert plain.tokens == r.tokens

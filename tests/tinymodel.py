@@ -33,11 +33,13 @@ def byte_tokens() -> list[str]:
 
 
 def vocabulary(pad_to: int = 0, rename: Optional[dict[int, str]] = None,
-               user_tokens: Sequence[str] = ()) -> tuple[list[str], list[int]]:
+               user_tokens: Sequence[str] = (), control_tokens: Sequence[str] = ()) -> tuple[list[str], list[int]]:
     """Token texts and types; ``user_tokens`` appends user-defined tokens (as Qwen's ``<tool_call>``),
+    ``control_tokens`` control tokens (as GPT-OSS's ``<|channel|>``, which detokenize to nothing),
     ``pad_to`` padding tokens, ``rename`` alters texts."""
-    tokens = byte_tokens() + [m.replace(" ", "") for m in MERGES] + SPECIALS + list(user_tokens)
-    types = [1] * (len(tokens) - len(SPECIALS) - len(user_tokens)) + [3] * len(SPECIALS) + [4] * len(user_tokens)
+    tokens = byte_tokens() + [m.replace(" ", "") for m in MERGES] + SPECIALS + list(user_tokens) + list(control_tokens)
+    types = [1] * (len(tokens) - len(SPECIALS) - len(user_tokens) - len(control_tokens)) + [3] * len(SPECIALS) \
+        + [4] * len(user_tokens) + [3] * len(control_tokens)
     while len(tokens) < pad_to:
         tokens.append(f"[PAD{len(tokens)}]")
         types.append(5)  # unused
@@ -66,6 +68,7 @@ def write_tiny_model(
     pad_clones: bool = False,
     metadata: Optional[dict[str, Any]] = None,
     user_tokens: Sequence[str] = (),
+    control_tokens: Sequence[str] = (),
 ) -> Path:
     """Write a tiny llama GGUF and return its path.
 
@@ -87,11 +90,12 @@ def write_tiny_model(
         metadata: extra key/values (``general.size_label``, ``general.type``...):
             a str, bool, int (stored as uint64) or float (float32) each.
         user_tokens: user-defined tokens after the special ones (``<tool_call>``, ``</tool_call>``).
+        control_tokens: control tokens after those (``<|channel|>``, ``<|message|>``).
     """
-    tokens, types = vocabulary(pad_to, rename, user_tokens)
+    tokens, types = vocabulary(pad_to, rename, user_tokens, control_tokens)
     n_vocab = len(tokens)
     # rows drawn at random; the rest are clones
-    n_real = len(vocabulary(0, None, user_tokens)[0]) if pad_clones else n_vocab
+    n_real = len(vocabulary(0, None, user_tokens, control_tokens)[0]) if pad_clones else n_vocab
 
     def rows(scale: float) -> np.ndarray:
         w = weight(n_real, n_embd, scale=scale)
