@@ -59,11 +59,12 @@ class ModelReasoning:
         """A token's text for the reader: a marker token as its text, any other as the text it gave."""
         return self.marks.get(token, text)
 
-    def gate(self, inner: Optional[GrammarState], end_token: int, inside: bool,
-             budget: Optional[int]) -> ReasoningGate:
-        """The grammar state for a reply with this reasoning, ``budget`` and answer grammar ``inner``."""
+    def gate(self, inner: Optional[GrammarState], end_token: int, inside: bool, budget: Optional[int],
+             close: Optional[Sequence[int]] = None) -> ReasoningGate:
+        """The grammar state for a reply with this reasoning, ``budget`` and answer grammar ``inner`` (``close``:
+        other tokens to close the reasoning with)."""
         return ReasoningGate(inner, end_token, inside=inside, open_token=self.open_token, ends=self.ends,
-                             close=self.close, separator=self.separator, budget=budget)
+                             close=self.close if close is None else close, separator=self.separator, budget=budget)
 
     def switched(self, messages: Sequence[Mapping[str, Any]],
                  think: Optional[bool]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -139,6 +140,9 @@ def reply_reading(target: Model, opts: GenerationOptions, prompt_tokens: Sequenc
     inside = reasoning.inside(target, prompt_tokens, prompt_text)
     budget = 0 if opts.think is False else opts.think_budget
     gated = inner is not None or budget is not None
-    # a channel format's reply is reasoning until its answer's channel opens, as far as the gate goes
-    gate = reasoning.gate(inner, target.eos, inside or reasoning.fmt.reopens, budget) if gated else None
+    # a channel format's reply is reasoning until its answer's channel opens, as far as the gate goes; with
+    # nothing written yet, a budget of 0 goes straight to that channel
+    channels = reasoning.fmt.reopens
+    close = reasoning.ends[0] if channels and not inside and budget == 0 else None
+    gate = reasoning.gate(inner, target.eos, inside or channels, budget, close) if gated else None
     return gate, TokenReader(reasoning, inside)

@@ -229,3 +229,7 @@ def test_harmony_channels_split_and_a_budget_ends_the_analysis_channel(tmp_path)
         assert r.text.startswith("".join(e.text for e in events))  # an incomplete last character comes at the end
         plain = pair.generate(prompt, max_tokens=40, method="plain", think_budget=3)
         assert plain.tokens == r.tokens
+        # thinking off, before the model wrote a channel: it is made to open the final one
+        final = pair.target.tokenize("<|channel|>final<|message|>", add_special=False)
+        off = pair.chat(MESSAGES, max_tokens=len(final) + 4, method="draft" if pair.draft else "lookup", think=False)
+        assert off.tokens[:len(final)] == final and off.reasoning is None
