@@ -38,10 +38,12 @@ from .methods import AUTO_KMAX, HISTORY, get_method
 from .nextn import MtpHead
 from .options import GenerationOptions, check_k
 from .processors import Processing
+from .prompt_cache import PromptCache
 from .prompts import chat_text, chat_with_tools, check_length, infill_tokens
 from .results import Result, Stream
 from .thinking import reply_reading
 from .tools import ToolUse, may_call, tool_use
+from .vocabulary import common_prefix as prefix_length
 
 
 def notice_to_stderr(message: str) -> None:
@@ -69,12 +71,17 @@ class Pair:
         history: True to draft from (and record into) the target's history
             store in the localspec data directory, opened on first use; a
             ``HistoryStore`` to use that one; False for none.
+        prompt_cache: saved model states by prompt prefix (``localspec.prompt_cache``), so a prompt
+            another conversation, or an earlier process, processed is not processed again; None for none.
     """
 
     def __init__(self, target: Model, draft: Optional[Model] = None, *,
                  defaults: Optional[GenerationOptions] = None, draft_k: Optional[int] = None,
-                 notify: Optional[Callable[[str], None]] = None, history: Union[bool, HistoryStore] = False):
+                 notify: Optional[Callable[[str], None]] = None, history: Union[bool, HistoryStore] = False,
+                 prompt_cache: Optional[PromptCache] = None):
         self.target = target
+        #: The prompt cache every generation starts from and saves into (None: none).
+        self.cache = prompt_cache
         self.draft = draft
         self.defaults = defaults or GenerationOptions()
         self.draft_k = None if draft_k is None else check_k(draft_k, "The suggested draft length k")
@@ -228,6 +235,8 @@ class Pair:
                             f"took {shape:.2f}x the share of a step it said); it will be measured again next time.")
         if self._head is not None:
             self._head.close()
+        if self.cache is not None:
+            self.cache.close()  # its disk writes finish first
         self.target.close()
         if self.draft is not None:
             self.draft.close()
@@ -348,7 +357,31 @@ class Pair:
         use = tool_use(tools, tool_choice, parallel_tool_calls)
         text, opts = chat_with_tools(self.target, messages, use, opts, template_vars)
         check_length(self.target, text)
-        return self._start(self.target.tokenize(text, add_special=False), text, opts, calls=may_call(use))
+        tokens = self.target.tokenize(text, add_special=False)
+        marks = self._boundaries(messages, tokens, lambda m: chat_with_tools(self.target, m, use, opts,
+                                                                            template_vars)[0])
+        return self._start(tokens, text, opts, calls=may_call(use), boundaries=marks)
+
+    def _boundaries(self, messages: Sequence[Mapping[str, Any]], tokens: list[int],
+                    render: Callable[[Sequence[Mapping[str, Any]]], str]) -> list[int]:
+        """Where in a chat prompt later prompts are likely to part from it, worth a prompt-cache entry each: the
+        end of the leading system messages (and tools), and the end of the turns before the last message. Only
+        where the template writes the shorter conversation as a prefix of this one."""
+        if self.cache is None or not self.cache.enabled or len(messages) < 2:
+            return []
+        system = next((i for i, m in enumerate(messages) if m.get("role") not in ("system", "developer")),
+                      len(messages))
+        marks = []
+        for n in sorted({system, len(messages) - 1} - {0, len(messages)}):
+            try:
+                part = self.target.tokenize(render(messages[:n]), add_special=False)
+            except ConfigError:  # a template that cannot end on this message (it wants a user turn)
+                continue
+            # the partial render ends with the next turn's opening; the shared tokens are what counts
+            shared = prefix_length(np.asarray(part, dtype=np.int32), np.asarray(tokens, dtype=np.int32))
+            if 0 < shared < len(tokens) - 1:
+                marks.append(shared)
+        return marks
 
     def infill(self, prefix: str, suffix: str, options: Optional[GenerationOptions] = None,
                **changes: Any) -> Result:
@@ -371,7 +404,7 @@ class Pair:
         return self._start(tokens, prefix + suffix, opts)
 
     def _start(self, prompt_tokens: list[int], prompt_text: Optional[str], opts: GenerationOptions,
-               calls: bool = False) -> Stream:
+               calls: bool = False, boundaries: Sequence[int] = ()) -> Stream:
         check_prompt(self.target, len(prompt_tokens))  # before any work, calibration included
         processing = Processing.from_options(opts, self.target.n_vocab)
         self.choose_threads()  # once per machine (cached); plain decoding runs at the fastest count too
@@ -385,7 +418,8 @@ class Pair:
         g = Generation(self.target, prompt_tokens, drafter=drafter, k=k, params=opts.sampling,
                        max_tokens=opts.max_tokens, rng=np.random.default_rng(opts.seed), stop=opts.stop,
                        method=opts.method, matcher=matcher,
-                       processing=processing, logprobs=opts.logprobs)
+                       processing=processing, logprobs=opts.logprobs, prompt_cache=self.cache,
+                       boundaries=boundaries)
         store = self.history if opts.history else None
         return Stream(g, prompt_tokens, (lambda done: self._record(store, prompt_tokens, done)) if store else None,
                       calls=calls, reader=reader)

@@ -472,11 +472,14 @@ class Model(ModelVocabulary):
                          *(f"{k}={v}" for k, v in sorted(kept.items())), f"nextn={int(self._ext is not None)}"])
 
     def save_state(self) -> bytearray:
-        """The whole state of the cache as it stands (``tokens`` says what it holds), for ``load_state``."""
+        """The whole state of the cache as it stands (``tokens`` says what it holds), for ``load_state``; with
+        the hidden rows of its positions once they are kept for an MTP head (the head catches up from them)."""
         self._repair()
         t0 = time.perf_counter()
         with self._log:
             data = memory.save_sequence(self._ctx)
+        if self._ext is not None:
+            data += self.hidden[: self._n].tobytes()
         self.busy_seconds += time.perf_counter() - t0
         return data
 
@@ -487,19 +490,24 @@ class Model(ModelVocabulary):
             True if llama.cpp took it; False if it refused (the cache is then empty).
         """
         arr = self.check_tokens(tokens)
-        if len(arr) > self.n_ctx or self._ext is not None:  # hidden rows are not part of a saved state
+        n = len(arr)
+        rows = n * self.hidden.shape[1] * 4 if self._ext is not None else 0
+        if n > self.n_ctx or rows > len(data):
             return False
         self._repair()
         t0 = time.perf_counter()
+        view = memoryview(data)
         with self._log:
-            ok = memory.restore_sequence(self._ctx, data)
+            ok = memory.restore_sequence(self._ctx, view[: len(data) - rows].tobytes() if rows else data)
         self.busy_seconds += time.perf_counter() - t0
         self._checkpoints.clear()
         if not ok:
             self.reset()
             return False
-        self._tokens[: len(arr)] = arr
-        self._n = self._undo_floor = len(arr)
+        if rows:
+            self.hidden[:n] = np.frombuffer(view[len(data) - rows :], dtype=np.float32).reshape(n, -1)
+        self._tokens[:n] = arr
+        self._n = self._undo_floor = n
         self._dirty = False
         return True
 

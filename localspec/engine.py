@@ -40,9 +40,11 @@ from .events import (
     TokenEvent,
 )
 from .grammar import GrammarState
+from .memory import FULL
 from .methods import PLAIN
 from .options import SamplingParams
 from .processors import Processing
+from .prompt_cache import PromptCache
 from .vocabulary import Detokenizer
 
 
@@ -263,6 +265,9 @@ class Generation:
         matcher: a grammar the output follows (``constraint.Matcher``, fresh for this generation).
         processing: the logit bias and penalties (``processors.Processing``), None for none.
         logprobs: give each event its log-probability and this many likeliest alternatives (None: none).
+        prompt_cache: saved states to start the prompt from, and to save this one's into (None: none).
+        boundaries: prompt positions worth a saved state of their own (where later prompts are likely to
+            diverge: the end of a chat's system prompt, of each earlier turn), with ``prompt_cache``.
 
     Raises:
         ContextOverflowError: the prompt leaves no room in the context.
@@ -284,6 +289,8 @@ class Generation:
         matcher: Optional[GrammarState] = None,
         processing: Optional[Processing] = None,
         logprobs: Optional[int] = None,
+        prompt_cache: Optional[PromptCache] = None,
+        boundaries: Sequence[int] = (),
     ):
         if max_tokens < 1:
             raise ConfigError(f"max_tokens must be at least 1, got {max_tokens}.")
@@ -310,6 +317,8 @@ class Generation:
         self.matcher = matcher
         self.processing = processing
         self.logprobs = logprobs
+        self.prompt_cache = prompt_cache if prompt_cache is not None and prompt_cache.enabled else None
+        self._boundaries = sorted(set(boundaries))
         self._prompt = np.asarray(prompt, dtype=np.int32)
         self._stop = StopText(stop)
         self._cancel = threading.Event()
@@ -398,15 +407,14 @@ class Generation:
 
     def _prefill(self) -> Optional[int]:
         """Process the prompt (reusing the cached prefix) and choose the first token; None if cancelled."""
-        target, drafter, prompt = self.target, self.drafter, self._prompt
+        target, drafter = self.target, self.drafter
         t_start = time.perf_counter()
-        self.stats.cached_prompt_tokens = min(target.common_prefix(prompt), len(prompt) - 1)
         try:
-            logits = target.sync(prompt, abort=self._cancel)
+            logits = self._process_prompt()
         except GenerationCancelled:
             return None
         if drafter is not None:
-            drafter.prefill(prompt)  # a draft model processes the prompt now, not in round 1
+            self._prefill_drafter(drafter)
         if self.processing is not None:
             logits = self.processing.row(logits, [])
         if self.matcher is not None:
@@ -418,6 +426,44 @@ class Generation:
             self.matcher.consume([first])
         self.stats.prefill_seconds = time.perf_counter() - t_start
         return first
+
+    def _prefill_drafter(self, drafter: Drafter) -> None:
+        """The drafter processes the prompt now, not in round 1; its models start from the prompt cache."""
+        cache, prompt = self.prompt_cache, self._prompt
+        if cache is None:
+            drafter.prefill(prompt)
+            return
+        models = [m for m in drafter.models if isinstance(m, Model) and m is not self.target]
+        for m in models:
+            cache.restore(m, prompt[:-1])
+        drafter.prefill(prompt)
+        for m in models:
+            cache.save(m)
+
+    def _process_prompt(self) -> np.ndarray:
+        """Bring the target to the prompt: the longest prefix its cache or the prompt cache holds, the rest
+        evaluated (pausing at the boundaries to save them); the last token's logits."""
+        target, prompt, cache, stats = self.target, self._prompt, self.prompt_cache, self.stats
+        last = len(prompt) - 1
+        live = min(target.common_prefix(prompt), last)
+        held = min(cache.restore(target, prompt[:last]), last) if cache is not None else live
+        stats.cached_prompt_tokens = min(target.common_prefix(prompt), last)
+        stats.restored_prompt_tokens = max(0, stats.cached_prompt_tokens - live) if held > live else 0
+        t0, start = time.perf_counter(), stats.cached_prompt_tokens
+        if cache is None:
+            return target.sync(prompt, abort=self._cancel)
+        target.truncate(stats.cached_prompt_tokens, replay=False)
+        # A recurrent state cannot be cut back to the prompt minus its last token, which a repeat of this
+        # prompt needs: it is saved there too.
+        stops = self._boundaries + ([last] if target.memory.kind != FULL else [])
+        for at in (b for b in stops if target.n_past < b <= last):
+            target.eval(prompt[target.n_past : at], logits="none", abort=self._cancel)
+            cache.save(target)
+        logits = target.sync(prompt, abort=self._cancel)
+        cache.observe_prefill(target, len(prompt) - start, time.perf_counter() - t0)
+        if target.memory.kind == FULL:
+            cache.save(target)
+        return logits
 
     def _emit(self, pending: list[Emitted], rows: Optional[np.ndarray]) -> Generator[TokenEvent, None, Optional[str]]:
         """Yield a round's tokens (``rows``: the logits each was chosen from, for their log-probabilities); the
@@ -470,6 +516,10 @@ class Generation:
         if drafter is not None:
             drafter.settle(emitted)
             stats.auto = drafter.report()
+        if self.prompt_cache is not None:
+            for m in self._models():  # the reply too: the next turn of this conversation starts with it
+                if isinstance(m, Model):
+                    self.prompt_cache.save(m)
         if self._t_mark is not None:  # the round that found EOS (or failed) after the last yield
             stats.decode_seconds += time.perf_counter() - self._t_mark
         busy, target_busy, rewound = self._counters()

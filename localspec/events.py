@@ -56,8 +56,10 @@ class GenerationStats:
     method: str
     k: int
     prompt_tokens: int = 0
-    #: Prompt tokens found in the cache (an earlier turn's), so not processed again.
+    #: Prompt tokens not processed again: the live cache's shared prefix (an earlier turn's) or a saved state's.
     cached_prompt_tokens: int = 0
+    #: Of those, the tokens a saved state of the prompt cache gave (0: the live cache's own prefix, or none).
+    restored_prompt_tokens: int = 0
     generated_tokens: int = 0
     rounds: int = 0
     drafted: int = 0

@@ -12,6 +12,8 @@ from .llama import read_vocab
 from .methods import AUTO_KMAX
 from .naming import resolve_models
 from .options import GenerationOptions
+from .paths import cache_dir
+from .prompt_cache import PromptCache
 
 PathLike = Union[str, os.PathLike]
 
@@ -19,6 +21,23 @@ PathLike = Union[str, os.PathLike]
 def history_enabled() -> bool:
     """History's global switch: on unless ``LOCALSPEC_HISTORY`` is off, 0, false or no."""
     return os.environ.get("LOCALSPEC_HISTORY", "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+def open_prompt_cache(wanted: Union[bool, PromptCache, None], ram: Optional[int], disk: Optional[int],
+                      notify: Callable[[str], None]) -> Optional[PromptCache]:
+    """The prompt cache ``load`` gives a pair: ``wanted`` itself, none, or one with these budgets (None: the
+    defaults) over the cache directory's ``prompts`` folder."""
+    if isinstance(wanted, PromptCache):
+        return wanted
+    if wanted is False or (wanted is None and not prompt_cache_enabled()):
+        return None
+    cache = PromptCache(ram, None if disk == 0 else cache_dir() / "prompts", disk, notify)
+    return cache if cache.enabled else None
+
+
+def prompt_cache_enabled() -> bool:
+    """The prompt cache's global switch: on unless ``LOCALSPEC_PROMPT_CACHE`` is off, 0, false or no."""
+    return os.environ.get("LOCALSPEC_PROMPT_CACHE", "on").strip().lower() not in ("off", "0", "false", "no")
 
 
 def load(
@@ -36,6 +55,9 @@ def load(
     draft_k: Optional[int] = None,
     history: Optional[bool] = None,
     notify: Optional[Callable[[str], None]] = None,
+    prompt_cache: Union[bool, PromptCache, None] = None,
+    cache_ram: Optional[int] = None,
+    cache_disk: Optional[int] = None,
 ) -> Pair:
     """Load a target model and, optionally, a draft model of the same family.
 
@@ -62,6 +84,13 @@ def load(
             ones (default: on, unless the environment sets ``LOCALSPEC_HISTORY=off``).
             The store is opened on the first generation that uses it.
         notify: where one-line notices go (default: stderr): which draft was found, measurements.
+        prompt_cache: keep the models' states after each prompt, so a prompt processed once (in another
+            conversation, or by an earlier process) is not processed again (default: on, unless the
+            environment sets ``LOCALSPEC_PROMPT_CACHE=off``); a ``PromptCache`` to share one; False for none.
+        cache_ram: bytes of RAM the prompt cache may hold (default: a quarter of the memory free now, at
+            most 8 GiB); 0 for no RAM tier.
+        cache_disk: bytes of disk the prompt cache may use, in the cache directory's ``prompts`` folder
+            (default: a tenth of the free space there, at most 16 GiB); 0 for no disk tier.
 
     Raises:
         ModelFileError: a file is missing, not a GGUF, or fails to load.
@@ -88,7 +117,8 @@ def load(
                       verbose=verbose)
         if history is None:
             history = history_enabled()
-        return Pair(t, d, defaults=defaults, draft_k=draft_k, history=history, notify=notify)
+        cache = open_prompt_cache(prompt_cache, cache_ram, cache_disk, say)
+        return Pair(t, d, defaults=defaults, draft_k=draft_k, history=history, notify=notify, prompt_cache=cache)
     except BaseException:
         t.close()
         if d is not None:

@@ -204,12 +204,17 @@ class PromptCache:
         folder: the disk tier's folder (None: no disk tier).
         disk_bytes: the disk tier's budget (None: ``default_disk_budget``).
         notify: where one-line notices go (a damaged file, a full disk, a budget smaller than an entry).
+        weigh: restore a saved prefix only where that is measured to cost less than processing it (False:
+            wherever it is longer than the live context's, as on models too small for a restore to pay).
     """
 
-    def __init__(self, ram_bytes: Optional[int] = None, folder: Optional[Path] = None,
-                 disk_bytes: Optional[int] = None, notify: Optional[Callable[[str], None]] = None):
+    def __init__(self, ram_bytes: Optional[int] = None, folder: Union[str, os.PathLike, None] = None,
+                 disk_bytes: Optional[int] = None, notify: Optional[Callable[[str], None]] = None,
+                 weigh: bool = True):
         self.ram_bytes = default_ram_budget() if ram_bytes is None else max(0, int(ram_bytes))
+        folder = Path(folder) if folder is not None else None
         self.folder = folder
+        self.weigh = weigh
         self.disk_bytes = 0 if folder is None else (default_disk_budget(folder) if disk_bytes is None
                                                     else max(0, int(disk_bytes)))
         self.notify = notify or (lambda _: None)
@@ -263,15 +268,18 @@ class PromptCache:
         live = model.common_prefix(wanted)
         if model.memory.kind != memory.FULL and live < model.n_past:
             live = 0  # going back in a recurrent state may mean starting again: count on nothing
-        best = self._best(model, identity, wanted)
-        if best is None:
-            return live
-        entry, gain = best
-        if gain <= live or not self._worth(identity, entry, gain - live):
-            return live
-        data = entry.data if entry.data is not None else self._read(entry)
-        if data is None:
-            return model.common_prefix(wanted)
+        for _ in range(3):  # a disk file that fails its checks is dropped, and the next best one tried
+            best = self._best(model, identity, wanted)
+            if best is None or best[1] <= live or not self._worth(identity, best[0], best[1] - live):
+                return live
+            entry, gain = best
+            data = entry.data if entry.data is not None else self._read(entry)
+            if data is not None:
+                return self._load(model, entry, gain, data)
+        return live
+
+    def _load(self, model: Model, entry: Entry, gain: int, data: State) -> int:
+        """Put ``entry``'s state into ``model`` and cut it to the ``gain`` tokens it shares; what it then holds."""
         t0 = time.perf_counter()
         ok = model.load_state(entry.tokens, data)
         seconds = time.perf_counter() - t0
@@ -301,7 +309,7 @@ class PromptCache:
                 if entry.data is None and entry.file is None:  # evicted while its file is being written
                     continue
                 n = usable(model, entry.tokens, wanted)
-                if n and (best is None or n > best[1] or (n == best[1] and entry.size < best[0].size)):
+                if n and (best is None or (n, *_cheaper(entry)) > (best[1], *_cheaper(best[0]))):
                     best = (entry, n)
             return best
 
@@ -310,6 +318,8 @@ class PromptCache:
         them: both measured (prompt processing by ``observe_prefill``, restores and saves by their bytes).
         Before either is measured, a restore is taken: it is a copy, a prompt is a model's forward passes."""
         rate = self._prefill_rate.get(identity)
+        if not self.weigh:
+            return True
         moved = self.stats.saved_bytes + self.stats.restored_bytes
         spent = self.stats.save_seconds + self.stats.restore_seconds
         if rate is None or not moved or not spent:
@@ -607,6 +617,11 @@ class PromptCache:
         if key not in self._said:
             self._said.add(key)
             self.notify(message)
+
+
+def _cheaper(entry: Entry) -> tuple[bool, int]:
+    """Between entries that give as many tokens: one in RAM, then the smaller state."""
+    return entry.data is not None, -entry.size
 
 
 def _touch(path: Path) -> None:

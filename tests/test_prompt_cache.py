@@ -1,0 +1,302 @@
+"""The prompt cache: a restored state gives the tokens the live context gives, on every memory kind; damaged,
+foreign and half-written disk entries are never loaded; the budgets hold."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tinyarch import write_tiny_gemma2, write_tiny_lfm2, write_tiny_mamba, write_tiny_qwen35
+
+import localspec
+from localspec import prompt_cache as pc
+from localspec.prompt_cache import PromptCache
+
+WRITERS = {"mamba": write_tiny_mamba, "qwen35": write_tiny_qwen35, "lfm2": write_tiny_lfm2,
+           "gemma2": write_tiny_gemma2}
+SYSTEM_A = "You are a careful assistant who answers in short sentences. " * 12
+SYSTEM_B = "Another system prompt, about cats and mats and other things entirely. " * 12
+METHODS = [("plain", None), ("lookup", 3), ("draft", 3), ("auto", None)]
+
+
+def conversation(system: str, user: str, reply: str = "", follow: str = "") -> list[dict[str, str]]:
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    if follow:
+        msgs += [{"role": "assistant", "content": reply}, {"role": "user", "content": follow}]
+    return msgs
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> dict[str, tuple[Path, Path]]:
+    d = tmp_path_factory.mktemp("cachearch")
+    out = {"llama": (tiny_dir / "target.gguf", tiny_dir / "draft.gguf")}
+    for name, write in WRITERS.items():
+        write(d / f"{name}.gguf", seed=0)
+        write(d / f"{name}-draft.gguf", seed=0, noise=0.35)
+        out[name] = (d / f"{name}.gguf", d / f"{name}-draft.gguf")
+    return out
+
+
+def interleaved(pair, method: str, k, **options) -> list[list[int]]:
+    """A1 B1 A2 B2: two conversations taking turns, each follow-up resending its whole conversation."""
+    a1 = pair.chat(conversation(SYSTEM_A, "in the end, in the end, in the end"), max_tokens=12, method=method,
+                   k=k, **options)
+    b1 = pair.chat(conversation(SYSTEM_B, "the cat sat on the mat"), max_tokens=12, method=method, k=k, **options)
+    a2 = pair.chat(conversation(SYSTEM_A, "in the end, in the end, in the end", a1.text, "and then?"),
+                   max_tokens=12, method=method, k=k, **options)
+    b2 = pair.chat(conversation(SYSTEM_B, "the cat sat on the mat", b1.text, "where?"), max_tokens=12,
+                   method=method, k=k, **options)
+    return [r.tokens for r in (a1, b1, a2, b2)] + [[r.stats.restored_prompt_tokens for r in (a1, b1, a2, b2)]]
+
+
+@pytest.mark.parametrize("arch", ["llama", *WRITERS])
+def test_interleaved_conversations_restored_from_ram_and_disk_give_the_live_contexts_tokens(models, tmp_path, arch):
+    target, draft = models[arch]
+    with localspec.load(target, draft, n_ctx=2048, prompt_cache=False) as live:
+        expected = {m: interleaved(live, m, k)[:4] for m, k in METHODS}
+    cache = PromptCache(64 * 2**20, tmp_path / "prompts", 256 * 2**20, weigh=False)
+    with localspec.load(target, draft, n_ctx=2048, prompt_cache=cache) as pair:
+        for method, k in METHODS:
+            *got, restored = interleaved(pair, method, k)
+            assert got == expected[method], f"{arch} {method} after a restore from RAM"
+            assert restored[2] > 100 and restored[3] > 100, f"{arch}: the follow-ups were not restored"
+        pair.cache.flush()
+    assert any((tmp_path / "prompts").rglob("*.lspc"))
+    fresh = PromptCache(0, tmp_path / "prompts", 256 * 2**20, weigh=False)  # a new process: the disk tier only
+    with localspec.load(target, draft, n_ctx=2048, prompt_cache=fresh) as pair:
+        *got, restored = interleaved(pair, "draft", 3)
+        assert got == expected["draft"] and restored[0] > 100 and fresh.stats.disk_reads > 0
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "mamba", "llama"])
+def test_a_restore_at_a_message_boundary_followed_by_a_divergent_last_turn_is_exact(models, tmp_path, arch):
+    target, draft = models[arch]
+    first = conversation(SYSTEM_A, "in the end, in the end", "the end", "and then?")
+    other = conversation(SYSTEM_A, "in the end, in the end", "the end", "something else entirely, cats")
+    with localspec.load(target, draft, n_ctx=2048, prompt_cache=False) as live:
+        want = [live.chat(m, max_tokens=12, method="draft", k=3).tokens for m in (first, other)]
+    with localspec.load(target, draft, n_ctx=2048, prompt_cache=PromptCache(64 * 2**20, weigh=False)) as pair:
+        pair.chat(first, max_tokens=12, method="draft", k=3)
+        pair.chat(conversation(SYSTEM_B, "unrelated"), max_tokens=4, method="plain")  # the live context moves away
+        r = pair.chat(other, max_tokens=12, method="draft", k=3)
+        assert r.tokens == want[1]
+        assert r.stats.restored_prompt_tokens > 0  # from the boundary before the last user turn
+
+
+def test_a_sampled_reply_after_a_restore_is_the_same_sample(models, tmp_path):
+    target, draft = models["qwen35"]
+    msgs = conversation(SYSTEM_A, "in the end, in the end")
+    with localspec.load(target, draft, n_ctx=2048, prompt_cache=False) as live:
+        want = [live.chat(msgs, max_tokens=16, method=m, temperature=1.0, seed=s).tokens
+                for m in ("plain", "draft") for s in range(3)]
+    with localspec.load(target, draft, n_ctx=2048, prompt_cache=PromptCache(64 * 2**20, weigh=False)) as pair:
+        got = []
+        pair.chat(msgs, max_tokens=2, method="plain")  # saved once
+        for m in ("plain", "draft"):
+            for s in range(3):
+                pair.chat(conversation(SYSTEM_B, "away"), max_tokens=2, method="plain")
+                r = pair.chat(msgs, max_tokens=16, method=m, temperature=1.0, seed=s)
+                assert r.stats.restored_prompt_tokens > 0
+                got.append(r.tokens)
+    assert got == want
+
+
+def _one_entry(models, tmp_path) -> tuple[Path, list[dict[str, str]], list[int]]:
+    target, _ = models["llama"]
+    msgs = conversation(SYSTEM_A, "in the end")
+    with localspec.load(target, n_ctx=2048, prompt_cache=PromptCache(0, tmp_path, 2**30, weigh=False)) as pair:
+        tokens = pair.chat(msgs, max_tokens=8, method="plain").tokens
+        pair.cache.flush()
+    return target, msgs, tokens
+
+
+@pytest.mark.parametrize("damage", ["flip a state byte", "truncate", "other version", "other model", "garbage"])
+def test_a_damaged_or_foreign_disk_entry_is_ignored_with_one_notice_and_deleted(models, tmp_path, damage):
+    target, msgs, tokens = _one_entry(models, tmp_path)
+    files = sorted(tmp_path.rglob("*.lspc"))
+    assert files
+    damaged = {}
+    for f in files:
+        raw = bytearray(f.read_bytes())
+        if damage == "flip a state byte":
+            raw[-100] ^= 0xFF
+        elif damage == "truncate":
+            raw = raw[: len(raw) // 2]
+        elif damage == "other version":
+            raw[4:8] = (pc.FORMAT_VERSION + 1).to_bytes(4, "little")
+        elif damage == "other model":
+            n = int.from_bytes(raw[8:12], "little")
+            header = json.loads(raw[12 : 12 + n])
+            header["identity"] = header["identity"].replace("ngl=", "ngl=9")
+            new = json.dumps(header).encode()
+            raw = raw[:8] + len(new).to_bytes(4, "little") + new + raw[12 + n :]
+        else:
+            raw = bytearray(os.urandom(len(raw)))
+        f.write_bytes(bytes(raw))
+        damaged[f] = bytes(raw)
+    notices: list[str] = []
+    cache = PromptCache(0, tmp_path, 2**30, notify=notices.append, weigh=False)
+    with localspec.load(target, n_ctx=2048, prompt_cache=cache) as pair:
+        r = pair.chat(msgs, max_tokens=8, method="plain")
+    assert r.tokens == tokens and r.stats.restored_prompt_tokens == 0
+    assert len(notices) >= 1 and all("ignored and deleted" in n for n in notices)
+    # every damaged file is gone (those of the same name now are this run's own saves, whole and loadable)
+    left = [f for f, raw in damaged.items() if f.exists() and f.read_bytes() == raw]
+    if damage == "flip a state byte":  # a whole header: found out when its state is read, for this prompt's
+        assert len(left) < len(damaged)
+    else:  # found out by its header, when the model's files are first listed
+        assert not left
+
+
+def test_a_process_killed_while_saving_leaves_no_entry_that_loads(models, tmp_path):
+    target, _ = models["llama"]
+    script = f"""
+import os, sys, time
+import localspec
+from localspec.prompt_cache import PromptCache
+real = os.fsync
+def slow(fd):
+    print("writing", flush=True)
+    time.sleep(60)
+os.fsync = slow
+cache = PromptCache(0, {str(tmp_path)!r}, 2**30, weigh=False)
+with localspec.load({str(target)!r}, n_ctx=2048, prompt_cache=cache) as pair:
+    pair.generate({SYSTEM_A!r}, max_tokens=2, method="plain")
+    cache.flush()
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "writing"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert any(tmp_path.rglob("*.tmp")) and not any(tmp_path.rglob("*.lspc"))
+    notices: list[str] = []
+    cache = PromptCache(0, tmp_path, 2**30, notify=notices.append, weigh=False)
+    with localspec.load(target, n_ctx=2048, prompt_cache=cache) as pair:
+        r = pair.generate(SYSTEM_A, max_tokens=4, method="plain")
+    assert r.stats.restored_prompt_tokens == 0 and not notices
+
+
+def test_two_processes_sharing_the_disk_tier_lose_and_corrupt_nothing(models, tmp_path):
+    target, _ = models["llama"]
+    prompts = [f"Question {i}. " + SYSTEM_A for i in range(4)]
+    script = f"""
+import localspec, sys
+from localspec.prompt_cache import PromptCache
+cache = PromptCache(0, {str(tmp_path)!r}, 2**30, weigh=False)
+with localspec.load({str(target)!r}, n_ctx=2048, prompt_cache=cache) as pair:
+    for p in {prompts!r}[::int(sys.argv[1])]:
+        pair.generate(p, max_tokens=2, method="plain")
+    cache.flush()
+"""
+    procs = [subprocess.Popen([sys.executable, "-c", script, step]) for step in ("1", "-1")]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    notices: list[str] = []
+    cache = PromptCache(0, tmp_path, 2**30, notify=notices.append, weigh=False)
+    with localspec.load(target, n_ctx=2048, prompt_cache=cache) as pair:
+        for p in prompts:
+            assert pair.generate(p, max_tokens=2, method="plain").stats.restored_prompt_tokens > 0
+    assert not notices and not any(tmp_path.rglob("*.tmp"))
+
+
+def test_the_ram_budget_is_never_exceeded_and_a_shared_prefix_outlives_side_requests(models):
+    target, _ = models["llama"]
+    with localspec.load(target, n_ctx=2048, prompt_cache=PromptCache(2**30, weigh=False)) as probe:
+        probe.generate(SYSTEM_A, max_tokens=1, method="plain")
+        one = max(e.size for e in probe.cache.entries())
+    cache = PromptCache(int(3.5 * one), weigh=False)
+    peak = 0
+    with localspec.load(target, n_ctx=2048, prompt_cache=cache) as pair:
+        for i in range(8):
+            pair.generate(SYSTEM_A, max_tokens=1, method="plain")  # the shared prompt, hit again and again
+            pair.generate(f"side request number {i}: " + "words " * 120, max_tokens=1, method="plain")
+            peak = max(peak, cache.ram_used())
+        assert peak <= cache.ram_bytes
+        pair.generate("something else " * 40, max_tokens=1, method="plain")
+        assert pair.generate(SYSTEM_A, max_tokens=1, method="plain").stats.restored_prompt_tokens > 0
+
+
+def test_a_budget_smaller_than_an_entry_or_a_full_disk_means_no_caching_with_one_notice(models, tmp_path,
+                                                                                      monkeypatch):
+    target, _ = models["llama"]
+    notices: list[str] = []
+    with localspec.load(target, n_ctx=2048, prompt_cache=PromptCache(1000, notify=notices.append, weigh=False)) as pair:
+        for _ in range(3):
+            assert pair.generate(SYSTEM_A, max_tokens=3, method="plain").tokens
+        assert not pair.cache.entries()
+    assert len(notices) == 1 and "larger than the cache's budgets" in notices[0]
+    notices.clear()
+    real_open = open
+
+    def full(path, mode="r", *args, **kwargs):
+        if "w" in mode and str(path).endswith(".tmp"):
+            raise OSError(28, "No space left on device")
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", full)
+    cache = PromptCache(0, tmp_path, 2**30, notify=notices.append, weigh=False)
+    with localspec.load(target, n_ctx=2048, prompt_cache=cache) as pair:
+        for i in range(3):
+            assert pair.generate(SYSTEM_A + str(i), max_tokens=3, method="plain").tokens
+    assert len(notices) == 1 and "No space left" in notices[0]
+    assert not any(tmp_path.rglob("*.lspc")) and not any(tmp_path.rglob("*.tmp"))
+
+
+def test_lookup_takes_time_linear_in_the_prompt_not_in_the_entries():
+    index = pc._Index()
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 1000, size=400).astype(np.int32) for _ in range(300)]
+    for i, p in enumerate(prompts):
+        index.add(i, p)
+    wanted = np.concatenate([prompts[123][:300], rng.integers(0, 1000, size=50).astype(np.int32)])
+    found = index.candidates(wanted)
+    assert 123 in found and len(found) <= 3
+    index.remove(123, prompts[123])
+    assert 123 not in index.candidates(wanted)
+
+
+def test_an_entry_is_never_loaded_into_a_model_of_other_settings(models, tmp_path):
+    target, _ = models["llama"]
+    with localspec.load(target, n_ctx=2048, prompt_cache=PromptCache(0, tmp_path, 2**30, weigh=False)) as pair:
+        pair.generate(SYSTEM_A, max_tokens=2, method="plain")
+        pair.cache.flush()
+        identity = pair.target.state_identity()
+    from localspec.backend import Model
+
+    with Model(target, n_ctx=2048, cache_type="f32") as other:
+        assert other.state_identity() != identity
+        cache = PromptCache(0, tmp_path, 2**30, weigh=False)
+        tokens = np.asarray(other.tokenize(SYSTEM_A), dtype=np.int32)
+        assert cache.restore(other, tokens[:-1]) == 0 and other.n_past == 0
+
+
+def test_the_stats_say_what_the_cache_gave(models):
+    target, _ = models["llama"]
+    with localspec.load(target, n_ctx=2048, prompt_cache=PromptCache(2**28, weigh=False)) as pair:
+        first = pair.generate(SYSTEM_A, max_tokens=2, method="plain")
+        pair.generate(SYSTEM_B, max_tokens=2, method="plain")
+        again = pair.generate(SYSTEM_A, max_tokens=2, method="plain")
+    assert first.stats.restored_prompt_tokens == 0
+    assert again.stats.restored_prompt_tokens == again.stats.cached_prompt_tokens == len(again.prompt_tokens) - 1
+    assert again.tokens == first.tokens
+
+
+def test_the_writer_thread_does_not_outlive_a_closed_pair(models, tmp_path):
+    target, _ = models["llama"]
+    with localspec.load(target, n_ctx=2048, prompt_cache=PromptCache(0, tmp_path, 2**30, weigh=False)) as pair:
+        pair.generate(SYSTEM_A, max_tokens=2, method="plain")
+    assert any(tmp_path.rglob("*.lspc"))  # close waited for the write
+    deadline = time.monotonic() + 5
+    while any(t.name == "localspec-prompt-cache" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(t.name == "localspec-prompt-cache" for t in threading.enumerate())
