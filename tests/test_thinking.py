@@ -233,3 +233,34 @@ def test_harmony_channels_split_and_a_budget_ends_the_analysis_channel(tmp_path)
         final = pair.target.tokenize("<|channel|>final<|message|>", add_special=False)
         off = pair.chat(MESSAGES, max_tokens=len(final) + 4, method="draft" if pair.draft else "lookup", think=False)
         assert off.tokens[:len(final)] == final and off.reasoning is None
+
+
+def test_a_reasoning_block_then_tool_calls_under_every_method(tmp_path):
+    from test_tools import MESSAGES as ASK
+    from test_tools import SCHEMAS, TOOLS
+    from test_tools import TEMPLATE as TOOLS_TEMPLATE
+
+    from localspec.tools import CLOSE, OPEN
+
+    opening = "<|im_start|>assistant\n{% endif %}"
+    template = TOOLS_TEMPLATE.replace(opening, opening.replace("\n", "\n<think>\n"))
+    assert template != TOOLS_TEMPLATE
+    for name, noise in (("t.gguf", 0.0), ("d.gguf", 0.35)):
+        write_tiny_model(tmp_path / name, seed=0, noise=noise, user_tokens=[OPEN, CLOSE, *THINK_TOKENS],
+                         chat_template=template)
+    with localspec.load(tmp_path / "t.gguf", tmp_path / "d.gguf", n_ctx=1024, history=False) as pair:
+        one = {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False, "max_tokens": 80,
+               "think_budget": 4}
+        plain = pair.chat(ASK, method="plain", **one)
+        assert plain.reasoning is not None and "<think>" not in plain.reasoning
+        assert len(plain.tool_calls) == 1 and plain.finish_reason == "tool_calls" and plain.content is None
+        for call in plain.tool_calls:
+            jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+        for method, k in METHODS:
+            r = pair.chat(ASK, method=method, k=k, **one)
+            assert r.tokens == plain.tokens, f"{method} k={k}"
+            assert [c.arguments for c in r.tool_calls] == [c.arguments for c in plain.tool_calls]
+        # under "auto" the calls' grammar waits for its trigger, and the trigger counts only after the reasoning
+        free = {**one, "tool_choice": "auto"}
+        auto = pair.chat(ASK, method="plain", **free)
+        assert pair.chat(ASK, method="draft", k=4, **free).tokens == auto.tokens
