@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Callable, Optional, Union
 
 from .api import Pair, notice_to_stderr
@@ -31,8 +32,13 @@ def open_prompt_cache(wanted: Union[bool, PromptCache, None], ram: Optional[int]
         return wanted
     if wanted is False or (wanted is None and not prompt_cache_enabled()):
         return None
-    cache = PromptCache(ram, None if disk == 0 else cache_dir() / "prompts", disk, notify)
+    cache = PromptCache(ram, None if disk == 0 else prompt_cache_folder(), disk, notify)
     return cache if cache.enabled else None
+
+
+def prompt_cache_folder() -> Path:
+    """Where the prompt cache's disk tier lives: the cache directory's ``prompts`` folder."""
+    return cache_dir() / "prompts"
 
 
 def prompt_cache_enabled() -> bool:

@@ -638,3 +638,31 @@ def _unlink(path: Optional[Path]) -> None:
         path.unlink()
     except OSError:
         pass
+
+
+@dataclass(frozen=True)
+class DiskEntry:
+    """One file of the disk tier, as ``disk_entries`` lists it."""
+
+    path: Path
+    model: str
+    tokens: int
+    bytes: int
+    modified: float
+
+
+def disk_entries(folder: Path) -> list[DiskEntry]:
+    """The disk tier's files under ``folder`` whose header reads (newest first), without loading a state."""
+    out = []
+    for f in Path(folder).rglob(f"*{SUFFIX}") if Path(folder).is_dir() else ():
+        try:
+            with open(f, "rb") as fh:
+                magic, version, n = _HEAD.unpack(fh.read(_HEAD.size))
+                header = json.loads(fh.read(n)) if magic == MAGIC and version == FORMAT_VERSION else None
+            st = f.stat()
+        except (OSError, ValueError, struct.error):
+            continue
+        if isinstance(header, dict) and "identity" in header:
+            model = Path(str(header["identity"]).split("|", 1)[0]).name
+            out.append(DiskEntry(f, model, int(header.get("n_tokens", 0)), st.st_size, st.st_mtime))
+    return sorted(out, key=lambda e: -e.modified)

@@ -46,7 +46,7 @@ def stats(r: Result) -> dict[str, Any]:
         "predicted_per_second": s.generated_tokens / s.decode_seconds if s.decode_seconds else 0.0,
         "draft_n": s.drafted, "draft_n_accepted": s.accepted,
     }
-    ours = {"method": s.method, "k": s.k, "rounds": s.rounds,
+    ours = {"method": s.method, "k": s.k, "rounds": s.rounds, "restored_prompt_tokens": s.restored_prompt_tokens,
             "rounds_per_method": {m: n for m, n in s.rounds_by_method.items() if n}, "drafted": s.drafted,
             "accepted": s.accepted, "acceptance_rate": s.acceptance_rate, "tokens_per_round": s.tokens_per_round,
             "drafted_by": s.drafted_by, "accepted_by": s.accepted_by}
@@ -57,7 +57,8 @@ def usage(request: ChatRequest, r: Result) -> dict[str, Any]:
     """OpenAI's usage; with a prediction, how many of its tokens were accepted and rejected, as OpenAI counts."""
     n = len(r.tokens)
     out: dict[str, Any] = {"prompt_tokens": len(r.prompt_tokens), "completion_tokens": n,
-                           "total_tokens": len(r.prompt_tokens) + n}
+                           "total_tokens": len(r.prompt_tokens) + n,
+                           "prompt_tokens_details": {"cached_tokens": r.stats.cached_prompt_tokens}}
     if request.options.prediction is not None:
         accepted = r.stats.accepted_by.get(PREDICTION.name, 0)
         out["completion_tokens_details"] = {
@@ -88,6 +89,8 @@ def whole(model: str, request: ChatRequest, r: Result, text: str, entries: list[
             choice["message"].update(content=r.content, tool_calls=[c.to_openai() for c in r.tool_calls])
     else:
         choice["text"] = text
+        if r.reasoning is not None:  # a completion has no message: its choice carries the reasoning
+            choice["reasoning_content"] = r.reasoning
     return {**envelope(model, request, reply_id(request), False), "choices": [choice], "usage": usage(request, r),
             **stats(r)}
 
@@ -117,8 +120,9 @@ class Chunks:
         return sse(self._chunk(text))
 
     def reasoning(self, text: str) -> str:
-        """A chunk of a reasoning model's thinking (``delta.reasoning_content``; a completion's text has none)."""
-        return sse(self._chunk(None, reasoning=text)) if self.request.chat else ""
+        """A chunk of a reasoning model's thinking (chat: ``delta.reasoning_content``; a completion's choice:
+        ``reasoning_content``)."""
+        return sse(self._chunk(None, reasoning=text))
 
     def calls(self, found: list[CallEvent]) -> Iterator[str]:
         """The chunks for what a call reader found: content, a call's start, more of its arguments."""
@@ -159,4 +163,6 @@ class Chunks:
             choice["delta"] = delta
         else:
             choice["text"] = text or ""
+            if reasoning is not None:
+                choice["reasoning_content"] = reasoning
         return {**envelope(self.model, request, self.rid, True), "choices": [choice]}

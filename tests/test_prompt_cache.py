@@ -300,3 +300,37 @@ def test_the_writer_thread_does_not_outlive_a_closed_pair(models, tmp_path):
     while any(t.name == "localspec-prompt-cache" for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(t.name == "localspec-prompt-cache" for t in threading.enumerate())
+
+
+def test_serve_reports_cached_prompt_tokens_and_a_restart_starts_from_the_disk_tier(models, tmp_path):
+    """Through the `openai` client: interleaved conversations, then the same conversation after a restart."""
+    import openai
+    from serverproc import ServeProcess
+
+    target, draft = models["llama"]
+    args = ["-t", str(target), "-d", str(draft), "--ctx", "2048", "-m", "draft"]
+    a1 = conversation(SYSTEM_A, "in the end, in the end, in the end")
+    b1 = conversation(SYSTEM_B, "the cat sat on the mat")
+    server = ServeProcess(args, tmp_path)
+    try:
+        client = openai.OpenAI(base_url=server.url, api_key="none")
+        first = client.chat.completions.create(model="target", messages=a1, max_tokens=8, temperature=0)
+        client.chat.completions.create(model="target", messages=b1, max_tokens=8, temperature=0)
+        a2 = a1 + [{"role": "assistant", "content": first.choices[0].message.content},
+                   {"role": "user", "content": "and then?"}]
+        follow = client.chat.completions.create(model="target", messages=a2, max_tokens=8, temperature=0)
+        cached = follow.usage.prompt_tokens_details.cached_tokens
+        assert cached >= first.usage.prompt_tokens - 1  # A1's prompt came back from the cache, not from B1's
+        assert follow.model_extra["timings"]["cache_n"] == cached
+        assert follow.model_extra["localspec"]["restored_prompt_tokens"] > 0
+        assert "prompt cache:" in server.output()
+    finally:
+        server.close()
+    again = ServeProcess(args, tmp_path)  # a restart: the RAM tier is gone, the disk tier is not
+    try:
+        client = openai.OpenAI(base_url=again.url, api_key="none")
+        r = client.chat.completions.create(model="target", messages=a2, max_tokens=8, temperature=0)
+        assert r.usage.prompt_tokens_details.cached_tokens == r.usage.prompt_tokens - 1
+        assert r.choices[0].message.content == follow.choices[0].message.content
+    finally:
+        again.close()

@@ -11,6 +11,7 @@ import click
 
 from .. import __version__
 from .bench import bench
+from .cache import cache
 from .calibrate import calibrate
 from .chat import chat
 from .export import export
@@ -30,7 +31,7 @@ def cli() -> None:
     """
 
 
-for _command in (generate, chat, serve, models, add, pull, check, export, history, calibrate, bench):
+for _command in (generate, chat, serve, models, add, pull, check, export, history, cache, calibrate, bench):
     cli.add_command(_command)
 
 

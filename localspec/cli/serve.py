@@ -52,5 +52,6 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
                          max_body=MAX_BODY if max_body is None else max_body)
         say(f"localspec serve: model {name!r} on http://{host}:{port}/v1 "
             f"({'API key required' if api_key else 'no API key'}; history "
-            f"{'recorded' if server.limits.history else 'off'}); Ctrl-C stops")
+            f"{'recorded' if server.limits.history else 'off'}; "
+            f"{pair.cache.describe() if pair.cache is not None else 'no prompt cache'}); Ctrl-C stops")
         run(server, app, host, port)

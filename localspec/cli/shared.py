@@ -71,6 +71,8 @@ class ModelArgs:
     flash_attn: str
     huge_pages: bool
     verbose: bool
+    cache_ram: Optional[int] = None
+    cache_disk: Optional[int] = None
 
     def open(self, method: Optional[str] = None) -> Pair:
         """Load the registered pair by name, or the target (and draft) given as files or as the scan's names.
@@ -95,7 +97,12 @@ class ModelArgs:
         draft = self.draft if self.draft is not None or pair else default_draft(method)
         return load(model, draft, n_ctx=self.n_ctx, n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
                     n_gpu_layers=self.n_gpu_layers, verbose=self.verbose, flash_attn=FLASH_ATTN[self.flash_attn],
-                    huge_pages=self.huge_pages, notify=say)
+                    huge_pages=self.huge_pages, notify=say, cache_ram=_mib(self.cache_ram),
+                    cache_disk=_mib(self.cache_disk))
+
+
+def _mib(n: Optional[int]) -> Optional[int]:
+    return None if n is None else n * 2**20
 
 
 _MODEL_KEYS = tuple(f.name for f in dataclasses.fields(ModelArgs))
@@ -132,6 +139,12 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--huge-pages/--no-huge-pages", default=True, show_default=True,
                      help="Ask Linux for transparent huge pages for llama.cpp's CPU buffers (see the README)."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's log."),
+        click.option("--cache-ram", type=click.IntRange(min=0), default=None, metavar="MIB",
+                     help="MiB of RAM for the prompt cache, which keeps each prompt's model states so no prompt "
+                          "is processed twice (default: a quarter of the free memory, at most 8 GiB; 0: none)."),
+        click.option("--cache-disk", type=click.IntRange(min=0), default=None, metavar="MIB",
+                     help="MiB of disk for the prompt cache, kept across runs (default: a tenth of the free space, "
+                          "at most 16 GiB; 0: none). `localspec cache` shows it."),
     ]):
         wrapper = opt(wrapper)
     return wrapper
