@@ -77,3 +77,16 @@ def test_reasoning_effort_none_and_chat_template_kwargs_turn_thinking_off(client
 def test_bad_reasoning_fields_are_a_400_with_one_sentence(client, extra, needle):
     with pytest.raises(openai.BadRequestError, match=needle):
         client.chat.completions.create(model="opens", messages=MESSAGES, max_tokens=4, extra_body=extra)
+
+
+def test_a_completion_carries_its_reasoning_next_to_its_text(client, pair):
+    prompt = pair.format_chat(MESSAGES)
+    want = pair.generate(prompt, max_tokens=20, method="plain", think_budget=5)
+    r = client.completions.create(model="opens", prompt=prompt, max_tokens=20, temperature=0,
+                                  extra_body={"method": "plain"})
+    assert r.choices[0].text == want.text and r.choices[0].model_extra["reasoning_content"] == want.reasoning
+    streamed = list(client.completions.create(model="opens", prompt=prompt, max_tokens=20, temperature=0,
+                                              stream=True))
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == want.text
+    assert "".join((c.choices[0].model_extra or {}).get("reasoning_content") or "" for c in streamed
+                   if c.choices) == want.reasoning
