@@ -264,3 +264,24 @@ def test_a_reasoning_block_then_tool_calls_under_every_method(tmp_path):
         free = {**one, "tool_choice": "auto"}
         auto = pair.chat(ASK, method="plain", **free)
         assert pair.chat(ASK, method="draft", k=4, **free).tokens == auto.tokens
+
+
+def test_chat_in_a_terminal_dims_the_thinking_block_and_toggles_it(think_dir, tmp_path):
+    pexpect = pytest.importorskip("pexpect")
+    from clirun import spawn_localspec
+
+    child = spawn_localspec(["chat", "-t", str(think_dir / "opens-t.gguf"), "-d", "none", "-n", "12", "--method",
+                             "plain", "--think-budget", "3"], tmp_path / "home")
+    try:
+        child.expect(">>>")
+        child.send("hello\r")
+        child.expect(r"\x1b\[2mthinking: ")  # dimmed
+        child.expect(r"\[\d+ tokens")
+        child.expect(">>>")
+        child.send("/think\r")
+        child.expect("thinking: off")
+        child.expect(">>>")
+        child.send("/exit\r")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
