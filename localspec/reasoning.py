@@ -1,8 +1,8 @@
 """Reasoning in a reply: where a model's thinking ends and its answer begins.
 
 A reasoning model writes its thinking first, marked the way its chat template
-marks it: ``<think>...</think>`` (Qwen3, DeepSeek-R1 distills, Magistral and
-most others) or GPT-OSS's harmony channels (``<|channel|>analysis<|message|>
+marks it: ``<think>...</think>`` (Qwen3, DeepSeek-R1 distills and most
+others), ``[THINK]...[/THINK]`` (Magistral) or GPT-OSS's harmony channels (``<|channel|>analysis<|message|>
 ...<|end|>``, then ``<|channel|>final<|message|>`` before the answer). A
 ``ReasoningFormat`` names those markers; a ``ReasoningReader`` splits text, fed
 whole or in chunks cut anywhere (a marker may straddle two chunks), into
@@ -32,7 +32,7 @@ class ReasoningFormat:
     """How one family of templates marks a reply's reasoning.
 
     Attributes:
-        name: "think" or "harmony".
+        name: "think", "brackets" or "harmony".
         opens: texts that begin reasoning.
         closes: texts that end it.
         answers: texts that begin the answer (harmony's final channel), wherever they come.
@@ -60,8 +60,11 @@ THINK = ReasoningFormat("think", opens=("<think>",), closes=("</think>",), close
 HARMONY = ReasoningFormat("harmony", opens=("<|channel|>analysis<|message|>",), closes=("<|end|>",),
                           answers=("<|channel|>final<|message|>",), drops=("<|start|>assistant",), reopens=True,
                           close="<|end|><|start|>assistant<|channel|>final<|message|>", signs=("<|channel|>",))
+#: Magistral's (from 2509 on): its own control tokens around the reasoning.
+BRACKETS = ReasoningFormat("brackets", opens=("[THINK]",), closes=("[/THINK]",), close="[/THINK]",
+                           signs=("[THINK]",))
 #: The formats there are, in the order a model's template is matched against them.
-FORMATS = (HARMONY, THINK)
+FORMATS = (HARMONY, BRACKETS, THINK)
 
 
 class Piece(NamedTuple):

@@ -5,12 +5,12 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from localspec.reasoning import ANSWER, HARMONY, REASONING, THINK, ReasoningReader, joined, opened_in, split
+from localspec.reasoning import ANSWER, BRACKETS, HARMONY, REASONING, THINK, ReasoningReader, joined, opened_in, split
 
 # text built from pieces that are, or look like, markers: the splits must not depend on the chunking
 PARTS = st.sampled_from(["<think>", "</think>", "<", "</", "think>", "<th", " ", "\n", "a", "b c", "<|end|>",
                          "<|channel|>analysis<|message|>", "<|channel|>final<|message|>", "<|start|>assistant",
-                         "<|", "final", "é"])
+                         "<|", "final", "é", "[THINK]", "[/THINK]", "[TH"])
 TEXTS = st.lists(PARTS, max_size=30).map("".join)
 
 
@@ -21,7 +21,7 @@ def streamed(text: str, cuts: list[int], fmt=THINK, inside: bool = False):
     return joined(reader, pieces)
 
 
-@given(TEXTS, st.lists(st.integers(0, 400)), st.sampled_from([THINK, HARMONY]), st.booleans())
+@given(TEXTS, st.lists(st.integers(0, 400)), st.sampled_from([THINK, HARMONY, BRACKETS]), st.booleans())
 def test_any_chunking_splits_as_the_whole_text(text, cuts, fmt, inside):
     assert streamed(text, cuts, fmt, inside) == split(text, fmt, inside)
 
@@ -53,6 +53,10 @@ def test_harmony_channels():
             "<|channel|>final<|message|>4")
     assert split(text, HARMONY) == ("User wants 2+2.", "4")
     assert split("<|channel|>final<|message|>just this", HARMONY) == (None, "just this")
+
+
+def test_magistral_brackets():
+    assert split("[THINK]Two and two.[/THINK]4", BRACKETS) == ("Two and two.", "4")
 
 
 def test_a_marker_split_across_chunks_is_read_once_whole():
