@@ -98,7 +98,7 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
     max_tokens = max_tokens or (64 if quick else 128)
     temperatures = (0.0, sampled_temperature) if sampled else (0.0,)
     precision = Precision(width, 60 * (budget_minutes or 60.0)) if width is not None else None
-    with models.open() as pair:
+    with models.open(prompt_cache=False) as pair:  # every run prefills its whole prompt
         methods = default_methods(pair.draft is not None, quick, {m: k for m, k in ks.items() if k is not None},
                                   auto=not no_auto, peers=not no_peers, history_check=history_check,
                                   has_head=bool(pair.target.n_nextn))
@@ -136,7 +136,7 @@ def _bench_related(models: ModelArgs, suite: Optional[str], reps: Optional[int],
     from ..bench import load_related, render_related, run_related
 
     prompts = load_related(Path(suite) if suite else None)
-    with models.open() as pair:
+    with models.open(prompt_cache=False) as pair:  # every run prefills its whole prompt
         reps, max_tokens = reps or 3, max_tokens or 128
         click.echo(f"bench: {len(prompts)} related requests x 3 rows x {reps} reps, {max_tokens} tokens each", err=True)
         pair.calibrate()

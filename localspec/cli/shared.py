@@ -74,11 +74,12 @@ class ModelArgs:
     cache_ram: Optional[int] = None
     cache_disk: Optional[int] = None
 
-    def open(self, method: Optional[str] = None) -> Pair:
+    def open(self, method: Optional[str] = None, prompt_cache: Optional[bool] = None) -> Pair:
         """Load the registered pair by name, or the target (and draft) given as files or as the scan's names.
 
         A target given without a draft gets the best draft found on this machine
         (``localspec models --scan``), said on stderr, unless ``method`` needs none.
+        ``prompt_cache`` False loads it without one (see ``load``).
         """
         from ..loading import load
         from ..naming import default_draft, names_a_model
@@ -97,7 +98,7 @@ class ModelArgs:
         draft = self.draft if self.draft is not None or pair else default_draft(method)
         return load(model, draft, n_ctx=self.n_ctx, n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
                     n_gpu_layers=self.n_gpu_layers, verbose=self.verbose, flash_attn=FLASH_ATTN[self.flash_attn],
-                    huge_pages=self.huge_pages, notify=say, cache_ram=_mib(self.cache_ram),
+                    huge_pages=self.huge_pages, notify=say, prompt_cache=prompt_cache, cache_ram=_mib(self.cache_ram),
                     cache_disk=_mib(self.cache_disk))
 
 
