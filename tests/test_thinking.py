@@ -120,11 +120,20 @@ def test_without_a_budget_the_constraint_waits_for_the_reasoning_to_end(opens):
     assert r.tokens[:cut] == free.tokens[:cut]
 
 
-def test_sampling_across_the_forced_close_keeps_plain_decodings_distribution(opens):
+@pytest.mark.parametrize("constrained", [False, True])
+def test_sampling_across_the_forced_close_keeps_plain_decodings_distribution(opens, constrained):
     prompt = opens.format_chat(MESSAGES)
-    position = 2 + len(close_tokens(opens))  # the answer's first token, after two reasoning tokens and the close
-    plain = token_counts(opens, prompt, 1000, position, method="plain", think_budget=2)
-    spec = token_counts(opens, prompt, 1000, position, method="draft", k=4, think_budget=2)
+    # the answer's first token, after two reasoning tokens, the close and (before a constraint) the separator
+    position = 2 + len(close_tokens(opens))
+    extra = {}
+    if constrained:
+        position += len(opens.target.tokenize("\n\n", add_special=False))
+        extra["grammar"] = Constraint.regex("(cat|dog|bird|fox)s? (sat|ran)")
+    plain = token_counts(opens, prompt, 1000, position, method="plain", think_budget=2, **extra)
+    spec = token_counts(opens, prompt, 1000, position, method="draft", k=4, think_budget=2, **extra)
+    assert len(plain) > 1  # a position where sampling has a choice
+    if constrained:
+        assert {opens.target.detokenize([t])[:1] for t in plain} <= set("cdbf")  # the grammar holds there
     assert same_distribution(plain, spec) > 1e-3
 
 
