@@ -110,6 +110,8 @@ class _Body(_Strict):
     method: Optional[str] = None
     k: Optional[int] = None
     history: Optional[bool] = None
+    think: Optional[bool] = None  # a reasoning model's thinking on or off (localspec's, as the Python API's)
+    think_budget: Optional[int] = None  # the most tokens it thinks for
     speculative: Optional[Speculative] = None
     user: Optional[str] = None  # an end-user id for the caller's own logs; changes nothing
     logit_bias: Optional[dict[str, Union[int, float]]] = None
@@ -157,7 +159,7 @@ OPTION_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_token
                  "method": "method", "k": "k", "history": "history", "logit_bias": "logit_bias",
                  "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
                  "repeat_penalty": "repeat_penalty", "repetition_penalty": "repeat_penalty",
-                 "repeat_last_n": "repeat_last_n"}
+                 "repeat_last_n": "repeat_last_n", "think": "think", "think_budget": "think_budget"}
 
 
 @dataclass

@@ -90,3 +90,15 @@ def test_a_completion_carries_its_reasoning_next_to_its_text(client, pair):
     assert "".join(c.choices[0].text for c in streamed if c.choices) == want.text
     assert "".join((c.choices[0].model_extra or {}).get("reasoning_content") or "" for c in streamed
                    if c.choices) == want.reasoning
+
+
+def test_a_request_sets_its_own_budget_and_a_bad_one_is_a_400(client, pair):
+    want = pair.chat(MESSAGES, max_tokens=20, method="plain", think_budget=2)
+    r = client.chat.completions.create(model="opens", messages=MESSAGES, max_tokens=20, temperature=0,
+                                       extra_body={"method": "plain", "think_budget": 2})
+    assert r.choices[0].message.model_extra["reasoning_content"] == want.reasoning
+    assert r.choices[0].message.content == want.text
+    with pytest.raises(openai.BadRequestError, match="think_budget must be a whole number") as caught:
+        client.chat.completions.create(model="opens", messages=MESSAGES, max_tokens=4,
+                                       extra_body={"think_budget": -3})
+    assert caught.value.body["param"] == "think_budget"
