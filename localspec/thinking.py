@@ -1,7 +1,7 @@
 """A model's reasoning: the format its chat template writes, its marker tokens, and the switches for it.
 
 ``model_reasoning`` reads a loaded model's template and vocabulary once per generation: a template that
-writes ``<think>`` or harmony's channels makes the model a reasoning model (``ModelReasoning``); any other
+writes ``<think>``, ``[THINK]`` or harmony's channels makes the model a reasoning model (``ModelReasoning``); any other
 model has none, and its replies are read and constrained exactly as before.
 
 Thinking is switched by the template's own variable where it has one (Qwen3's ``enable_thinking``), else by
