@@ -236,7 +236,7 @@ class Pair:
         if self._head is not None:
             self._head.close()
         if self.cache is not None:
-            self.cache.close()  # its disk writes finish first
+            self.cache.flush()  # its disk writes finish first; the cache itself may be shared with other pairs
         self.target.close()
         if self.draft is not None:
             self.draft.close()
@@ -353,12 +353,12 @@ class Pair:
                     parallel_tool_calls: Optional[bool] = None, template_vars: Optional[Mapping[str, Any]] = None,
                     **changes: Any) -> Stream:
         """Like ``chat``, yielding TokenEvents (``tool_calls.CallReader`` reads the calls as they stream)."""
-        opts = self.options(options, **changes)
+        asked = self.options(options, **changes)
         use = tool_use(tools, tool_choice, parallel_tool_calls)
-        text, opts = chat_with_tools(self.target, messages, use, opts, template_vars)
+        text, opts = chat_with_tools(self.target, messages, use, asked, template_vars)
         check_length(self.target, text)
         tokens = self.target.tokenize(text, add_special=False)
-        marks = self._boundaries(messages, tokens, lambda m: chat_with_tools(self.target, m, use, opts,
+        marks = self._boundaries(messages, tokens, lambda m: chat_with_tools(self.target, m, use, asked,
                                                                             template_vars)[0])
         return self._start(tokens, text, opts, calls=may_call(use), boundaries=marks)
 
@@ -367,8 +367,8 @@ class Pair:
         """Where in a chat prompt later prompts are likely to part from it, worth a prompt-cache entry each: the
         end of the leading system messages (and tools), and the end of the turns before the last message. Only
         where the template writes the shorter conversation as a prefix of this one."""
-        if self.cache is None or not self.cache.enabled or len(messages) < 2:
-            return []
+        if self.cache is None or not self.cache.enabled or len(messages) < 2 or self.target.cuts_after_load:
+            return []  # an attention cache is saved at the end of the reply, which serves every prefix of it
         system = next((i for i, m in enumerate(messages) if m.get("role") not in ("system", "developer")),
                       len(messages))
         marks = []

@@ -127,6 +127,7 @@ class Model(ModelVocabulary):
         self.huge_page_bytes = pages.advised
         self._init_vocabulary()
         self._init_memory()
+        self._file_identity = self._identity_at_load()
         # One batch reused for every decode, filled through numpy views of its arrays.
         self._batch, self._b_token, self._b_pos, self._b_logits = one_sequence_batch(self.n_batch)
 
@@ -165,6 +166,8 @@ class Model(ModelVocabulary):
                                  "embedding-only model); localspec needs a model that generates text.")
         #: What this model's memory can undo (see ``localspec.memory``); its checkpoint size once measured.
         self.memory = memory.inspect(self._model, self._ctx)
+        #: Sliding-window size of its windowed attention layers (0: none).
+        self.n_swa = int(ll.llama_model_n_swa(self._model))
         #: Next-n (MTP) layers in the GGUF: a head that drafts from this model's own hidden states.
         self.n_nextn = int(ll.llama_model_n_layer_nextn(self._model)) if hasattr(ll, "llama_model_n_layer_nextn") else 0
         #: Hidden state after each position (row p: after token p), kept once ``keep_hidden`` is called.
@@ -463,13 +466,25 @@ class Model(ModelVocabulary):
         """What a saved state of this context depends on: the model file, llama.cpp's build and the settings
         that shape the state (cache types, flash attention, offload, the rollback snapshots). A state saved
         under another identity is never loaded."""
+        return f"{self._file_identity}|nextn={int(self._ext is not None)}"
+
+    def _identity_at_load(self) -> str:
+        """The file and settings part of ``state_identity``, read once: a file replaced or moved while it is
+        loaded changes nothing about the weights in memory."""
         import llama_cpp
 
         st = self.path.stat()
         kept = {k: self._settings[k] for k in ("cache_type", "flash_attn", "rollback_tokens")}
         return "|".join([str(self.path.resolve()), str(st.st_size), str(st.st_mtime_ns), llama_cpp.__version__,
                          f"ngl={self.n_gpu_layers}", f"fa={self.flash_attn}", "swa_full=1",
-                         *(f"{k}={v}" for k, v in sorted(kept.items())), f"nextn={int(self._ext is not None)}"])
+                         *(f"{k}={v}" for k, v in sorted(kept.items()))])
+
+    @property
+    def cuts_after_load(self) -> bool:
+        """Whether a state ``load_state`` put back can be cut to any shorter length in place: a plain attention
+        cache can; a recurrent state cannot, and a sliding-window cache is not cut after a load either (each
+        shorter length is evaluated again from the start instead)."""
+        return self.memory.kind == memory.FULL and not self.n_swa
 
     def save_state(self) -> bytearray:
         """The whole state of the cache as it stands (``tokens`` says what it holds), for ``load_state``; with
@@ -479,7 +494,7 @@ class Model(ModelVocabulary):
         with self._log:
             data = memory.save_sequence(self._ctx)
         if self._ext is not None:
-            data += self.hidden[: self._n].tobytes()
+            data += self.hidden[: self._n].data.cast("B")  # the rows' bytes, without a copy of them first
         self.busy_seconds += time.perf_counter() - t0
         return data
 
@@ -496,18 +511,19 @@ class Model(ModelVocabulary):
             return False
         self._repair()
         t0 = time.perf_counter()
-        view = memoryview(data)
         with self._log:
-            ok = memory.restore_sequence(self._ctx, view[: len(data) - rows].tobytes() if rows else data)
+            ok = memory.restore_sequence(self._ctx, data, len(data) - rows)
         self.busy_seconds += time.perf_counter() - t0
         self._checkpoints.clear()
         if not ok:
             self.reset()
             return False
         if rows:
-            self.hidden[:n] = np.frombuffer(view[len(data) - rows :], dtype=np.float32).reshape(n, -1)
+            self.hidden[:n] = np.frombuffer(data, dtype=np.float32, offset=len(data) - rows).reshape(n, -1)
         self._tokens[:n] = arr
-        self._n = self._undo_floor = n
+        self._n = n
+        # a plain attention cache cuts back anywhere; the rest hold nothing from before the load
+        self._undo_floor = 0 if self.cuts_after_load else n
         self._dirty = False
         return True
 

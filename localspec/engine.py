@@ -40,7 +40,6 @@ from .events import (
     TokenEvent,
 )
 from .grammar import GrammarState
-from .memory import FULL
 from .methods import PLAIN
 from .options import SamplingParams
 from .processors import Processing
@@ -438,7 +437,8 @@ class Generation:
             cache.restore(m, prompt[:-1])
         drafter.prefill(prompt)
         for m in models:
-            cache.save(m)
+            if not m.cuts_after_load:  # an attention cache is saved once, at the end (see ``_settle``)
+                cache.save(m)
 
     def _process_prompt(self) -> np.ndarray:
         """Bring the target to the prompt: the longest prefix its cache or the prompt cache holds, the rest
@@ -446,23 +446,25 @@ class Generation:
         target, prompt, cache, stats = self.target, self._prompt, self.prompt_cache, self.stats
         last = len(prompt) - 1
         live = min(target.common_prefix(prompt), last)
-        held = min(cache.restore(target, prompt[:last]), last) if cache is not None else live
-        stats.cached_prompt_tokens = min(target.common_prefix(prompt), last)
-        stats.restored_prompt_tokens = max(0, stats.cached_prompt_tokens - live) if held > live else 0
-        t0, start = time.perf_counter(), stats.cached_prompt_tokens
         if cache is None:
+            stats.cached_prompt_tokens = live
             return target.sync(prompt, abort=self._cancel)
-        target.truncate(stats.cached_prompt_tokens, replay=False)
-        # A recurrent state cannot be cut back to the prompt minus its last token, which a repeat of this
-        # prompt needs: it is saved there too.
-        stops = self._boundaries + ([last] if target.memory.kind != FULL else [])
+        restored = min(cache.restore(target, prompt[:last]), last) > live
+        target.truncate(min(target.common_prefix(prompt), last), replay=False)
+        stats.cached_prompt_tokens = start = min(target.n_past, last)  # what a recurrent state could keep
+        stats.restored_prompt_tokens = max(0, start - live) if restored else 0
+        t0, saving = time.perf_counter(), 0.0
+        # An attention cache's state at the end of the generation serves every prefix of it: it is saved
+        # then (see ``_settle``). A recurrent state serves only its own length, so it is saved at the
+        # boundaries, and at the prompt minus its last token, which a repeat of this prompt needs.
+        stops = [] if target.cuts_after_load else [*self._boundaries, last]
         for at in (b for b in stops if target.n_past < b <= last):
             target.eval(prompt[target.n_past : at], logits="none", abort=self._cancel)
+            t_save = time.perf_counter()
             cache.save(target)
+            saving += time.perf_counter() - t_save
         logits = target.sync(prompt, abort=self._cancel)
-        cache.observe_prefill(target, len(prompt) - start, time.perf_counter() - t0)
-        if target.memory.kind == FULL:
-            cache.save(target)
+        cache.observe_prefill(target, len(prompt) - start, time.perf_counter() - t0 - saving)
         return logits
 
     def _emit(self, pending: list[Emitted], rows: Optional[np.ndarray]) -> Generator[TokenEvent, None, Optional[str]]:

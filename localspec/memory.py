@@ -24,7 +24,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import llama_cpp as ll
 
@@ -129,10 +129,12 @@ def save_sequence(ctx: Any) -> bytearray:
     return buf
 
 
-def restore_sequence(ctx: Any, data: Union[bytes, bytearray]) -> bool:
-    """Replace sequence 0's whole state with ``data`` (from ``save_sequence``); False if llama.cpp refused it."""
+def restore_sequence(ctx: Any, data: Union[bytes, bytearray], size: Optional[int] = None) -> bool:
+    """Replace sequence 0's whole state with the first ``size`` bytes of ``data`` (default: all of it, as
+    ``save_sequence`` gave it); False if llama.cpp refused it. ``data`` is read in place, not copied."""
+    size = len(data) if size is None else size
     if isinstance(data, bytearray):
-        src: Any = (ctypes.c_uint8 * len(data)).from_buffer(data)
-    else:  # read-only bytes (from disk): a pointer to them, not a copy
+        src: Any = (ctypes.c_uint8 * size).from_buffer(data)
+    else:  # read-only bytes (from disk): a pointer to them
         src = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
-    return int(ll.llama_state_seq_set_data_ext(ctx, src, len(data), 0, 0)) == len(data)
+    return int(ll.llama_state_seq_set_data_ext(ctx, src, size, 0, 0)) == size

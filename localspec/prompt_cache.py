@@ -20,22 +20,21 @@ that saves more time than the restore costs.
   own, written by a background thread so a save costs the caller one copy
   of the state. Eviction is least recently used among the entries never hit
   first, so a shared system prompt outlives one-off side requests.
-* **Disk files** carry a header with a format version, the model identity,
-  the tokens and a SHA-256 of the state: a truncated, corrupt, foreign or
-  wrong-model file is found out before llama.cpp sees it, ignored with one
-  notice and deleted. Files are written to a temporary name and renamed, so
-  a process killed mid-save leaves nothing that loads, and processes sharing
-  the folder only ever see whole files.
+* **Disk files** (``localspec.cache_files``) carry a header with a format
+  version, the model identity, the tokens and a SHA-256 of the state: a
+  truncated, corrupt or wrong-model file is found out before llama.cpp sees
+  it, ignored with one notice and deleted. Files are written to a temporary
+  name and renamed, so a process killed mid-save leaves nothing that loads,
+  and processes sharing the folder only ever see whole files.
+* **Faults** (a full disk, a damaged file, no memory) cost the cache's help
+  with one notice, never a reply.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import os
 import queue
-import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -44,23 +43,24 @@ from typing import Callable, Iterable, Optional, Union
 
 import numpy as np
 
+from . import cache_files as files
 from . import memory
 from .backend import Model
+from .cache_files import BadFile, State
 
 #: Tokens per hashed block of the lookup chain.
 BLOCK = 32
-#: Disk files: magic, format version.
-MAGIC = b"LSPC"
-FORMAT_VERSION = 1
-_HEAD = struct.Struct("<4sII")  # magic, version, header length
-SUFFIX = ".lspc"
 #: Default budgets: this share of the memory free at start (at most RAM_MOST), and of the disk free (at most DISK_MOST).
 RAM_SHARE, RAM_MOST = 0.25, 8 * 2**30
 DISK_SHARE, DISK_MOST = 0.10, 16 * 2**30
 #: Prompts shorter than this are not worth an entry (a restore costs more than their processing).
 MIN_TOKENS = BLOCK
 
-State = Union[bytes, bytearray]
+#: A restore counts as recent use for this many seconds more than a save, so a shared prefix outlives
+#: one-off side requests without freezing the RAM tier once every entry has been hit.
+HIT_BONUS_SECONDS = 600.0
+#: The disk writer stops after this long with nothing to write (a later save starts it again).
+WRITER_IDLE_SECONDS = 2.0
 
 
 @dataclass
@@ -85,7 +85,8 @@ class Entry:
     hits: int = 0
     used: float = field(default_factory=time.monotonic)
     serial: int = 0
-    queued: bool = False  # waiting for the disk writer, which holds the state meanwhile
+    queued: bool = False  # waiting for the disk writer, which holds the state meanwhile (counted in RAM)
+    removed: bool = False  # dropped from the cache: the writer must not bring it back
 
 
 @dataclass
@@ -160,11 +161,11 @@ class _Index:
 
 def usable(model: Model, entry_tokens: np.ndarray, wanted: np.ndarray) -> int:
     """How many of ``wanted`` a restore of an entry holding ``entry_tokens`` gives ``model``: any shared prefix for
-    an attention cache (the rest is cut off), only the whole entry for a recurrent state."""
+    an attention cache (the rest is cut off), only the whole entry for a recurrent state or a sliding window."""
     n = min(len(entry_tokens), len(wanted))
     diff = np.flatnonzero(entry_tokens[:n] != wanted[:n])
     shared = int(diff[0]) if diff.size else n
-    if model.memory.kind == memory.FULL:
+    if model.cuts_after_load:
         return shared
     return shared if shared == len(entry_tokens) else 0
 
@@ -176,7 +177,10 @@ def default_ram_budget() -> int:
             fields = dict(line.split(":", 1) for line in f)
         free = int(fields["MemAvailable"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
-        free = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")) if hasattr(os, "sysconf") else 0
+        try:
+            free = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+        except (AttributeError, ValueError, OSError):  # not on this system (macOS, Windows): a fixed share
+            free = 4 * 2**30
     return int(min(RAM_MOST, RAM_SHARE * free))
 
 
@@ -187,8 +191,8 @@ def default_disk_budget(folder: Path) -> int:
         probe = probe.parent
     try:
         st = os.statvfs(probe)
-    except OSError:
-        return 0
+    except (OSError, AttributeError):  # no statvfs (Windows): a fixed budget
+        return 2 * 2**30
     return int(min(DISK_MOST, DISK_SHARE * st.f_bavail * st.f_frsize))
 
 
@@ -199,8 +203,12 @@ def _mib(n: int) -> str:
 class PromptCache:
     """Saved model states by token prefix, in RAM and optionally on disk (see the module's docstring).
 
+    Nothing it does raises into a generation: a fault (a full disk, a damaged file, no memory) costs the
+    cache's help with one notice, never the reply.
+
     Args:
-        ram_bytes: the RAM tier's budget (0: no RAM tier; None: ``default_ram_budget``).
+        ram_bytes: the RAM tier's budget (0: no RAM tier; None: ``default_ram_budget``). States waiting to be
+            written to disk count in it too.
         folder: the disk tier's folder (None: no disk tier).
         disk_bytes: the disk tier's budget (None: ``default_disk_budget``).
         notify: where one-line notices go (a damaged file, a full disk, a budget smaller than an entry).
@@ -212,11 +220,10 @@ class PromptCache:
                  disk_bytes: Optional[int] = None, notify: Optional[Callable[[str], None]] = None,
                  weigh: bool = True):
         self.ram_bytes = default_ram_budget() if ram_bytes is None else max(0, int(ram_bytes))
-        folder = Path(folder) if folder is not None else None
-        self.folder = folder
+        self.folder = Path(folder) if folder is not None else None
+        self.disk_bytes = 0 if self.folder is None else (default_disk_budget(self.folder) if disk_bytes is None
+                                                         else max(0, int(disk_bytes)))
         self.weigh = weigh
-        self.disk_bytes = 0 if folder is None else (default_disk_budget(folder) if disk_bytes is None
-                                                    else max(0, int(disk_bytes)))
         self.notify = notify or (lambda _: None)
         self.stats = CacheStats()
         self._entries: dict[int, Entry] = {}
@@ -226,7 +233,7 @@ class PromptCache:
         self._said: set[str] = set()
         # seconds per token each model took to process prompts, measured (see ``observe_prefill``)
         self._prefill_rate: dict[str, float] = {}
-        self._writes: queue.Queue[tuple[Entry, State]] = queue.Queue()
+        self._writes: queue.Queue[Optional[tuple[Entry, State]]] = queue.Queue()
         self._writer: Optional[threading.Thread] = None
         self._scanned: set[str] = set()
 
@@ -242,9 +249,9 @@ class PromptCache:
             return sorted(self._entries.values(), key=lambda e: -e.used)
 
     def ram_used(self) -> int:
-        """Bytes of states held in RAM."""
+        """Bytes of states held in RAM: the RAM tier's and those waiting for the disk writer."""
         with self._lock:
-            return sum(e.size for e in self._entries.values() if e.data is not None)
+            return sum(e.size for e in self._entries.values() if e.data is not None or e.queued)
 
     def describe(self) -> str:
         """One line for a person: the budgets and where the disk tier is."""
@@ -258,14 +265,22 @@ class PromptCache:
         """Give ``model`` the longest prefix of ``wanted`` the cache or its own context holds, when a saved one is
         longer than its own by more than the restore costs. Returns the tokens of ``wanted`` it then holds.
 
-        A state llama.cpp refuses, or a disk file that fails its checks, is dropped (with one notice for a file)
-        and the model's context is left as it was or emptied; the caller then processes what is missing.
+        A state llama.cpp refuses, or a disk file that fails its checks, is dropped (with one notice) and the
+        next best tried; the caller then processes whatever is missing.
         """
+        live = model.common_prefix(wanted)
         if not self.enabled or len(wanted) < MIN_TOKENS:
+            return live
+        try:
+            return self._restore(model, wanted, live)
+        except Exception as exc:  # the cache must never cost a reply
+            self._say(f"restore:{type(exc).__name__}", f"localspec: the prompt cache could not restore a state "
+                                                       f"({exc}); the prompt is processed instead.")
             return model.common_prefix(wanted)
+
+    def _restore(self, model: Model, wanted: np.ndarray, live: int) -> int:
         identity = model.state_identity()
         self._scan(identity)
-        live = model.common_prefix(wanted)
         if model.memory.kind != memory.FULL and live < model.n_past:
             live = 0  # going back in a recurrent state may mean starting again: count on nothing
         for _ in range(3):  # a disk file that fails its checks is dropped, and the next best one tried
@@ -289,13 +304,13 @@ class PromptCache:
         model.truncate(gain)  # an attention cache keeps only the shared part
         with self._lock:
             entry.hits += 1
-            entry.used = time.monotonic()
+            entry.used = time.monotonic() + HIT_BONUS_SECONDS
             self.stats.restores += 1
             self.stats.restored_tokens += gain
             self.stats.restore_seconds += seconds
             self.stats.restored_bytes += entry.size
         if entry.file is not None:
-            _touch(entry.file)
+            files.touch(entry.file)
         return gain
 
     def _best(self, model: Model, identity: str, wanted: np.ndarray) -> Optional[tuple[Entry, int]]:
@@ -306,8 +321,8 @@ class PromptCache:
             best: Optional[tuple[Entry, int]] = None
             for serial in index.candidates(wanted):
                 entry = self._entries[serial]
-                if entry.data is None and entry.file is None:  # evicted while its file is being written
-                    continue
+                if (entry.data is None and entry.file is None) or len(entry.tokens) > model.n_ctx:
+                    continue  # its state is on its way to disk, or it does not fit this context
                 n = usable(model, entry.tokens, wanted)
                 if n and (best is None or (n, *_cheaper(entry)) > (best[1], *_cheaper(best[0]))):
                     best = (entry, n)
@@ -315,14 +330,13 @@ class PromptCache:
 
     def _worth(self, identity: str, entry: Entry, gained: int) -> bool:
         """Whether restoring ``entry`` to gain ``gained`` tokens over the live context costs less than processing
-        them: both measured (prompt processing by ``observe_prefill``, restores and saves by their bytes).
-        Before either is measured, a restore is taken: it is a copy, a prompt is a model's forward passes."""
+        them: both measured (prompt processing by ``observe_prefill``, restores and saves by their bytes, disk
+        reads by theirs). Before either is measured a restore is taken: it is a copy, a prompt is a model's
+        forward passes."""
         rate = self._prefill_rate.get(identity)
-        if not self.weigh:
-            return True
         moved = self.stats.saved_bytes + self.stats.restored_bytes
         spent = self.stats.save_seconds + self.stats.restore_seconds
-        if rate is None or not moved or not spent:
+        if not self.weigh or rate is None or not moved or not spent:
             return True
         read = 0.0
         if entry.data is None:  # a disk read too: at its measured speed, or at 200 MB/s until one is measured
@@ -341,37 +355,51 @@ class PromptCache:
 
     def save(self, model: Model) -> Optional[Entry]:
         """Save ``model``'s state for the tokens its context holds now (a copy in RAM; the disk file is written
-        in the background). Returns the entry, or None when nothing was saved (too short, held already, or over
-        every budget)."""
+        in the background). Returns the entry, or None when nothing was saved (too short, held already, over
+        every budget, or a fault, said once)."""
         if not self.enabled or model.n_past < MIN_TOKENS:
             return None
+        try:
+            return self._save(model)
+        except Exception as exc:  # MemoryError included: the cache must never cost a reply
+            self._say(f"save:{type(exc).__name__}", f"localspec: the prompt cache could not save a state ({exc}); "
+                                                    "this prompt is not cached.")
+            return None
+
+    def _save(self, model: Model) -> Optional[Entry]:
         identity = model.state_identity()
         tokens = np.array(model.tokens, dtype=np.int32)
         if self._held(identity, tokens):
             return None
         t0 = time.perf_counter()
-        try:
-            data = model.save_state()
-        except MemoryError:
-            self._say("memory", "localspec: no memory for a prompt-cache entry; this prompt was not cached.")
-            return None
+        data = model.save_state()
         size = len(data)
         if size > max(self.ram_bytes, self.disk_bytes):
             self._say("budget", f"localspec: a prompt-cache entry of {_mib(size)} is larger than the cache's "
                                 f"budgets ({self.describe()}); prompts this long are not cached.")
             return None
+        to_disk = bool(self.disk_bytes) and self.folder is not None and size <= self.disk_bytes
         with self._lock:
             self.stats.saves += 1
             self.stats.save_seconds += time.perf_counter() - t0
             self.stats.saved_bytes += size
             entry = Entry(identity, tokens, size, data if size <= self.ram_bytes else None,
                           serial=next(self._serials))
-            if model.memory.kind == memory.FULL:
+            if model.cuts_after_load and entry.data is not None:
                 self._supersede(identity, tokens)
             self._add(entry)
-            self._fit_ram()
-        if self.disk_bytes and self.folder is not None and size <= self.disk_bytes:
+            entry.queued = to_disk  # a state waiting for the writer counts in the RAM budget
+            self._fit_ram(keep=entry)
+            if self.ram_used() > self.ram_bytes:  # no room beside the others: written here, not kept in RAM
+                entry.data, entry.queued = None, False
+        if entry.queued:
             self._write_later(entry, data)
+        elif to_disk:
+            self._write(entry, data)
+        if entry.data is None and entry.file is None:  # nowhere to keep it after all
+            with self._lock:
+                self._remove(entry)
+            return None
         return entry
 
     def _held(self, identity: str, tokens: np.ndarray) -> bool:
@@ -381,216 +409,190 @@ class PromptCache:
                 return False
             for serial in index.candidates(tokens):
                 e = self._entries[serial]
-                if len(e.tokens) == len(tokens) and np.array_equal(e.tokens, tokens):
-                    e.used = time.monotonic()
+                if (e.data is not None or e.file is not None or e.queued) and len(e.tokens) == len(tokens) \
+                        and np.array_equal(e.tokens, tokens):
+                    e.used = max(e.used, time.monotonic())
                     return True
         return False
 
     def _supersede(self, identity: str, tokens: np.ndarray) -> None:
-        """Drop this model's RAM entries that ``tokens`` extends: an attention cache's longer state serves every
-        prompt the shorter one did (its disk files stay, for other processes)."""
+        """Drop this model's RAM states that ``tokens`` extends: an attention cache's longer state serves every
+        prompt the shorter one did (their disk files stay, for other processes)."""
         index = self._indexes.get(identity)
         if index is None:
             return
         for serial in list(index.candidates(tokens)):
             e = self._entries[serial]
             if len(e.tokens) < len(tokens) and e.data is not None and np.array_equal(e.tokens, tokens[: len(e.tokens)]):
-                if e.file is None:
+                e.data = None
+                if e.file is None and not e.queued:
                     self._remove(e)
-                else:
-                    e.data = None
 
     def _add(self, entry: Entry) -> None:
         self._entries[entry.serial] = entry
         self._indexes.setdefault(entry.identity, _Index()).add(entry.serial, entry.tokens)
 
     def _remove(self, entry: Entry) -> None:
-        self._entries.pop(entry.serial, None)
-        index = self._indexes.get(entry.identity)
-        if index is not None:
-            index.remove(entry.serial, entry.tokens)
+        entry.removed = True
+        entry.data = None
+        if self._entries.pop(entry.serial, None) is not None:
+            index = self._indexes.get(entry.identity)
+            if index is not None:
+                index.remove(entry.serial, entry.tokens)
 
-    @staticmethod
-    def _eviction_order(entries: Iterable[Entry]) -> list[Entry]:
-        """Entries never restored first, then the least recently used."""
-        return sorted(entries, key=lambda e: (e.hits > 0, e.used))
-
-    def _fit_ram(self) -> None:
-        """Evict RAM states until the budget holds (an entry written to disk stays known there)."""
-        held = [e for e in self._entries.values() if e.data is not None]
-        used = sum(e.size for e in held)
-        for e in self._eviction_order(held):
+    def _fit_ram(self, keep: Optional[Entry] = None) -> None:
+        """Evict RAM states other than ``keep``'s, least recently used first (a restore counts as later use),
+        until the budget holds; an entry written to disk stays known there."""
+        held = sorted((e for e in self._entries.values() if e.data is not None and e is not keep),
+                      key=lambda e: e.used)
+        used = self.ram_used()
+        for e in held:
             if used <= self.ram_bytes:
                 break
-            used -= e.size
             e.data = None
-            if e.file is None and not e.queued:
-                self._remove(e)
+            if not e.queued:
+                used -= e.size
+                if e.file is None:
+                    self._remove(e)
 
     def clear(self) -> int:
-        """Forget every entry, in RAM and on disk; returns how many there were."""
+        """Forget every entry, in RAM and on disk; returns how many files and entries there were."""
         self.flush()
         with self._lock:
             n = len(self._entries)
             for e in list(self._entries.values()):
-                if e.file is not None:
-                    _unlink(e.file)
                 self._remove(e)
             self._scanned.clear()
-        if self.folder is not None and self.folder.is_dir():
-            for f in self.folder.rglob(f"*{SUFFIX}"):
-                _unlink(f)
+        if self.folder is not None:
+            for f in files.version_folder(self.folder).rglob(f"*{files.SUFFIX}"):
+                files.unlink(f)
         return n
 
     # -- the disk tier ------------------------------------------------------------
 
     def _write_later(self, entry: Entry, data: State) -> None:
-        entry.queued = True
-        self._writes.put((entry, data))  # the same bytes as the RAM entry: nothing writes to them again
-        if self._writer is None or not self._writer.is_alive():
-            self._writer = threading.Thread(target=self._write_loop, name="localspec-prompt-cache", daemon=True)
-            self._writer.start()
+        with self._lock:  # the writer decides to stop under this lock too, so no write is left behind
+            self._writes.put((entry, data))  # the same bytes as the RAM entry: nothing writes to them again
+            if self._writer is None or not self._writer.is_alive():
+                self._writer = threading.Thread(target=self._write_loop, name="localspec-prompt-cache", daemon=True)
+                self._writer.start()
 
     def _write_loop(self) -> None:
+        """The writer: runs while there is something to write, and stops after ``WRITER_IDLE_SECONDS`` idle."""
         while True:
             try:
-                item = self._writes.get(timeout=2.0)
+                item = self._writes.get(timeout=WRITER_IDLE_SECONDS)
             except queue.Empty:
-                return
-            entry, data = item
+                with self._lock:
+                    if self._writes.empty():
+                        self._writer = None
+                        return
+                continue
             try:
-                self._write(entry, data)
+                if item is None:
+                    continue
+                entry, data = item
+                try:
+                    if not entry.removed:
+                        self._write(entry, data)
+                finally:
+                    with self._lock:
+                        entry.queued = False
+                        if entry.file is None and entry.data is None:
+                            self._remove(entry)
+            except Exception:  # a notice that failed, say: the writer goes on
+                pass
             finally:
-                entry.queued = False
                 self._writes.task_done()
 
     def flush(self) -> None:
         """Wait until every queued disk write is done."""
-        if self._writer is not None and self._writer.is_alive():
+        with self._lock:
+            alive = self._writer is not None and self._writer.is_alive()
+        if alive:
             self._writes.join()
 
     def close(self) -> None:
-        """Finish the disk writes; the RAM tier is dropped."""
+        """Finish the disk writes and drop the RAM tier (the disk tier stays, for the next process)."""
         self.flush()
         with self._lock:
-            for e in self._entries.values():
+            for e in list(self._entries.values()):
                 e.data = None
-
-    def _dir(self, identity: str) -> Path:
-        assert self.folder is not None
-        return self.folder / hashlib.sha256(identity.encode()).hexdigest()[:20]
+                if e.file is None:
+                    self._remove(e)
 
     def _write(self, entry: Entry, data: State) -> None:
-        folder = self._dir(entry.identity)
-        name = hashlib.sha256(entry.tokens.tobytes()).hexdigest()[:32] + SUFFIX
-        path = folder / name
-        header = json.dumps({"identity": entry.identity, "n_tokens": int(len(entry.tokens)), "state_bytes": len(data),
-                             "state_sha256": hashlib.sha256(data).hexdigest(), "saved_at": time.time()}).encode()
-        blob = _HEAD.pack(MAGIC, FORMAT_VERSION, len(header)) + header + entry.tokens.astype("<i4").tobytes()
-        tmp = folder / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        assert self.folder is not None
+        path = files.model_folder(self.folder, entry.identity) / files.file_name(entry.tokens)
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            self._make_room(len(blob) + len(data))
-            with open(tmp, "wb") as f:
-                f.write(blob)
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)  # whole or not at all, for every reader
+            self._make_room(entry.size + 4 * len(entry.tokens) + 4096)
+            files.write(path, entry.identity, entry.tokens, data)
         except OSError as exc:
-            _unlink(tmp)
-            self._say("disk", f"localspec: could not write a prompt-cache entry in {folder} "
+            self._say("disk", f"localspec: could not write a prompt-cache entry in {path.parent} "
                               f"({exc.strerror or exc}); prompts are cached in RAM only for now.")
             return
         with self._lock:
+            if entry.removed:  # dropped while it was being written (cleared, refused): not an entry any more
+                files.unlink(path)
+                return
             entry.file = path
             self.stats.disk_writes += 1
-            if entry.serial not in self._entries:  # evicted from RAM meanwhile: known on disk again
-                self._add(entry)
 
     def _make_room(self, size: int) -> None:
         """Delete the least recently used files (by modification time, which a restore renews) until ``size``
-        more bytes fit the disk budget; files of every model and process count."""
+        more bytes fit the disk budget; every model's and every process's files count, temporaries too."""
         assert self.folder is not None
-        files = []
-        for f in self.folder.rglob(f"*{SUFFIX}"):
-            try:
-                st = f.stat()
-            except OSError:
-                continue
-            files.append((st.st_mtime, st.st_size, f))
-        used = sum(s for _, s, _ in files)
-        for _, s, f in sorted(files):
+        held = files.files_by_age(files.version_folder(self.folder))
+        used = sum(s for _, s, _ in held)
+        for _, s, f in held:
             if used + size <= self.disk_bytes:
                 break
             used -= s
-            _unlink(f)
+            files.unlink(f)
             with self._lock:
                 for e in [e for e in self._entries.values() if e.file == f]:
                     e.file = None
-                    if e.data is None:
+                    if e.data is None and not e.queued:
                         self._remove(e)
 
     def _scan(self, identity: str) -> None:
-        """Learn the disk files of this model (once per model): their headers and tokens, not their states."""
-        if identity in self._scanned or self.folder is None or not self.disk_bytes:
+        """Learn the disk files of this model (once per model): their headers and tokens, not their states; and
+        remove what writes that never finished left behind."""
+        if self.folder is None or not self.disk_bytes:
             return
-        self._scanned.add(identity)
-        folder = self._dir(identity)
-        if not folder.is_dir():
-            return
-        known = {e.file for e in self._entries.values() if e.file is not None}
-        for f in sorted(folder.glob(f"*{SUFFIX}")):
+        with self._lock:
+            if identity in self._scanned:
+                return
+            self._scanned.add(identity)
+            known = {e.file for e in self._entries.values() if e.file is not None}
+        files.remove_stale_temporaries(files.version_folder(self.folder))
+        folder = files.model_folder(self.folder, identity)
+        for f in sorted(folder.glob(f"*{files.SUFFIX}")) if folder.is_dir() else ():
             if f in known:
                 continue
-            head = self._header(f, identity)
-            if head is None:
+            try:
+                header, tokens = files.read_header(f, identity)
+            except FileNotFoundError:
                 continue
-            tokens, size = head
+            except BadFile as why:
+                self._reject(f, str(why))
+                continue
             with self._lock:
-                self._add(Entry(identity, tokens, size, None, f, used=0.0, serial=next(self._serials)))
-
-    def _header(self, path: Path, identity: str) -> Optional[tuple[np.ndarray, int]]:
-        """A disk file's tokens and state size, or None (with one notice, and the file deleted) when it is not a
-        whole entry of this format for this model."""
-        try:
-            with open(path, "rb") as f:
-                raw = f.read(_HEAD.size)
-                magic, version, n = _HEAD.unpack(raw) if len(raw) == _HEAD.size else (b"", 0, 0)
-                if magic != MAGIC or version != FORMAT_VERSION or n > 2**20:
-                    self._reject(path, "not an entry of this version")
-                    return None
-                header = json.loads(f.read(n))
-                if header.get("identity") != identity:
-                    self._reject(path, "saved for another model or settings")
-                    return None
-                count = int(header["n_tokens"])
-                tokens = np.frombuffer(f.read(4 * count), dtype="<i4").astype(np.int32)
-                size = int(header["state_bytes"])
-            expected = _HEAD.size + n + 4 * count + size
-            if len(tokens) != count or path.stat().st_size != expected:
-                self._reject(path, "truncated")
-                return None
-            return tokens, size
-        except (OSError, ValueError, KeyError, TypeError, struct.error):
-            self._reject(path, "unreadable")
-            return None
+                self._add(Entry(identity, tokens, int(header["state_bytes"]), None, f, used=0.0,
+                                serial=next(self._serials)))
 
     def _read(self, entry: Entry) -> Optional[bytes]:
-        """The state of a disk entry, checked against its header's SHA-256; None (notice, file deleted) if it fails."""
+        """The state of a disk entry, checked; None (the entry dropped, with a notice if the file was bad)."""
         assert entry.file is not None
         t0 = time.perf_counter()
         try:
-            with open(entry.file, "rb") as f:
-                _, _, n = _HEAD.unpack(f.read(_HEAD.size))
-                header = json.loads(f.read(n))
-                f.seek(4 * int(header["n_tokens"]), os.SEEK_CUR)
-                data = f.read()
-        except (OSError, ValueError, KeyError, struct.error):
-            self._forget(entry, "unreadable")
+            data = files.read_state(entry.file, entry.identity)
+        except FileNotFoundError:  # another process evicted it: nothing wrong
+            with self._lock:
+                self._remove(entry)
             return None
-        if len(data) != entry.size or hashlib.sha256(data).hexdigest() != header.get("state_sha256"):
-            self._forget(entry, "its state does not match its checksum")
+        except BadFile as why:
+            self._forget(entry, str(why))
             return None
         with self._lock:
             self.stats.disk_reads += 1
@@ -601,8 +603,7 @@ class PromptCache:
     def _reject(self, path: Path, why: str) -> None:
         self.stats.rejected_files += 1
         self._say(f"file:{path}", f"localspec: ignored and deleted the prompt-cache file {path} ({why}).")
-        _unlink(path)
-        return None
+        files.unlink(path)
 
     def _forget(self, entry: Entry, why: str) -> None:
         with self._lock:
@@ -616,53 +617,12 @@ class PromptCache:
         """One notice per kind of trouble, not one per request."""
         if key not in self._said:
             self._said.add(key)
-            self.notify(message)
+            try:
+                self.notify(message)
+            except Exception:
+                pass
 
 
 def _cheaper(entry: Entry) -> tuple[bool, int]:
     """Between entries that give as many tokens: one in RAM, then the smaller state."""
     return entry.data is not None, -entry.size
-
-
-def _touch(path: Path) -> None:
-    try:
-        os.utime(path)
-    except OSError:
-        pass
-
-
-def _unlink(path: Optional[Path]) -> None:
-    if path is None:
-        return
-    try:
-        path.unlink()
-    except OSError:
-        pass
-
-
-@dataclass(frozen=True)
-class DiskEntry:
-    """One file of the disk tier, as ``disk_entries`` lists it."""
-
-    path: Path
-    model: str
-    tokens: int
-    bytes: int
-    modified: float
-
-
-def disk_entries(folder: Path) -> list[DiskEntry]:
-    """The disk tier's files under ``folder`` whose header reads (newest first), without loading a state."""
-    out = []
-    for f in Path(folder).rglob(f"*{SUFFIX}") if Path(folder).is_dir() else ():
-        try:
-            with open(f, "rb") as fh:
-                magic, version, n = _HEAD.unpack(fh.read(_HEAD.size))
-                header = json.loads(fh.read(n)) if magic == MAGIC and version == FORMAT_VERSION else None
-            st = f.stat()
-        except (OSError, ValueError, struct.error):
-            continue
-        if isinstance(header, dict) and "identity" in header:
-            model = Path(str(header["identity"]).split("|", 1)[0]).name
-            out.append(DiskEntry(f, model, int(header.get("n_tokens", 0)), st.st_size, st.st_mtime))
-    return sorted(out, key=lambda e: -e.modified)

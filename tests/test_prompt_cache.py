@@ -131,7 +131,7 @@ def test_a_damaged_or_foreign_disk_entry_is_ignored_with_one_notice_and_deleted(
         elif damage == "truncate":
             raw = raw[: len(raw) // 2]
         elif damage == "other version":
-            raw[4:8] = (pc.FORMAT_VERSION + 1).to_bytes(4, "little")
+            raw[4:8] = (pc.files.FORMAT_VERSION + 1).to_bytes(4, "little")
         elif damage == "other model":
             n = int.from_bytes(raw[8:12], "little")
             header = json.loads(raw[12 : 12 + n])
@@ -179,12 +179,16 @@ with localspec.load({str(target)!r}, n_ctx=2048, prompt_cache=cache) as pair:
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=60)
-    assert any(tmp_path.rglob("*.tmp")) and not any(tmp_path.rglob("*.lspc"))
+    left = list(tmp_path.rglob("*.tmp"))
+    assert left and not any(tmp_path.rglob("*.lspc"))
+    for f in left:  # as if the kill were long ago: a later process removes what the write left behind
+        os.utime(f, (time.time() - 3600, time.time() - 3600))
     notices: list[str] = []
     cache = PromptCache(0, tmp_path, 2**30, notify=notices.append, weigh=False)
     with localspec.load(target, n_ctx=2048, prompt_cache=cache) as pair:
         r = pair.generate(SYSTEM_A, max_tokens=4, method="plain")
     assert r.stats.restored_prompt_tokens == 0 and not notices
+    assert not any(f.exists() for f in left)
 
 
 def test_two_processes_sharing_the_disk_tier_lose_and_corrupt_nothing(models, tmp_path):
@@ -248,8 +252,13 @@ def test_a_budget_smaller_than_an_entry_or_a_full_disk_means_no_caching_with_one
     with localspec.load(target, n_ctx=2048, prompt_cache=cache) as pair:
         for i in range(3):
             assert pair.generate(SYSTEM_A + str(i), max_tokens=3, method="plain").tokens
-    assert len(notices) == 1 and "No space left" in notices[0]
-    assert not any(tmp_path.rglob("*.lspc")) and not any(tmp_path.rglob("*.tmp"))
+        assert len(notices) == 1 and "No space left" in notices[0]
+        assert not any(tmp_path.rglob("*.lspc")) and not any(tmp_path.rglob("*.tmp"))
+        assert not cache.entries()  # nothing half-kept that would stop a later save
+        monkeypatch.setattr("builtins.open", real_open)  # the disk has room again
+        pair.generate(SYSTEM_A + "0", max_tokens=3, method="plain")
+        pair.cache.flush()
+    assert any(tmp_path.rglob("*.lspc"))
 
 
 def test_lookup_takes_time_linear_in_the_prompt_not_in_the_entries():
@@ -334,3 +343,63 @@ def test_serve_reports_cached_prompt_tokens_and_a_restart_starts_from_the_disk_t
         assert r.choices[0].message.content == follow.choices[0].message.content
     finally:
         again.close()
+
+
+def test_a_partial_restore_on_an_attention_model_evaluates_nothing_again(models):
+    target, _ = models["llama"]
+    with localspec.load(target, n_ctx=2048, prompt_cache=PromptCache(2**28, weigh=False)) as pair:
+        pair.generate(SYSTEM_A + " first question", max_tokens=8, method="plain")
+        pair.generate(SYSTEM_B, max_tokens=2, method="plain")
+        r = pair.generate(SYSTEM_A + " another question, quite different", max_tokens=8, method="plain")
+        assert r.stats.restored_prompt_tokens > 500  # the shared part of the longer saved state
+        assert (r.stats.rewinds, r.stats.replayed_tokens) == (0, 0)
+        pair.generate(SYSTEM_A[:200], max_tokens=2, method="plain")  # and the context still cuts back anywhere
+        assert pair.target.rewinds == 0
+
+
+def test_the_writer_queue_counts_in_the_ram_budget(models, tmp_path):
+    target, _ = models["llama"]
+    with localspec.load(target, n_ctx=2048, prompt_cache=PromptCache(2**30, weigh=False)) as probe:
+        probe.generate(SYSTEM_A, max_tokens=1, method="plain")
+        one = max(e.size for e in probe.cache.entries())
+    cache = PromptCache(int(1.5 * one), tmp_path, 2**30, weigh=False)
+    peak = [0]
+    real = pc.files.write
+
+    def slow_write(*args, **kwargs):  # a slow disk: states wait in the queue
+        peak[0] = max(peak[0], cache.ram_used())
+        time.sleep(0.05)
+        return real(*args, **kwargs)
+
+    pc.files.write = slow_write
+    try:
+        with localspec.load(target, n_ctx=2048, prompt_cache=cache) as pair:
+            for i in range(6):
+                pair.generate(f"{i} " + SYSTEM_A, max_tokens=1, method="plain")
+                peak[0] = max(peak[0], cache.ram_used())
+    finally:
+        pc.files.write = real
+    assert 0 < peak[0] <= cache.ram_bytes
+    assert len(list(tmp_path.rglob("*.lspc"))) == 6
+
+
+def test_a_cache_shared_by_two_pairs_outlives_the_first_one_closed(models):
+    target, _ = models["llama"]
+    cache = PromptCache(2**28, weigh=False)
+    with localspec.load(target, n_ctx=2048, prompt_cache=cache) as first:
+        first.generate(SYSTEM_A, max_tokens=2, method="plain")
+    with localspec.load(target, n_ctx=2048, prompt_cache=cache) as second:
+        assert second.generate(SYSTEM_A, max_tokens=2, method="plain").stats.restored_prompt_tokens > 500
+
+
+def test_a_process_with_a_smaller_context_leaves_longer_entries_alone(models, tmp_path):
+    target, _ = models["llama"]
+    with localspec.load(target, n_ctx=2048, prompt_cache=PromptCache(0, tmp_path, 2**30, weigh=False)) as pair:
+        pair.generate(SYSTEM_A * 2, max_tokens=2, method="plain")
+        pair.cache.flush()
+    saved = sorted(tmp_path.rglob("*.lspc"))
+    notices: list[str] = []
+    cache = PromptCache(0, tmp_path, 2**30, notify=notices.append, weigh=False)
+    with localspec.load(target, n_ctx=512, prompt_cache=cache) as small:
+        small.generate(SYSTEM_A[:300], max_tokens=2, method="plain")
+    assert not notices and all(f.exists() for f in saved)
