@@ -221,6 +221,7 @@ class StopText:
     def __init__(self, stops: Sequence[str]):
         self.stops = [x for x in stops if x]
         self.stopped = False
+        self.matched: Optional[str] = None  # the stop string that came, once one has
         self._held = ""
 
     def feed(self, text: str) -> str:
@@ -231,7 +232,9 @@ class StopText:
         if hits:
             self.stopped = True
             self._held = ""
-            return buf[: min(hits)]
+            at = min(hits)
+            self.matched = next(x for x in self.stops if buf.find(x) == at)
+            return buf[:at]
         # keep back the longest tail of buf that is a proper prefix of some stop string
         keep = max((n for x in self.stops for n in range(1, min(len(x) - 1, len(buf)) + 1)
                     if buf.endswith(x[:n])), default=0)
@@ -330,6 +333,11 @@ class Generation:
 
     def __iter__(self) -> Generation:
         return self
+
+    @property
+    def stop_string(self) -> Optional[str]:
+        """The stop string that ended the text, if one did."""
+        return self._stop.matched
 
     def __next__(self) -> TokenEvent:
         try:

@@ -34,6 +34,7 @@ class Result:
             else the text.
         reasoning: from a reasoning model, the reasoning before the answer (without its markers); None when
             the reply had none, or the model does not reason.
+        stop_string: the stop string that ended the text (finish_reason "stop"), if one did.
     """
 
     text: str
@@ -45,6 +46,7 @@ class Result:
     tool_calls: Optional[list[ToolCall]] = None
     content: Optional[str] = None
     reasoning: Optional[str] = None
+    stop_string: Optional[str] = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON shape printed by ``localspec generate --json``."""
@@ -121,6 +123,11 @@ class Stream:
                 on_end(self._g)
 
     @property
+    def prompt_tokens(self) -> int:
+        """How many tokens the prompt has (known before it is processed)."""
+        return len(self._prompt_tokens)
+
+    @property
     def result(self) -> Result:
         """The generation so far (final once iteration has ended)."""
         text, finish = "".join(self._text), self._g.finish_reason
@@ -135,7 +142,8 @@ class Stream:
             finish = "tool_calls" if calls and finish == "stop" and not reader.cut else finish
         reasoning = "".join(self._reasoning) if self._reader is not None and self._reader.reasoned else None
         return Result(text, list(self._g.tokens), finish, self._g.stats, self._prompt_tokens,
-                      list(self._logprobs) if self._g.logprobs is not None else None, calls, content, reasoning)
+                      list(self._logprobs) if self._g.logprobs is not None else None, calls, content, reasoning,
+                      self._g.stop_string)
 
     def cancel(self) -> None:
         """End the generation soon; safe to call from another thread (e.g. when a client leaves).
