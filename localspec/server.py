@@ -41,7 +41,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
-from . import server_logprobs
+from . import server_apis, server_logprobs
 from . import server_replies as replies
 from .api import Pair
 from .errors import ConfigError, ContextOverflowError, LocalspecError, NotInstalledError, SamplingError, TokenIdError
@@ -297,6 +297,7 @@ def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins
         app.add_middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
     app.add_middleware(Guard, hosts=hosts, origins=origins, api_key=api_key, max_body=max_body)
+    server_apis.register(app, server, _next_event)  # Anthropic Messages and OpenAI Responses, behind the guards
     return app
 
 

@@ -38,6 +38,10 @@ CONSTRAINT_FIELDS: dict[str, Callable[[Any], Optional[Constraint]]] = {
     "json_schema": lambda v: Constraint.json_schema(v) if v not in ({}, None) else None,
     "grammar": lambda v: Constraint.gbnf(v) if isinstance(v, str) and v else None,
 }
+#: localspec's and llama-server's own sampling and speculation fields, which the other APIs' bodies pass on.
+OWN_FIELDS = ("method", "k", "speculative", "history", "seed", "min_p", "top_k", "repeat_penalty",
+              "repetition_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "logit_bias", "think",
+              "think_budget")
 #: Fields of an earlier assistant message that clients send back as they got them; only their empty values.
 MESSAGE_EXTRAS = ("name", "refusal", "function_call", "audio", "annotations")
 #: The roles a chat template renders. "developer" is OpenAI's newer name for "system"; "tool" answers a call.

@@ -102,3 +102,24 @@ def test_a_request_sets_its_own_budget_and_a_bad_one_is_a_400(client, pair):
         client.chat.completions.create(model="opens", messages=MESSAGES, max_tokens=4,
                                        extra_body={"think_budget": -3})
     assert caught.value.body["param"] == "think_budget"
+
+
+def test_anthropic_thinking_comes_back_as_thinking_blocks_whole_and_streamed(server, pair):
+    import anthropic
+
+    want = pair.chat(MESSAGES, max_tokens=20, method="plain", think_budget=5)
+    client = anthropic.Anthropic(base_url=server.base, api_key="x", max_retries=0, timeout=60)
+    ask = dict(model="opens", max_tokens=20, messages=MESSAGES, thinking={"type": "enabled", "budget_tokens": 5},
+               extra_body={"method": "plain"})
+    r = client.messages.create(**ask)
+    assert [b.type for b in r.content] == ["thinking", "text"]
+    assert r.content[0].thinking == want.reasoning and r.content[1].text == want.text
+    events = list(client.messages.create(**ask, stream=True))
+    deltas = [e.delta for e in events if e.type == "content_block_delta"]
+    assert "".join(d.thinking for d in deltas if d.type == "thinking_delta") == want.reasoning
+    assert "".join(d.text for d in deltas if d.type == "text_delta") == want.text
+    starts = [e.content_block.type for e in events if e.type == "content_block_start"]
+    assert starts == ["thinking", "text"]
+    off = client.messages.create(model="opens", max_tokens=8, messages=MESSAGES, thinking={"type": "disabled"})
+    assert [b.type for b in off.content] == ["text"]
+

@@ -1,0 +1,186 @@
+"""Anthropic's Messages API on `localspec serve` (tiny models), through the official `anthropic` client:
+the same generation as chat completions, in Anthropic's shapes, events and errors."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import jsonschema
+import pytest
+from serverproc import ServeProcess
+from test_tools import SCHEMAS, TEMPLATE, WEATHER
+from tinymodel import write_tiny_model
+
+import localspec
+from localspec.server_anthropic import error_response
+from localspec.server_http import ApiError
+from localspec.tools import CLOSE, OPEN
+
+MESSAGES = [{"role": "user", "content": "in the end, in the end, what is the weather in the end"}]
+TOOLS = [{"name": "get_weather", "description": "The forecast", "input_schema": WEATHER}]
+ORDER = ["message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta",
+         "message_stop"]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("anthropic")
+    for name, noise in (("t.gguf", 0.0), ("d.gguf", 0.35)):
+        write_tiny_model(d / name, seed=0, noise=noise, user_tokens=[OPEN, CLOSE], chat_template=TEMPLATE)
+    with localspec.load(d / "t.gguf", d / "d.gguf", n_ctx=1024, history=False) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def server(pair, tmp_path_factory):
+    s = ServeProcess(["-t", str(pair.target.path), "-d", str(pair.draft.path), "--ctx", "1024", "--no-history"],
+                     tmp_path_factory.mktemp("serve"))
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return anthropic.Anthropic(base_url=server.base, api_key="not-needed", max_retries=0, timeout=60)
+
+
+def test_a_message_is_the_chat_reply_with_anthropics_usage(client, pair):
+    want = pair.chat(MESSAGES, max_tokens=24)
+    r = client.messages.create(model="claude-sonnet-4-5", max_tokens=24, messages=MESSAGES)
+    assert r.type == "message" and r.role == "assistant" and r.id.startswith("msg_")
+    assert [b.type for b in r.content] == ["text"] and r.content[0].text == want.text
+    assert r.stop_reason == {"length": "max_tokens", "stop": "end_turn"}[want.finish_reason]
+    assert r.usage.output_tokens == len(want.tokens)
+    assert r.usage.input_tokens + r.usage.cache_read_input_tokens == len(want.prompt_tokens)
+    again = client.messages.create(model="x", max_tokens=24, messages=MESSAGES)
+    assert again.content[0].text == want.text and again.usage.cache_read_input_tokens > 0  # the prompt cache
+
+
+def test_a_streamed_message_has_anthropics_event_order_and_the_same_text(client, pair):
+    want = pair.chat(MESSAGES, max_tokens=30)
+    events = list(client.messages.create(model="x", max_tokens=30, messages=MESSAGES, stream=True))
+    kinds = [e.type for e in events if e.type != "ping"]
+    assert kinds[:2] == ORDER[:2] and kinds[-3:] == ORDER[-3:] and set(kinds[2:-3]) == {"content_block_delta"}
+    assert events[0].message.usage.input_tokens == len(want.prompt_tokens)  # known before the first token
+    assert "".join(e.delta.text for e in events if e.type == "content_block_delta") == want.text
+    final = next(e for e in events if e.type == "message_delta")
+    assert final.usage.output_tokens == len(want.tokens) and final.delta.stop_reason in ("max_tokens", "end_turn")
+    with client.messages.stream(model="x", max_tokens=30, messages=MESSAGES) as stream:
+        assert stream.get_final_message().content[0].text == want.text
+
+
+def test_stop_sequences_give_stop_sequence(client, pair):
+    ref = pair.chat(MESSAGES, max_tokens=40)
+    stop = ref.text[10:13]
+    r = client.messages.create(model="x", max_tokens=40, messages=MESSAGES, stop_sequences=[stop])
+    assert r.stop_reason == "stop_sequence" and r.stop_sequence == stop
+    assert r.content[0].text == ref.text[: ref.text.find(stop)]
+
+
+def test_tool_use_whole_and_streamed_has_a_schema_valid_input_and_a_tool_result_round_trip(client, pair):
+    ask = dict(model="x", max_tokens=160, messages=MESSAGES, tools=TOOLS,
+               tool_choice={"type": "any", "disable_parallel_tool_use": True})
+    r = client.messages.create(**ask)
+    assert r.stop_reason == "tool_use"
+    (use,) = [b for b in r.content if b.type == "tool_use"]
+    assert use.name == "get_weather" and use.id.startswith("toolu_")
+    jsonschema.validate(use.input, SCHEMAS["get_weather"])
+    with client.messages.stream(**ask) as stream:
+        events = list(stream)
+        streamed = stream.get_final_message()
+    assert any(e.type == "content_block_delta" and e.delta.type == "input_json_delta" for e in events)
+    assert [b.input for b in streamed.content if b.type == "tool_use"] == [use.input]
+    history = [*MESSAGES, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}]}]
+    answered = client.messages.create(model="x", max_tokens=20, messages=history, tools=TOOLS,
+                                      tool_choice={"type": "none"})
+    library = pair.chat([*MESSAGES, {"role": "assistant", "content": "", "tool_calls": [{
+        "id": use.id, "type": "function", "function": {"name": use.name, "arguments": json.dumps(use.input)}}]},
+        {"role": "tool", "tool_call_id": use.id, "content": "sunny"}], max_tokens=20,
+        tools=[{"type": "function", "function": {"name": "get_weather", "description": "The forecast",
+                                                 "parameters": WEATHER}}], tool_choice="none")
+    assert answered.content[0].text == library.text
+    with pytest.raises(anthropic.BadRequestError, match="answers no tool_use") as caught:
+        client.messages.create(model="x", max_tokens=20, messages=[
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_nope", "content": "x"}]}])
+    assert caught.value.body["error"]["type"] == "invalid_request_error"
+
+
+def test_count_tokens_is_the_prompts_length(client, pair):
+    want = pair.chat(MESSAGES, max_tokens=1)
+    assert client.messages.count_tokens(model="x", messages=MESSAGES).input_tokens == len(want.prompt_tokens)
+    with_tools = client.messages.count_tokens(model="x", messages=MESSAGES, tools=TOOLS)
+    assert with_tools.input_tokens > len(want.prompt_tokens)
+
+
+def test_the_beta_path_takes_cache_control_thinking_and_metadata(client, pair):
+    system = [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}]
+    want = pair.chat([{"role": "system", "content": "be brief"}, *MESSAGES], max_tokens=16)
+    r = client.beta.messages.create(model="x", max_tokens=16, system=system, messages=MESSAGES,
+                                    betas=["interleaved-thinking-2025-05-14"], metadata={"user_id": "u1"},
+                                    thinking={"type": "enabled", "budget_tokens": 1024},
+                                    extra_body={"service_tier": "auto", "container": None})
+    assert [b.type for b in r.content] == ["text"] and r.content[0].text == want.text  # no reasoning channel
+    legacy = client.messages.create(model="x", max_tokens=16, messages=MESSAGES,
+                                    extra_body={"temperature": 0.9, "top_k": 3, "top_p": 0.9})
+    assert legacy.usage.output_tokens > 0
+    drafted = client.messages.create(model="x", max_tokens=16, messages=MESSAGES,
+                                     extra_body={"speculative": {"method": "draft", "k": 3}})
+    assert drafted.content[0].text == pair.chat(MESSAGES, max_tokens=16).text
+    assert drafted.model_extra["localspec"]["method"] == "draft" and "timings" in drafted.model_extra
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({"messages": MESSAGES}, "max_tokens: Field required"),
+    ({"max_tokens": "8", "messages": MESSAGES}, "max_tokens"),
+    ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "video", "data": "x"}]}]},
+     "unknown content block type 'video'"),
+    ({"max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]}, "no vision"),
+    ({"max_tokens": 8, "messages": MESSAGES, "tools": [{"name": "f"}]}, "input_schema"),
+    ({"max_tokens": 8, "messages": MESSAGES, "tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
+    ({"max_tokens": 8, "messages": MESSAGES, "temperature": -1}, "temperature"),
+    ({"max_tokens": 8, "messages": MESSAGES, "thinking": {"type": "enabled", "budget_tokens": "lots"}},
+     "budget_tokens"),
+])
+def test_malformed_bodies_are_anthropic_400s_naming_the_field(server, body, needle):
+    status, reply, _ = server.post("/v1/messages", json.dumps({"model": "x", **body}).encode())
+    assert status == 400 and reply["type"] == "error", reply
+    assert reply["error"]["type"] == "invalid_request_error" and needle in reply["error"]["message"], reply
+
+
+def test_the_guards_hold_on_the_new_routes_and_answer_in_each_apis_shape(server, pair):
+    for path in ("/v1/messages", "/v1/messages?beta=true", "/v1/messages/count_tokens"):
+        status, reply, _ = server.post(path, b"{}", headers={"Content-Type": "text/plain"})
+        assert status == 415 and reply["type"] == "error" and reply["error"]["type"] == "invalid_request_error"
+        status, reply, _ = server.post(path, b"{}", headers={"Origin": "https://evil.example"})
+        assert status == 403 and reply["error"]["type"] == "permission_error"
+    big = server.raw(b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 99999999\r\n\r\n")
+    assert big[0] == 413 and json.loads(big[1])["error"]["type"] == "request_too_large"
+    want = pair.chat(MESSAGES, max_tokens=8).text
+    cut = anthropic.Anthropic(base_url=server.base, api_key="x", max_retries=0)
+    with cut.messages.stream(model="x", max_tokens=200, messages=MESSAGES) as stream:
+        next(iter(stream.text_stream))  # leave mid-stream
+    assert cut.messages.create(model="x", max_tokens=8, messages=MESSAGES).content[0].text == want
+
+
+def test_the_api_key_comes_as_x_api_key_or_bearer(pair, tmp_path):
+    s = ServeProcess(["-t", str(pair.target.path), "-d", "none", "--ctx", "512", "--api-key", "k3y", "-m", "plain"],
+                     tmp_path)
+    try:
+        for kind in ("api_key", "auth_token"):
+            ok = anthropic.Anthropic(base_url=s.base, max_retries=0, **{kind: "k3y"})
+            assert ok.messages.create(model="x", max_tokens=4, messages=MESSAGES).usage.output_tokens == 4
+        with pytest.raises(anthropic.AuthenticationError) as caught:
+            anthropic.Anthropic(base_url=s.base, api_key="wrong", max_retries=0).messages.create(
+                model="x", max_tokens=4, messages=MESSAGES)
+        assert caught.value.body["error"]["type"] == "authentication_error"
+    finally:
+        s.close()
+
+
+def test_a_full_queue_is_overloaded_529():
+    r = error_response(ApiError(503, "busy", type="server_error", code="server_busy"))
+    assert r.status_code == 529 and json.loads(r.body)["error"]["type"] == "overloaded_error"
