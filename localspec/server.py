@@ -42,6 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from . import server_apis, server_logprobs
+from . import server_ollama as ollama
 from . import server_replies as replies
 from .api import Pair
 from .errors import ConfigError, ContextOverflowError, LocalspecError, NotInstalledError, SamplingError, TokenIdError
@@ -293,6 +294,7 @@ def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins
     async def completions(request: Request) -> Any:
         return await complete(request, chat=False)
 
+    ollama.register(app, server, _next_event)  # Ollama's API, for the apps that speak only it
     if origins:  # CORS headers (and preflight answers) for the allowed pages only
         app.add_middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])

@@ -253,8 +253,7 @@ def reply_options(use: ToolUse, opts: GenerationOptions, target: Model) -> tuple
             already has a grammar.
     """
     name, template = target.path.name, target.chat_template() or ""
-    marks = [target.tokenize(m, add_special=False) for m in (OPEN, CLOSE)]
-    single = all(len(m) == 1 and target.detokenize(m) == text for m, text in zip(marks, (OPEN, CLOSE), strict=True))
+    marks, single = _call_marks(target)
     if use.choice == "none":  # shown the tools, the model must not call one (whatever else biases it)
         if OPEN not in template or not single:
             return opts, False
@@ -267,6 +266,22 @@ def reply_options(use: ToolUse, opts: GenerationOptions, target: Model) -> tuple
         raise ConfigError(f"A reply that may call tools follows the calls' grammar, so it cannot also follow "
                           f"{opts.grammar.describe()}; leave one out (or give tool_choice 'none').")
     return opts.replace(grammar=use.constraint()), True
+
+
+def _call_marks(target: Model) -> tuple[list[list[int]], bool]:
+    """The tokens of ``<tool_call>`` and ``</tool_call>``, and whether each is one token printing as itself."""
+    marks = [target.tokenize(m, add_special=False) for m in (OPEN, CLOSE)]
+    single = all(len(m) == 1 and target.detokenize(m) == text for m, text in zip(marks, (OPEN, CLOSE), strict=True))
+    return marks, single
+
+
+def can_call(target: Model) -> bool:
+    """Whether ``target`` may be offered tools: its template and vocabulary write calls as localspec reads them."""
+    try:
+        check_template(target.chat_template() or "", target.path.name)
+    except ConfigError:
+        return False
+    return _call_marks(target)[1]
 
 
 def template_messages(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
