@@ -1,9 +1,9 @@
-"""The Anthropic Messages routes of ``localspec serve``.
+"""The Anthropic Messages and OpenAI Responses routes of ``localspec serve``.
 
-``POST /v1/messages`` (also ``?beta=true``) and ``POST /v1/messages/count_tokens`` translate their bodies
-into the server's request type (``server_anthropic``), admit it on the same worker and queue as chat
-completions, behind the same guards, and answer in Anthropic's shapes (``server_anthropic_replies``, relayed
-by ``server_relay``).
+``POST /v1/messages`` (also ``?beta=true``), ``POST /v1/messages/count_tokens`` and ``POST /v1/responses``
+translate their bodies into the server's request type (``server_anthropic``, ``server_responses``), admit
+it on the same worker and queue as chat completions, behind the same guards, and answer in their own shapes
+(``server_anthropic_replies``, ``server_responses_replies``, relayed by ``server_relay``).
 
 ``AnthropicHeaders`` lets Anthropic's clients through the guards: their ``x-api-key`` header counts as the
 bearer key, and a refusal on a Messages path comes back as Anthropic's error object.
@@ -24,13 +24,15 @@ from .server_anthropic_replies import MessageReply, error_body
 from .server_http import ApiError, ASGIApp, Message, Receive, Scope, Send
 from .server_relay import NextEvent, answer
 from .server_requests import ChatRequest, parse_body
+from .server_responses import parse_responses
+from .server_responses_replies import ResponseReply
 
 #: The paths answered in Anthropic's shapes.
 ANTHROPIC_PREFIX = "/v1/messages"
 
 
 def register(app: FastAPI, server: Any, next_event: NextEvent) -> None:
-    """Add the Messages routes to ``app`` (after its guards: ``AnthropicHeaders`` goes
+    """Add the Messages and Responses routes to ``app`` (after its guards: ``AnthropicHeaders`` goes
     outside them).
 
     Args:
@@ -58,6 +60,16 @@ def register(app: FastAPI, server: Any, next_event: NextEvent) -> None:
         except ApiError as exc:
             return error_response(exc)
         return {"input_tokens": n}
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Any:
+        try:
+            req, body = await _parsed(request, lambda b: parse_responses(b, server.defaults, server.limits))
+            job = server.admit(req)
+        except ApiError as exc:
+            return exc.response()
+        reply = ResponseReply(server.name, req, body)
+        return await answer(server, job, request, reply, req.stream, ApiError.response, next_event)
 
     app.add_middleware(AnthropicHeaders)
 

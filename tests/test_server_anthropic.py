@@ -7,6 +7,7 @@ import json
 
 import anthropic
 import jsonschema
+import openai
 import pytest
 from serverproc import ServeProcess
 from test_tools import SCHEMAS, TEMPLATE, WEATHER
@@ -131,6 +132,20 @@ def test_the_beta_path_takes_cache_control_thinking_and_metadata(client, pair):
     assert drafted.model_extra["localspec"]["method"] == "draft" and "timings" in drafted.model_extra
 
 
+@pytest.mark.parametrize("method,k", [("plain", None), ("lookup", 3), ("draft", 4), ("auto", None)])
+def test_chat_completions_messages_and_responses_give_one_greedy_text(server, pair, method, k):
+    want = pair.chat(MESSAGES, max_tokens=32, method=method, k=k).text
+    extra = {"method": method, **({"k": k} if k else {})}
+    oai = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=60)
+    chat = oai.chat.completions.create(model="t", messages=MESSAGES, max_tokens=32, extra_body=extra)
+    resp = oai.responses.create(model="t", input=MESSAGES[0]["content"], max_output_tokens=32, extra_body=extra)
+    ant = anthropic.Anthropic(base_url=server.base, api_key="x", max_retries=0)
+    msg = ant.messages.create(model="x", max_tokens=32, messages=MESSAGES, extra_body=extra)
+    assert chat.choices[0].message.content == resp.output_text == msg.content[0].text == want
+    assert chat.model_extra["localspec"]["method"] == resp.model_extra["localspec"]["method"] == \
+        msg.model_extra["localspec"]["method"] == method
+
+
 @pytest.mark.parametrize("body,needle", [
     ({"messages": MESSAGES}, "max_tokens: Field required"),
     ({"max_tokens": "8", "messages": MESSAGES}, "max_tokens"),
@@ -156,6 +171,8 @@ def test_the_guards_hold_on_the_new_routes_and_answer_in_each_apis_shape(server,
         assert status == 415 and reply["type"] == "error" and reply["error"]["type"] == "invalid_request_error"
         status, reply, _ = server.post(path, b"{}", headers={"Origin": "https://evil.example"})
         assert status == 403 and reply["error"]["type"] == "permission_error"
+    status, reply, _ = server.post("/v1/responses", b"{}", headers={"Content-Type": "text/plain"})
+    assert status == 415 and reply["error"]["code"] == "unsupported_media_type"  # OpenAI's shape there
     big = server.raw(b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 99999999\r\n\r\n")
     assert big[0] == 413 and json.loads(big[1])["error"]["type"] == "request_too_large"

@@ -123,3 +123,14 @@ def test_anthropic_thinking_comes_back_as_thinking_blocks_whole_and_streamed(ser
     off = client.messages.create(model="opens", max_tokens=8, messages=MESSAGES, thinking={"type": "disabled"})
     assert [b.type for b in off.content] == ["text"]
 
+
+def test_responses_reasoning_comes_back_as_a_reasoning_item(client, pair):
+    want = pair.chat(MESSAGES, max_tokens=20, method="plain", think_budget=5)
+    r = client.responses.create(model="opens", input=MESSAGES[0]["content"], max_output_tokens=20,
+                                reasoning={"effort": "low"}, extra_body={"method": "plain"})
+    assert [item.type for item in r.output] == ["reasoning", "message"]
+    assert r.output[0].content[0].text == want.reasoning and r.output_text == want.text
+    events = list(client.responses.create(model="opens", input=MESSAGES[0]["content"], max_output_tokens=20,
+                                          stream=True, extra_body={"method": "plain"}))
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == want.reasoning
+    assert events[-1].type == "response.completed" and events[-1].response.output_text == want.text

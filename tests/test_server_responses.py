@@ -1,0 +1,136 @@
+"""OpenAI's Responses API on `localspec serve` (tiny models), through the official `openai` client: the same
+generation as chat completions, as a response object or its typed events."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+from serverproc import ServeProcess
+from test_tools import SCHEMAS, TEMPLATE, WEATHER
+from tinymodel import write_tiny_model
+
+import localspec
+from localspec.tools import CLOSE, OPEN
+
+TEXT = "in the end, in the end, what is the weather in the end"
+MESSAGES = [{"role": "user", "content": TEXT}]
+TOOLS = [{"type": "function", "name": "get_weather", "description": "The forecast", "parameters": WEATHER}]
+CHAT_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The forecast",
+                                                "parameters": WEATHER}}]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("responses")
+    for name, noise in (("t.gguf", 0.0), ("d.gguf", 0.35)):
+        write_tiny_model(d / name, seed=0, noise=noise, user_tokens=[OPEN, CLOSE], chat_template=TEMPLATE)
+    with localspec.load(d / "t.gguf", d / "d.gguf", n_ctx=1024, history=False) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def server(pair, tmp_path_factory):
+    s = ServeProcess(["-t", str(pair.target.path), "-d", str(pair.draft.path), "--ctx", "1024", "--no-history"],
+                     tmp_path_factory.mktemp("serve"))
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url, api_key="not-needed", max_retries=0, timeout=60)
+
+
+def test_a_response_is_the_chat_reply(client, pair):
+    want = pair.chat([{"role": "system", "content": "be brief"}, *MESSAGES], max_tokens=24)
+    r = client.responses.create(model="t", instructions="be brief", input=TEXT, max_output_tokens=24, store=False)
+    assert r.object == "response" and r.id.startswith("resp_") and r.output_text == want.text
+    assert [item.type for item in r.output] == ["message"] and r.output[0].content[0].type == "output_text"
+    assert r.status == ("incomplete" if want.finish_reason == "length" else "completed")
+    assert r.usage.input_tokens == len(want.prompt_tokens) and r.usage.output_tokens == len(want.tokens)
+    items = client.responses.create(model="t", instructions="be brief", max_output_tokens=24, input=[
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": TEXT}]}])
+    assert items.output_text == want.text and items.usage.input_tokens_details.cached_tokens > 0
+    drafted = client.responses.create(model="t", instructions="be brief", input=TEXT, max_output_tokens=24,
+                                      extra_body={"method": "lookup", "k": 4})
+    assert drafted.output_text == want.text and drafted.model_extra["localspec"]["method"] == "lookup"
+
+
+def test_a_streamed_response_has_every_event_typed_and_numbered_and_ends_whole(client, pair):
+    want = pair.chat(MESSAGES, max_tokens=30)
+    events = list(client.responses.create(model="t", input=TEXT, max_output_tokens=30, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:5] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added", "response.output_text.delta"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == want.text
+    assert events[-1].response.output_text == want.text and events[-1].response.usage.output_tokens == len(
+        want.tokens)
+
+
+def test_a_function_call_and_its_output_round_trip(client, pair):
+    ask = dict(model="t", input=TEXT, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+               max_output_tokens=160)
+    r = client.responses.create(**ask)
+    (call,) = [item for item in r.output if item.type == "function_call"]
+    assert call.name == "get_weather" and call.call_id
+    jsonschema.validate(json.loads(call.arguments), SCHEMAS["get_weather"])
+    events = list(client.responses.create(**ask, stream=True))
+    kinds = [e.type for e in events]
+    assert "response.function_call_arguments.delta" in kinds and "response.function_call_arguments.done" in kinds
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    assert done.arguments == call.arguments
+    answered = client.responses.create(model="t", tools=TOOLS, tool_choice="none", max_output_tokens=20, input=[
+        *MESSAGES, {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    library = pair.chat([*MESSAGES, {"role": "assistant", "content": "", "tool_calls": [{
+        "id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"}], max_tokens=20, tools=CHAT_TOOLS,
+        tool_choice="none")
+    assert answered.output_text == library.text
+    with pytest.raises(openai.BadRequestError, match="answers no function_call"):
+        client.responses.create(model="t", input=[*MESSAGES, {"type": "function_call_output", "call_id": "nope",
+                                                              "output": "x"}])
+
+
+def test_text_format_json_schema_is_the_structured_output(client):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    r = client.responses.create(model="t", input=TEXT, max_output_tokens=60, text={"format": {
+        "type": "json_schema", "name": "count", "schema": schema, "strict": True}})
+    jsonschema.validate(json.loads(r.output_text), schema)
+
+
+@pytest.mark.parametrize("body,param,needle", [
+    ({"previous_response_id": "resp_1"}, "previous_response_id", "keeps no responses"),
+    ({"tools": [{"type": "web_search"}]}, "tools", "'web_search'"),
+    ({"input": [{"type": "computer_call", "call_id": "c"}]}, "input", "unknown item type 'computer_call'"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input", "text only"),
+    ({"max_output_tokens": "9"}, "max_output_tokens", "integer"),
+    ({"text": {"format": {"type": "yaml"}}}, "text.format", "text.format"),
+    ({"model": "gpt-5"}, "model", "does not exist"),
+    ({"input": None}, "input", "input"),
+])
+def test_malformed_bodies_are_openai_4xx_naming_the_field(server, body, param, needle):
+    status, reply, _ = server.post("/v1/responses", json.dumps({"input": TEXT, **body}).encode())
+    assert status in (400, 404) and reply["error"]["param"] == param and needle in reply["error"]["message"], reply
+
+
+def test_the_guards_hold_and_a_client_leaving_mid_stream_leaves_the_next_request_exact(server, client, pair):
+    status, reply, _ = server.post("/v1/responses", b"{}", headers={"Origin": "https://evil.example"})
+    assert status == 403 and reply["error"]["code"] == "origin_not_allowed"
+    big = server.raw(b"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 99999999\r\n\r\n")
+    assert big[0] == 413
+    want = pair.chat(MESSAGES, max_tokens=8).text
+    stream = client.responses.create(model="t", input=TEXT, max_output_tokens=200, stream=True)
+    for e in stream:
+        if e.type == "response.output_text.delta":
+            break
+    stream.close()
+    assert client.responses.create(model="t", input=TEXT, max_output_tokens=8).output_text == want
