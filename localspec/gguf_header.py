@@ -146,6 +146,27 @@ class GGUFHeader:
         arch = self.architecture
         return self._int(f"{arch}.context_length") if arch else None
 
+    def kv_bytes_per_token(self, cache_bytes: float = 2.0) -> Optional[int]:
+        """Bytes of attention KV cache one token of context takes (``cache_bytes`` a value: 2 for f16).
+
+        Counts only the layers that attend: a hybrid model's recurrent layers (no KV heads in a per-layer
+        ``head_count_kv``, or all but every ``full_attention_interval``-th layer) keep a fixed-size state
+        instead. None when the header lacks the attention's shape.
+        """
+        arch = self.architecture
+        layers, embd = self._int(f"{arch}.block_count"), self._int(f"{arch}.embedding_length")
+        heads = _per_layer(self.metadata.get(f"{arch}.attention.head_count"), layers)
+        kv_heads = _per_layer(self.metadata.get(f"{arch}.attention.head_count_kv"), layers) or heads
+        if not layers or not embd or not heads or not kv_heads or not max(heads):
+            return None
+        width = embd // max(heads)
+        k = self._int(f"{arch}.attention.key_length") or width
+        v = self._int(f"{arch}.attention.value_length") or width
+        interval = self._int(f"{arch}.full_attention_interval")
+        if interval and not any(h == 0 for h in kv_heads):  # every interval-th layer attends, the rest recur
+            kv_heads = [h if (i + 1) % interval == 0 else 0 for i, h in enumerate(kv_heads)]
+        return int(sum(kv_heads) * (k + v) * cache_bytes)
+
     @property
     def split_count(self) -> int:
         """How many files a split model (gguf-split) spans: ``split.count``, 1 when not split."""
@@ -257,6 +278,15 @@ def same_vocabulary(a: GGUFHeader, b: GGUFHeader) -> Compatibility:
         ModelFileError: either file has no usable tokenizer.
     """
     return compare(a.vocab(), b.vocab())
+
+
+def _per_layer(value: Any, layers: Optional[int]) -> Optional[list[int]]:
+    """A per-layer count given once for every layer, or as a list with one a layer."""
+    if isinstance(value, int) and not isinstance(value, bool) and layers:
+        return [value] * layers
+    if isinstance(value, list) and value and all(isinstance(n, int) for n in value):
+        return list(value)
+    return None
 
 
 def parse_size_label(label: Optional[str]) -> Optional[int]:

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Union
 
 from .api import Pair, notice_to_stderr
 from .backend import Model
 from .compat import check_vocab
+from .gguf_header import read_local
 from .llama import read_vocab
 from .methods import AUTO_KMAX
 from .naming import resolve_models
 from .options import GenerationOptions
 from .paths import cache_dir
-from .prompt_cache import PromptCache
+from .prompt_cache import PromptCache, available_memory
+from .sizes import human_bytes
 
 PathLike = Union[str, os.PathLike]
 
@@ -46,6 +49,49 @@ def prompt_cache_enabled() -> bool:
     return os.environ.get("LOCALSPEC_PROMPT_CACHE", "on").strip().lower() not in ("off", "0", "false", "no")
 
 
+#: The share of the memory left after the weights that a chosen context's KV caches may take.
+CONTEXT_SHARE = 0.5
+#: Chosen contexts are whole multiples of this many tokens.
+CONTEXT_STEP = 1024
+#: The smallest context ``fit_context`` chooses, whatever the memory: the default of a plain load.
+MIN_CONTEXT = 4096
+
+
+@dataclass(frozen=True)
+class ContextChoice:
+    """A context length chosen for a pair, and why, in one sentence for a person."""
+
+    n_ctx: int
+    reason: str
+
+
+def fit_context(target: PathLike, draft: Optional[PathLike] = None, memory: Optional[int] = None) -> ContextChoice:
+    """The largest context ``target`` was trained for whose KV caches (the target's and the draft's) fit in
+    ``CONTEXT_SHARE`` of the memory left after both models' weights; a whole number of ``CONTEXT_STEP``
+    tokens, at least ``MIN_CONTEXT`` (or the training context, when that is smaller).
+
+    Args:
+        target: the target .gguf (its header says the training context and the KV bytes a token).
+        draft: the draft .gguf, whose cache holds the same context; None without one.
+        memory: the bytes free (default: the memory available now).
+    """
+    headers = [read_local(p) for p in (target, draft) if p is not None]
+    trained = headers[0].context_length or MIN_CONTEXT
+    per_token = sum(h.kv_bytes_per_token() or 0 for h in headers)
+    free = available_memory() if memory is None else memory
+    weights = sum(os.path.getsize(p) for p in (target, draft) if p is not None)
+    budget = int(CONTEXT_SHARE * max(0, free - weights))
+    fits = budget // per_token // CONTEXT_STEP * CONTEXT_STEP if per_token else trained
+    n_ctx = max(min(trained, fits), min(trained, MIN_CONTEXT))
+    cache = f"its KV cache takes {human_bytes(n_ctx * per_token)}" if per_token else "no KV cache size is known"
+    why = "the model's training context" if n_ctx == trained else \
+        f"the most of the {trained} the model was trained for that fits" if n_ctx == fits else \
+        f"the least localspec chooses, though only {max(fits, 0)} fit"
+    return ContextChoice(n_ctx, f"context {n_ctx} tokens: {why}; {cache} ({human_bytes(per_token)} a token), "
+                         f"within half of the {human_bytes(max(0, free - weights))} of memory left after the "
+                         "weights (--ctx sets it)")
+
+
 def load(
     target: PathLike,
     draft: Optional[PathLike] = None,
@@ -64,6 +110,7 @@ def load(
     prompt_cache: Union[bool, PromptCache, None] = None,
     cache_ram: Optional[int] = None,
     cache_disk: Optional[int] = None,
+    fit: bool = False,
 ) -> Pair:
     """Load a target model and, optionally, a draft model of the same family.
 
@@ -97,6 +144,8 @@ def load(
             most 8 GiB); 0 for no RAM tier.
         cache_disk: bytes of disk the prompt cache may use, in the cache directory's ``prompts`` folder
             (default: a tenth of the free space there, at most 16 GiB); 0 for no disk tier.
+        fit: without ``n_ctx``, the largest context the target was trained for that fits the memory
+            (``fit_context``; said through ``notify``), instead of the pair's or 4096.
 
     Raises:
         ModelFileError: a file is missing, not a GGUF, or fails to load.
@@ -108,6 +157,10 @@ def load(
     for notice in files.notices:
         say(notice)
     target, draft = files.target, files.draft
+    if n_ctx is None and fit:
+        choice = fit_context(target, draft)
+        say(f"localspec: {choice.reason}")
+        n_ctx = choice.n_ctx
     n_ctx = n_ctx if n_ctx is not None else 4096 if files.n_ctx is None else files.n_ctx  # a pair's 0: its own
     draft_k = draft_k if draft_k is not None else files.draft_k
     # A recurrent target that can roll back keeps snapshots for auto's longest draft (longer ones checkpoint);

@@ -170,18 +170,22 @@ def usable(model: Model, entry_tokens: np.ndarray, wanted: np.ndarray) -> int:
     return shared if shared == len(entry_tokens) else 0
 
 
-def default_ram_budget() -> int:
-    """Bytes for the RAM tier: ``RAM_SHARE`` of the memory available now, at most ``RAM_MOST``."""
+def available_memory() -> int:
+    """Bytes of memory available now (Linux's MemAvailable; the free pages elsewhere; 4 GiB when unknown)."""
     try:
         with open("/proc/meminfo") as f:
             fields = dict(line.split(":", 1) for line in f)
-        free = int(fields["MemAvailable"].split()[0]) * 1024
+        return int(fields["MemAvailable"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
         try:
-            free = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
-        except (AttributeError, ValueError, OSError):  # not on this system (macOS, Windows): a fixed share
-            free = 4 * 2**30
-    return int(min(RAM_MOST, RAM_SHARE * free))
+            return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+        except (AttributeError, ValueError, OSError):  # not on this system (macOS, Windows): a fixed amount
+            return 4 * 2**30
+
+
+def default_ram_budget() -> int:
+    """Bytes for the RAM tier: ``RAM_SHARE`` of the memory available now, at most ``RAM_MOST``."""
+    return int(min(RAM_MOST, RAM_SHARE * available_memory()))
 
 
 def default_disk_budget(folder: Path) -> int:

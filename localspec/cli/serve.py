@@ -33,7 +33,9 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
     The generation options given here are the defaults for requests that
     leave them out; --max-tokens also caps what a request may ask for (without
     it, a request may fill the context). --no-history keeps every request out
-    of the history store, whatever the request says.
+    of the history store, whatever the request says. Without --ctx the context
+    is the largest the model was trained for that fits the memory (agents send
+    tens of thousands of tokens), said at start.
     """
     from ..server_access import check_access
 
@@ -45,7 +47,7 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
                                    "pip install 'localspec[server]'.") from None
     source = click.get_current_context().get_parameter_source("max_tokens")
     max_tokens = options.max_tokens if source is not click.core.ParameterSource.DEFAULT else None
-    with models.open() as pair:
+    with models.open(fit=True) as pair:
         name = models.pair_name or pair.target.path.stem
         server = Server.for_pair(pair, name, options, max_queue=max_queue, max_tokens=max_tokens)
         app = create_app(server, hosts=access.hosts, origins=access.origins, api_key=access.api_key,

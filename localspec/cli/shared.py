@@ -74,12 +74,13 @@ class ModelArgs:
     cache_ram: Optional[int] = None
     cache_disk: Optional[int] = None
 
-    def open(self, method: Optional[str] = None, prompt_cache: Optional[bool] = None) -> Pair:
+    def open(self, method: Optional[str] = None, prompt_cache: Optional[bool] = None, fit: bool = False) -> Pair:
         """Load the registered pair by name, or the target (and draft) given as files or as the scan's names.
 
         A target given without a draft gets the best draft found on this machine
         (``localspec models --scan``), said on stderr, unless ``method`` needs none.
-        ``prompt_cache`` False loads it without one (see ``load``).
+        ``prompt_cache`` False loads it without one; ``fit`` without --ctx chooses the context the memory
+        holds (see ``load``).
         """
         from ..loading import load
         from ..naming import default_draft, names_a_model
@@ -99,7 +100,7 @@ class ModelArgs:
         return load(model, draft, n_ctx=self.n_ctx, n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
                     n_gpu_layers=self.n_gpu_layers, verbose=self.verbose, flash_attn=FLASH_ATTN[self.flash_attn],
                     huge_pages=self.huge_pages, notify=say, prompt_cache=prompt_cache, cache_ram=_mib(self.cache_ram),
-                    cache_disk=_mib(self.cache_disk))
+                    cache_disk=_mib(self.cache_disk), fit=fit)
 
 
 def _mib(n: Optional[int]) -> Optional[int]:
@@ -126,7 +127,8 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Draft model (.gguf, or a name from `localspec models --scan`) of the same family; "
                           "default with --target: the best one on this machine; none: no draft model."),
         click.option("--ctx", "n_ctx", type=click.IntRange(min=0), default=None,
-                     help="Context length in tokens (0: the model's own; default: the pair's, else 4096)."),
+                     help="Context length in tokens (0: the model's own; default: the pair's, else 4096; serve: "
+                          "the most the model was trained for that fits the memory)."),
         click.option("--threads", "n_threads", type=click.IntRange(min=1), default=None,
                      help="CPU threads for single-token steps (default: the fastest, measured once by "
                           "`localspec calibrate`)."),

@@ -1,0 +1,82 @@
+"""The context `serve` chooses: the largest the model was trained for that its KV caches fit in memory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import real_models_dir
+from serverproc import ServeProcess
+from tinymodel import write_tiny_model
+
+from localspec.gguf_header import GGUFHeader
+from localspec.loading import MIN_CONTEXT, fit_context
+
+GIB = 2**30
+
+
+def header(**metadata) -> GGUFHeader:
+    return GGUFHeader({"general.architecture": "a", "a.block_count": 4, "a.embedding_length": 256,
+                       "a.attention.head_count": 8, **metadata}, 3, 0, 0)
+
+
+def test_kv_bytes_count_the_layers_that_attend():
+    assert header().kv_bytes_per_token() == 4 * 8 * (32 + 32) * 2  # no head_count_kv: one KV head a head
+    assert header(**{"a.attention.head_count_kv": 2}).kv_bytes_per_token() == 4 * 2 * 64 * 2
+    assert header(**{"a.attention.head_count_kv": 2, "a.attention.key_length": 128,
+                     "a.attention.value_length": 64}).kv_bytes_per_token() == 4 * 2 * 192 * 2
+    # hybrids: recurrent layers have no KV heads, or only every interval-th layer attends
+    assert header(**{"a.attention.head_count_kv": [0, 0, 0, 2]}).kv_bytes_per_token() == 2 * 64 * 2
+    assert header(**{"a.attention.head_count_kv": 2, "a.full_attention_interval": 4}).kv_bytes_per_token() == \
+        2 * 64 * 2
+    assert GGUFHeader({"general.architecture": "rwkv6"}, 3, 0, 0).kv_bytes_per_token() is None
+
+
+@pytest.fixture(scope="module")
+def long_trained(tmp_path_factory):
+    """A tiny model that says it was trained for 131072 tokens."""
+    path = tmp_path_factory.mktemp("long") / "long.gguf"
+    write_tiny_model(path, seed=0, n_ctx=131072)
+    return path
+
+
+def test_the_training_context_where_memory_holds_it_else_the_most_that_fits(long_trained, tiny_dir):
+    per_token = 2 * 2 * 16 * 2 * 2  # 2 layers, 2 KV heads of 16, keys and values, f16
+    assert fit_context(long_trained, memory=64 * GIB).n_ctx == 131072
+    weights = long_trained.stat().st_size
+    room = weights + 2 * per_token * 40000  # half of it holds 40000 tokens: 39 steps of 1024
+    choice = fit_context(long_trained, memory=room)
+    assert choice.n_ctx == 39 * 1024 and "the most of the 131072" in choice.reason
+    assert fit_context(long_trained, memory=weights).n_ctx == MIN_CONTEXT  # the least, memory or not
+    both = fit_context(tiny_dir / "target.gguf", tiny_dir / "draft.gguf", memory=64 * GIB)
+    assert both.n_ctx == 1024 and "training context" in both.reason and "KV cache takes" in both.reason
+
+
+@pytest.mark.real
+def test_the_real_pair_gets_its_32k_training_context():
+    d = real_models_dir()
+    choice = fit_context(d / "target.gguf", d / "draft.gguf", memory=16 * GIB)
+    assert choice.n_ctx == 32768 and "1.3 GB" in choice.reason  # 40 KiB a token, both models
+    assert fit_context(d / "target.gguf", d / "draft.gguf", memory=3 * GIB).n_ctx < 32768
+
+
+def test_serve_says_the_context_it_chose_and_refuses_longer_prompts_in_each_apis_shape(tiny_dir, tmp_path):
+    s = ServeProcess(["-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf"), "-m", "plain"],
+                     tmp_path)
+    try:
+        assert "context 1024 tokens: the model's training context" in s.output()
+        assert s.get("/api/ps")["models"][0]["context_length"] == 1024
+        long = " ".join(f"w{i}" for i in range(1500))
+        status, reply, _ = s.post("/v1/chat/completions", json.dumps({"messages": [
+            {"role": "user", "content": long}]}).encode())
+        assert status == 400 and reply["error"]["code"] == "context_length_exceeded"
+        status, reply, _ = s.post("/api/chat", json.dumps({"model": "target", "stream": False, "messages": [
+            {"role": "user", "content": long}]}).encode())
+        assert status == 400 and "context holds 1024" in reply["error"]
+    finally:
+        s.close()
+    s = ServeProcess(["-t", str(tiny_dir / "target.gguf"), "--ctx", "512", "-m", "plain"], tmp_path)
+    try:
+        assert "training context" not in s.output() and s.get("/api/ps")["models"][0]["context_length"] == 512
+    finally:
+        s.close()
