@@ -15,6 +15,11 @@ request line and headers as input too, before any endpoint runs:
 * **Content type**: POST bodies must be ``application/json`` (415), which a
   page cannot send cross-site without a CORS preflight.
 * **Body size**: over ``max_body`` bytes gets 413 as soon as that is known.
+
+A refusal is sent whole before the rest of the body is read and dropped (up to
+``DRAIN_BYTES``, within ``DRAIN_SECONDS``), and the connection closes after
+that: a client that writes its whole body before it reads (as ``requests``,
+``httpx`` and curl do) reads the answer instead of a reset connection.
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 OPEN_PATHS = ("/health",)
 #: Seconds a client may take to send a request body.
 BODY_SECONDS = 30.0
+#: The most of a refused request's body read (and dropped) after the answer, and for how long, before closing.
+DRAIN_BYTES, DRAIN_SECONDS = 1 << 30, 10.0
+#: Refusals after which the rest of the body is read: the client may still be sending it.
+DRAINED = (401, 403, 413, 415)
 
 
 class ApiError(Exception):
@@ -104,7 +113,11 @@ class Guard:
             if origin is not None and self._allowed(origin):  # so the page can read why
                 response.headers["Access-Control-Allow-Origin"] = origin
                 response.headers["Vary"] = "Origin"
-            await response(scope, receive, send)
+            waits = "100-continue" in headers.get("expect", "").lower()  # it sends no body unless told to
+            if scope["method"] == "POST" and exc.status in DRAINED and not waits:
+                await _answer_then_drain(response, scope, receive, send)
+            else:
+                await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
@@ -172,3 +185,31 @@ class Guard:
             return await receive()  # later calls wait for the client to leave
 
         return replay
+
+
+async def _answer_then_drain(response: JSONResponse, scope: Scope, receive: Receive, send: Send) -> None:
+    """Send ``response`` (all its bytes, ``Connection: close``), read what is left of the body, then end it."""
+    response.headers["Connection"] = "close"
+
+    async def held(message: Message) -> None:  # the response's end waits until the body is read
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            await send({**message, "more_body": True})
+            await _drain(receive)
+            message = {"type": "http.response.body", "body": b"", "more_body": False}
+        await send(message)
+
+    await response(scope, receive, held)
+
+
+async def _drain(receive: Receive) -> None:
+    """Read and drop the request body, at most ``DRAIN_BYTES`` of it within ``DRAIN_SECONDS``."""
+    loop = asyncio.get_running_loop()
+    deadline, left = loop.time() + DRAIN_SECONDS, DRAIN_BYTES
+    while left > 0:
+        try:
+            message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            return
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
+        left -= len(message.get("body", b""))

@@ -8,6 +8,7 @@ answer it must get now. Raw sockets where the HTTP layer itself is the input.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -457,3 +458,17 @@ def test_serve_refuses_keys_and_origins_no_client_could_send(tiny_dir, flag):
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("Error: ")
     assert "--allow-origin" in lines[0] or "API key" in lines[0]
+
+
+def test_a_client_that_writes_a_60_mb_body_before_it_reads_gets_the_413_not_a_reset(server):
+    body = b'{"prompt": "' + b"x" * 60_000_000 + b'"}'
+    for path in ("/v1/completions", "/api/generate"):
+        head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+            s.sendall(head + body)  # all of it, as requests, httpx and curl do, before reading a byte
+            reply = b""
+            while chunk := s.recv(65536):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 413") and b"body_too_large" in reply and b"connection: close" in reply
+    assert server.get("/health")["status"] == "ok"
