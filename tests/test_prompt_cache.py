@@ -403,3 +403,20 @@ def test_a_process_with_a_smaller_context_leaves_longer_entries_alone(models, tm
     with localspec.load(target, n_ctx=512, prompt_cache=cache) as small:
         small.generate(SYSTEM_A[:300], max_tokens=2, method="plain")
     assert not notices and all(f.exists() for f in saved)
+
+
+def test_generate_called_again_with_the_same_instructions_starts_from_the_saved_state(models, tmp_path):
+    """A script calling `localspec generate` over and over: each new process restores the instructions."""
+    from clirun import run_cli
+
+    target, _ = models["llama"]
+    args = ["generate", "-t", str(target), "--ctx", "2048", "-m", "plain", "-n", "4", "--system", SYSTEM_A]
+    first = run_cli([*args, "--message", "question one"], env={"LOCALSPEC_HOME": str(tmp_path)})
+    again = run_cli([*args, "--message", "question two", "--json"], env={"LOCALSPEC_HOME": str(tmp_path)})
+    stats = json.loads(again.stdout)["stats"]
+    assert "restored from the prompt cache" not in first.output
+    assert stats["restored_prompt_tokens"] > 100 and stats["cached_prompt_tokens"] >= stats["restored_prompt_tokens"]
+    off = run_cli([*args, "--message", "question two", "--json", "--cache-ram", "0", "--cache-disk", "0"],
+                  env={"LOCALSPEC_HOME": str(tmp_path)})
+    assert json.loads(off.stdout)["stats"]["restored_prompt_tokens"] == 0
+    assert json.loads(off.stdout)["tokens"] == json.loads(again.stdout)["tokens"]
