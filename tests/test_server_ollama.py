@@ -265,3 +265,59 @@ def test_an_allowed_page_gets_cors_headers_and_the_api_key_guards_ollamas_routes
         assert keyed.generate("coder", prompt="hi", options={"num_predict": 3}).done
     finally:
         s.close()
+
+
+def test_think_switches_a_reasoning_models_thinking_and_it_comes_back_as_thinking(tmp_path):
+    from test_thinking import OPENS, THINK_TOKENS
+
+    model = write_tiny_model(tmp_path / "opens.gguf", seed=0, user_tokens=THINK_TOKENS, chat_template=OPENS)
+    s = ServeProcess(["-t", str(model), "-d", "none", "--ctx", "1024", "--think-budget", "5", "-m", "plain"],
+                     tmp_path)
+    try:
+        client = ollama.Client(host=s.base, timeout=60)
+        assert "thinking" in client.show("opens").capabilities
+        question = [{"role": "user", "content": "in the end, in the end, in the"}]
+        want = openai.OpenAI(base_url=s.url, api_key="x", max_retries=0, timeout=60).chat.completions.create(
+            model="opens", messages=question, max_tokens=20).choices[0].message
+        r = client.chat("opens", messages=question, think=True, options={"num_predict": 20})
+        assert r.message.thinking == want.model_extra["reasoning_content"] and r.message.content == want.content
+        parts = list(client.chat("opens", messages=question, think=True, stream=True, options={"num_predict": 20}))
+        assert "".join(p.message.thinking or "" for p in parts) == r.message.thinking
+        assert "".join(p.message.content for p in parts) == r.message.content
+        off = client.chat("opens", messages=question, think=False, options={"num_predict": 20})
+        assert off.message.thinking is None
+        g = client.generate("opens", prompt=question[0]["content"], think=True, options={"num_predict": 20})
+        assert g.thinking == r.message.thinking and g.response == r.message.content
+    finally:
+        s.close()
+
+
+@pytest.mark.real
+def test_the_real_pair_through_the_ollama_client(tmp_path):
+    from conftest import real_models_dir
+
+    d = real_models_dir()
+    s = ServeProcess(["-t", str(d / "target.gguf"), "-d", str(d / "draft.gguf"), "-m", "draft"], tmp_path,
+                     timeout=300)
+    try:
+        assert "context 32768 tokens: the model's training context" in s.output()  # no --ctx: what fits
+        client = ollama.Client(host=s.base, timeout=300)
+        shown = client.show("target")
+        assert shown.capabilities == ["completion", "tools", "insert"]
+        assert shown.modelinfo["qwen2.context_length"] == 32768 and shown.details.parameter_size == "1.5B"
+        question = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+        want = openai.OpenAI(base_url=s.url, api_key="x", max_retries=0, timeout=300).chat.completions.create(
+            model="target", messages=question, max_tokens=16, temperature=0).choices[0].message.content
+        r = client.chat("target", messages=question, options={"num_predict": 16, "temperature": 0})
+        assert "Paris" in r.message.content and r.message.content == want and r.done_reason == "stop"
+        assert "".join(p.message.content for p in client.chat("target", messages=question, stream=True,
+                                                                options={"num_predict": 16})) == want
+        filled = client.generate("target", prompt="def add(a, b):\n    return ", suffix="\n\nprint(add(1, 2))\n",
+                                 options={"num_predict": 8})
+        assert "a + b" in filled.response
+        schema = {"type": "object", "properties": {"capital": {"type": "string"}}, "required": ["capital"],
+                  "additionalProperties": False}
+        j = client.chat("target", messages=question, format=schema, options={"num_predict": 30})
+        assert json.loads(j.message.content)["capital"] == "Paris"
+    finally:
+        s.close()
