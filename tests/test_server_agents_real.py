@@ -1,0 +1,93 @@
+"""Anthropic's Messages and OpenAI's Responses APIs on the real pair, through the official clients: answers,
+tool calls and their results, and one greedy text whichever API asks."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import openai
+import pytest
+from conftest import real_models_dir
+from serverproc import ServeProcess
+
+pytestmark = pytest.mark.real
+QUESTION = "What is the capital of France? Answer in one word."
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+ASK_WEATHER = "What's the weather in Paris, in celsius?"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    d = real_models_dir()
+    s = ServeProcess(["-t", str(d / "target.gguf"), "-d", str(d / "draft.gguf"), "--ctx", "4096"],
+                     tmp_path_factory.mktemp("serve-agents-real"), timeout=300)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def claude(server):
+    return anthropic.Anthropic(base_url=server.base, api_key="x", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    return openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=300)
+
+
+def test_one_greedy_answer_through_chat_messages_and_responses(claude, oai):
+    chat = oai.chat.completions.create(model="target", max_tokens=12, messages=[{"role": "user", "content": QUESTION}])
+    msg = claude.messages.create(model="claude-sonnet-4-5", max_tokens=12, messages=[{"role": "user",
+                                                                                      "content": QUESTION}])
+    resp = oai.responses.create(model="target", input=QUESTION, max_output_tokens=12)
+    assert "Paris" in chat.choices[0].message.content
+    assert chat.choices[0].message.content == msg.content[0].text == resp.output_text
+    assert msg.stop_reason == "end_turn" and resp.status == "completed"
+
+
+def _after_the_call(oai, call_id: str, arguments: str, system: list) -> str:
+    """What chat completions answers once the call has its result (the same history, in OpenAI's shape)."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                               "parameters": WEATHER}}]
+    r = oai.chat.completions.create(model="target", tools=tools, max_tokens=40, messages=[
+        *system, {"role": "user", "content": ASK_WEATHER},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": call_id, "content": "22 C and sunny"}])
+    return r.choices[0].message.content or ""
+
+
+def test_claude_style_tool_use_and_its_result(claude, oai):
+    tools = [{"name": "get_weather", "description": "Current weather in a city", "input_schema": WEATHER}]
+    ask = [{"role": "user", "content": ASK_WEATHER}]
+    with claude.messages.stream(model="x", max_tokens=80, messages=ask, tools=tools,
+                                tool_choice={"type": "any", "disable_parallel_tool_use": True}) as stream:
+        r = stream.get_final_message()
+    (use,) = [b for b in r.content if b.type == "tool_use"]
+    assert r.stop_reason == "tool_use" and use.input == {"city": "Paris", "unit": "C"}
+    history = [*ask, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                             "content": [{"type": "text", "text": "22 C and sunny"}]}]}]
+    answer = claude.messages.create(model="x", max_tokens=40, messages=history, tools=tools)
+    assert answer.stop_reason == "end_turn"
+    assert answer.content[0].text == _after_the_call(oai, use.id, json.dumps(use.input), [])
+
+
+def test_codex_style_function_call_and_its_output(oai):
+    tools = [{"type": "function", "name": "get_weather", "description": "Current weather in a city",
+              "parameters": WEATHER}]
+    r = oai.responses.create(model="target", instructions="You are a helpful assistant.", input=ASK_WEATHER,
+                             tools=tools, tool_choice="required", parallel_tool_calls=False, max_output_tokens=80,
+                             store=False)
+    (call,) = [item for item in r.output if item.type == "function_call"]
+    assert json.loads(call.arguments) == {"city": "Paris", "unit": "C"}
+    events = list(oai.responses.create(model="target", instructions="You are a helpful assistant.", tools=tools,
+                                       max_output_tokens=40, stream=True, input=[
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": ASK_WEATHER}]},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "22 C and sunny"}]))
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.output_text == _after_the_call(oai, call.call_id, call.arguments, [
+        {"role": "system", "content": "You are a helpful assistant."}])
