@@ -294,11 +294,11 @@ def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins
     async def completions(request: Request) -> Any:
         return await complete(request, chat=False)
 
-    ollama.register(app, server, _next_event)  # Ollama's API, for the apps that speak only it
     if origins:  # CORS headers (and preflight answers) for the allowed pages only
         app.add_middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
     app.add_middleware(Guard, hosts=hosts, origins=origins, api_key=api_key, max_body=max_body)
+    ollama.register(app, server, _next_event)  # Ollama's API, for the apps that speak only it
     server_apis.register(app, server, _next_event)  # Anthropic Messages and OpenAI Responses, behind the guards
     return app
 

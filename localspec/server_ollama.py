@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from . import server_ollama_requests as requests
 from .gguf_header import read_local
 from .results import Result
-from .server_http import ApiError
+from .server_http import ApiError, ASGIApp, Message, Receive, Scope, Send
 from .server_replies import stats
 from .server_requests import ChatRequest, parse_body
 from .thinking import model_reasoning
@@ -35,6 +35,8 @@ if TYPE_CHECKING:  # the server registers these routes; it is never imported fro
 
 #: The Ollama version reported: apps check it (VS Code's Ollama provider wants at least 0.6.4).
 VERSION = "0.12.0"
+#: The paths answered in Ollama's shapes.
+PREFIX = "/api/"
 #: Ollama's reasons for a finished reply, by the library's finish reasons.
 DONE_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop"}
 
@@ -106,8 +108,10 @@ def error(exc: ApiError) -> JSONResponse:
 
 def register(app: FastAPI, server: Server, next_event: NextEvent) -> None:
     """Add Ollama's routes to ``app``, serving through ``server``'s worker (``next_event``: the server's way to
-    wait for a job's next event, abandoning the job when its client goes away)."""
+    wait for a job's next event, abandoning the job when its client goes away), and ``OllamaErrors`` around
+    the application (registered after the guards, it goes outside them)."""
     card = ModelCard.of(server)
+    app.add_middleware(OllamaErrors)
 
     @app.api_route("/", methods=["GET", "HEAD"])
     async def root() -> PlainTextResponse:
@@ -144,6 +148,50 @@ def register(app: FastAPI, server: Server, next_event: NextEvent) -> None:
     @app.post("/api/generate")
     async def generate(request: Request) -> Any:
         return await _answer(server, next_event, request, chat=False)
+
+
+class OllamaErrors:
+    """ASGI middleware: a refusal on Ollama's paths (by the guards, or of a path that does not exist) comes
+    back as Ollama's ``{"error": "..."}`` instead of OpenAI's error object."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(PREFIX):
+            send = _Reshaped(send)
+        await self.app(scope, receive, send)
+
+
+class _Reshaped:
+    """Passes a response on; an error's OpenAI body is rewritten as soon as it is whole (a refusal may hold
+    its end back while the guards read the rest of the request)."""
+
+    def __init__(self, send: Send):
+        self.send = send
+        self.start: Optional[Message] = None  # an error's start, held until its body is known
+        self.body = b""
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start" and message["status"] >= 400:
+            self.start = message
+            return
+        if self.start is None or message["type"] != "http.response.body":
+            await self.send(message)
+            return
+        self.body += message.get("body", b"")
+        try:
+            found = json.loads(self.body)
+        except ValueError:
+            if message.get("more_body", False):
+                return  # not whole yet
+            found = None
+        if isinstance(found, dict) and isinstance(found.get("error"), dict):
+            self.body = json.dumps({"error": str(found["error"].get("message", ""))}).encode()
+        start, self.start = self.start, None
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        await self.send({**start, "headers": [*headers, (b"content-length", str(len(self.body)).encode())]})
+        await self.send({**message, "body": self.body})
 
 
 def _parse(raw: bytes, server: Server, chat: bool) -> Optional[ChatRequest]:
