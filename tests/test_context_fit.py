@@ -80,3 +80,22 @@ def test_serve_says_the_context_it_chose_and_refuses_longer_prompts_in_each_apis
         assert "training context" not in s.output() and s.get("/api/ps")["models"][0]["context_length"] == 512
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("writer", ["write_tiny_qwen35", "write_tiny_lfm2", "write_tiny_mamba"])
+def test_the_headers_bytes_a_token_are_what_llama_cpp_keeps_for_each_token(writer, tmp_path):
+    import tinyarch
+
+    from localspec import memory
+    from localspec.backend import Model
+    from localspec.gguf_header import read_local
+
+    path = getattr(tinyarch, writer)(tmp_path / "m.gguf")
+    estimate = read_local(path).kv_bytes_per_token() or 0
+    with Model(path, n_ctx=256, n_threads=1) as m:
+        tokens = m.tokenize("hello world " * 10, add_special=False)[:40]
+        m.eval(tokens[:10])
+        before = len(memory.save_sequence(m._ctx))
+        m.eval(tokens[10:])
+        grown = (len(memory.save_sequence(m._ctx)) - before) / 30
+    assert estimate <= grown <= estimate + 32  # a saved cell also holds its position and sequence
