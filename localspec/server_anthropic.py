@@ -66,6 +66,8 @@ def error_response(error: ApiError) -> JSONResponse:
     """``error`` as Anthropic's error object, with its status and headers."""
     status = status_of(error)
     message = error.message
+    if error.code == "context_length_exceeded":  # Anthropic's words, which clients look for
+        message = f"prompt is too long: {message[0].lower()}{message[1:]}"
     if error.param in FIELD_NAMES:
         message += f" (the field is '{FIELD_NAMES[error.param]}')"
     return JSONResponse(error_body(status, message), status_code=status, headers=error.headers)

@@ -183,6 +183,17 @@ def test_the_guards_hold_on_the_new_routes_and_answer_in_each_apis_shape(server,
     assert cut.messages.create(model="x", max_tokens=8, messages=MESSAGES).content[0].text == want
 
 
+def test_a_prompt_over_the_context_is_prompt_is_too_long_and_the_server_serves_on(client, pair):
+    with pytest.raises(anthropic.BadRequestError, match="prompt is too long") as caught:
+        client.messages.create(model="x", max_tokens=8, messages=[{"role": "user", "content": "in the end " * 600}])
+    assert caught.value.body["error"]["type"] == "invalid_request_error"
+    with pytest.raises(anthropic.BadRequestError, match="prompt is too long"):
+        client.messages.create(model="x", max_tokens=8, stream=True,
+                               messages=[{"role": "user", "content": "in the end " * 600}])
+    assert client.messages.create(model="x", max_tokens=8, messages=MESSAGES).content[0].text == pair.chat(
+        MESSAGES, max_tokens=8).text
+
+
 def test_the_api_key_comes_as_x_api_key_or_bearer(pair, tmp_path):
     s = ServeProcess(["-t", str(pair.target.path), "-d", "none", "--ctx", "512", "--api-key", "k3y", "-m", "plain"],
                      tmp_path)
