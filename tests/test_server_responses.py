@@ -8,6 +8,8 @@ import json
 import jsonschema
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from serverproc import ServeProcess
 from test_tools import SCHEMAS, TEMPLATE, WEATHER
 from tinymodel import write_tiny_model
@@ -134,3 +136,29 @@ def test_the_guards_hold_and_a_client_leaving_mid_stream_leaves_the_next_request
             break
     stream.close()
     assert client.responses.create(model="t", input=TEXT, max_output_tokens=8).output_text == want
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 40) | st.floats(allow_nan=False) | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                 max_size=3), max_leaves=8)
+FIELDS = ["model", "input", "instructions", "tools", "tool_choice", "text", "reasoning", "max_output_tokens",
+          "messages", "system", "max_tokens", "stop_sequences", "thinking", "temperature", "stream", "content",
+          "role", "type", "call_id", "output", "tool_use_id"]
+ITEMS = st.fixed_dictionaries({}, optional={k: JSON for k in ("type", "role", "content", "call_id", "name",
+                                                                "arguments", "output", "tool_use_id", "input")})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.dictionaries(st.sampled_from(FIELDS), JSON | st.lists(ITEMS, max_size=3), max_size=6),
+       path=st.sampled_from(["/v1/responses", "/v1/messages", "/v1/messages/count_tokens"]))
+def test_no_body_gives_a_5xx_on_the_new_routes(server, body, path):
+    if isinstance(body.get("max_tokens"), int) or isinstance(body.get("max_output_tokens"), int):
+        body = {**body, "max_tokens": 4, "max_output_tokens": 4} if path != "/v1/responses" else \
+            {**body, "max_output_tokens": 4}
+    status, reply, _ = server.post(path, json.dumps(body).encode())
+    assert status < 500, (body, reply)
+
+
+def test_after_the_fuzzing_the_server_is_still_exact(client, pair):
+    assert client.responses.create(model="t", input=TEXT, max_output_tokens=16).output_text == pair.chat(
+        MESSAGES, max_tokens=16).text
