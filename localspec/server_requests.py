@@ -220,7 +220,8 @@ def parse_request(body: Any, chat: bool, defaults: GenerationOptions, limits: Li
         raise _validation_error(exc) from None
     except RecursionError:
         raise ApiError(400, "The request body is nested too deeply.") from None
-    if req.model is not None and req.model not in limits.models:
+    # Ollama's tag too: apps that list the models through /api/tags (VS Code's Ollama provider) ask for NAME:latest.
+    if req.model is not None and not {req.model, req.model.removesuffix(":latest")} & set(limits.models):
         raise ApiError(404, f"The model {req.model!r} does not exist; this server has {', '.join(limits.models)}.",
                        param="model", code="model_not_found")
     for name, neutral in UNSUPPORTED.items():

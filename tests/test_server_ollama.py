@@ -96,6 +96,9 @@ def test_chat_whole_and_streamed_give_chat_completions_greedy_text(server, clien
     want = oa.chat.completions.create(model="coder", messages=MESSAGES, max_tokens=24, temperature=0)
     r = client.chat("coder", messages=MESSAGES, options=GREEDY)
     assert r.message.role == "assistant" and r.message.content == want.choices[0].message.content
+    # an app that found the model through /api/tags asks /v1 for it by that name (VS Code's Ollama provider)
+    tagged = oa.chat.completions.create(model="coder:latest", messages=MESSAGES, max_tokens=24, temperature=0)
+    assert tagged.choices[0].message.content == r.message.content
     assert r.done and r.done_reason == "length" and r.eval_count == 24
     assert r.prompt_eval_count == want.usage.prompt_tokens and r.eval_duration > 0
     parts = list(client.chat("coder", messages=MESSAGES, options=GREEDY, stream=True))
