@@ -70,6 +70,7 @@ class ModelCard:
                 if isinstance(v, (str, int, float, bool)) and not k.startswith("tokenizer.")}
         info.setdefault("general.parameter_count", header.parameters or 0)
         template = target.chat_template() or ""
+        # Not the file's own hash (that would read gigabytes at start): a name for this file as it is now.
         identity = f"{target.path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
         return cls(requests.tagged(server.name), stat.st_size, _time(stat.st_mtime),
                    hashlib.sha256(identity).hexdigest(), details, info, _capabilities(server), template,
