@@ -4,6 +4,7 @@ the same generation as chat completions, in Anthropic's shapes, events and error
 from __future__ import annotations
 
 import json
+import socket
 
 import anthropic
 import jsonschema
@@ -207,6 +208,20 @@ def test_the_api_key_comes_as_x_api_key_or_bearer(pair, tmp_path):
         assert caught.value.body["error"]["type"] == "authentication_error"
     finally:
         s.close()
+
+
+def test_a_client_that_writes_a_60_mb_body_first_reads_the_413_in_each_apis_shape(server):
+    body = b'{"messages": "' + b"x" * 60_000_000 + b'"}'
+    for path, shape in (("/v1/messages", b'"request_too_large"'), ("/v1/responses", b'"body_too_large"')):
+        head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+            s.sendall(head + body)  # all of it before reading a byte, as requests and httpx do
+            reply = b""
+            while chunk := s.recv(65536):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 413") and shape in reply, reply[:300]
+    assert server.get("/health")["status"] == "ok"
 
 
 def test_a_full_queue_is_overloaded_529():
