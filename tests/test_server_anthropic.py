@@ -227,3 +227,24 @@ def test_a_client_that_writes_a_60_mb_body_first_reads_the_413_in_each_apis_shap
 def test_a_full_queue_is_overloaded_529():
     r = error_response(ApiError(503, "busy", type="server_error", code="server_busy"))
     assert r.status_code == 529 and json.loads(r.body)["error"]["type"] == "overloaded_error"
+
+
+BASH = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "properties": {
+    "command": {"type": "string", "description": "The command"}, "timeout": {"type": "number"},
+    "run_in_background": {"type": "boolean"}}, "required": ["command"], "additionalProperties": False}
+
+
+def test_a_request_shaped_as_claude_codes_streams_to_message_stop(server):
+    body = {"model": "claude-sonnet-4-5-20250929", "max_tokens": 32000, "stream": True, "temperature": 1,
+            "metadata": {"user_id": "user_abc_account__session_x"}, "thinking": {"type": "enabled",
+                                                                             "budget_tokens": 31999},
+            "system": [{"type": "text", "text": "You are a coding agent.", "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "<system-reminder>x</system-reminder>"},
+                                                      {"type": "text", "text": "list files",
+                                                       "cache_control": {"type": "ephemeral"}}]}],
+            "tools": [{"name": "Bash", "description": "Run a command", "input_schema": BASH}],
+            "context_management": {"edits": []}, "output_config": {"effort": "high"}}
+    status, events, _ = server.post("/v1/messages?beta=true", json.dumps(body).encode(), headers={
+        "anthropic-version": "2023-06-01", "anthropic-beta": "claude-code-20250219", "x-api-key": "x"})
+    names = [line.removeprefix("event: ") for line in events.splitlines() if line.startswith("event: ")]
+    assert status == 200 and names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]

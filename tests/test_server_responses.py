@@ -162,3 +162,20 @@ def test_no_body_gives_a_5xx_on_the_new_routes(server, body, path):
 def test_after_the_fuzzing_the_server_is_still_exact(client, pair):
     assert client.responses.create(model="t", input=TEXT, max_output_tokens=16).output_text == pair.chat(
         MESSAGES, max_tokens=16).text
+
+
+def test_a_request_shaped_as_codexs_streams_to_response_completed(server):
+    shell = {"type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"}},
+                                              "workdir": {"type": "string"}, "timeout_ms": {"type": "number"}},
+             "required": ["command"], "additionalProperties": False}
+    body = {"model": "t", "instructions": "You are a coding agent.", "input": [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "<permissions>"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list files"}]}],
+        "tools": [{"type": "function", "name": "shell", "description": "Runs a shell command", "strict": False,
+                   "parameters": shell}], "tool_choice": "auto", "parallel_tool_calls": False, "reasoning": None,
+        "store": False, "stream": True, "include": [], "prompt_cache_key": "abc", "text": {"verbosity": "medium"},
+        "max_output_tokens": 64}
+    status, events, _ = server.post("/v1/responses", json.dumps(body).encode())
+    data = [json.loads(line[6:]) for line in events.splitlines() if line.startswith("data: ")]
+    assert status == 200 and all("type" in d and "sequence_number" in d for d in data)
+    assert data[-1]["type"] == "response.completed" and data[-1]["response"]["status"] in ("completed", "incomplete")
