@@ -55,6 +55,8 @@ def register(app: FastAPI, server: Any, next_event: NextEvent) -> None:
     async def count_tokens(request: Request) -> Any:
         try:
             req = await _parsed(request, lambda body: parse_messages(body, server.defaults, server.limits, True))
+            if server.stopping:
+                raise ApiError(503, "The server is shutting down.", type="server_error", code="server_stopping")
             count = server.worker.submit(_count, server.pair, req)  # the models are the worker's to use
             n = await asyncio.wrap_future(count)
         except ApiError as exc:
