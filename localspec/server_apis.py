@@ -24,6 +24,7 @@ from .server_anthropic_replies import MessageReply, error_body
 from .server_http import ApiError, ASGIApp, Message, Receive, Scope, Send
 from .server_relay import NextEvent, answer
 from .server_requests import ChatRequest, parse_body
+from .server_responses import error_response as responses_error
 from .server_responses import parse_responses
 from .server_responses_replies import ResponseReply
 
@@ -69,9 +70,9 @@ def register(app: FastAPI, server: Any, next_event: NextEvent) -> None:
             req, body = await _parsed(request, lambda b: parse_responses(b, server.defaults, server.limits))
             job = server.admit(req)
         except ApiError as exc:
-            return exc.response()
+            return responses_error(exc)
         reply = ResponseReply(server.name, req, body)
-        return await answer(server, job, request, reply, req.stream, ApiError.response, next_event)
+        return await answer(server, job, request, reply, req.stream, responses_error, next_event)
 
     app.add_middleware(AnthropicHeaders)
 

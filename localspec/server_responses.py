@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .options import GenerationOptions
@@ -20,6 +21,9 @@ from .server_requests import OWN_FIELDS, ChatRequest, Limits, parse_request
 
 #: Input roles, as chat messages take them.
 ROLES = ("user", "assistant", "system", "developer")
+#: Chat request fields -> the Responses fields they came from, for errors.
+PARAMS = {"max_tokens": "max_output_tokens", "response_format": "text.format", "reasoning_effort": "reasoning.effort",
+          "messages": "input"}
 #: The text parts a message item may have.
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
 
@@ -87,9 +91,18 @@ def parse_responses(body: Any, defaults: GenerationOptions, limits: Limits) -> t
     try:
         return parse_request(chat, True, defaults, limits), req
     except ApiError as exc:
-        exc.param = {"max_tokens": "max_output_tokens", "response_format": "text.format",
-                     "reasoning_effort": "reasoning.effort", "messages": "input"}.get(exc.param or "", exc.param)
-        raise
+        raise renamed(exc) from None
+
+
+def renamed(error: ApiError) -> ApiError:
+    """``error`` (about the chat request a body became) with ``param`` naming the Responses field."""
+    error.param = PARAMS.get(error.param or "", error.param)
+    return error
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    """``error`` as OpenAI's error object, naming the Responses field (a prompt over the context: 'input')."""
+    return renamed(error).response()
 
 
 def _instructions(text: Optional[str]) -> list[dict[str, Any]]:

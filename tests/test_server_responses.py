@@ -123,6 +123,13 @@ def test_malformed_bodies_are_openai_4xx_naming_the_field(server, body, param, n
     assert status in (400, 404) and reply["error"]["param"] == param and needle in reply["error"]["message"], reply
 
 
+def test_a_prompt_over_the_context_is_context_length_exceeded_naming_input(client):
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.responses.create(model="t", input="in the end " * 600, max_output_tokens=4, stream=stream)
+        assert caught.value.body["code"] == "context_length_exceeded" and caught.value.body["param"] == "input"
+
+
 def test_the_guards_hold_and_a_client_leaving_mid_stream_leaves_the_next_request_exact(server, client, pair):
     status, reply, _ = server.post("/v1/responses", b"{}", headers={"Origin": "https://evil.example"})
     assert status == 403 and reply["error"]["code"] == "origin_not_allowed"
