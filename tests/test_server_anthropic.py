@@ -224,9 +224,20 @@ def test_a_client_that_writes_a_60_mb_body_first_reads_the_413_in_each_apis_shap
     assert server.get("/health")["status"] == "ok"
 
 
-def test_a_full_queue_is_overloaded_529():
+def test_a_full_queue_is_overloaded_529(pair, tmp_path):
     r = error_response(ApiError(503, "busy", type="server_error", code="server_busy"))
     assert r.status_code == 529 and json.loads(r.body)["error"]["type"] == "overloaded_error"
+    s = ServeProcess(["-t", str(pair.target.path), "-d", "none", "--ctx", "1024", "--max-queue", "0", "-m", "plain"],
+                     tmp_path)
+    try:
+        busy = anthropic.Anthropic(base_url=s.base, api_key="x", max_retries=0, timeout=60)
+        with busy.messages.stream(model="x", max_tokens=1000, messages=MESSAGES) as running:
+            next(iter(running))  # generating now, with nobody allowed to wait behind it
+            with pytest.raises(anthropic.APIStatusError) as caught:
+                busy.messages.create(model="x", max_tokens=4, messages=MESSAGES)
+        assert caught.value.status_code == 529 and caught.value.body["error"]["type"] == "overloaded_error"
+    finally:
+        s.close()
 
 
 BASH = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "properties": {
