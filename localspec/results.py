@@ -74,10 +74,8 @@ class Result:
         acc = f", accepted {s.accepted}/{s.drafted} ({100 * s.acceptance_rate:.0f}%)" if s.drafted else ""
         forced = s.accepted_by.get(SOURCE_GRAMMAR, 0)
         acc += f", {forced} forced by the grammar" if forced else ""
-        cached = ""
-        if s.cached_prompt_tokens:  # how much of the prompt was not processed again
-            where = " restored from the prompt cache" if s.restored_prompt_tokens else " already in the context"
-            cached = f", prompt {s.prompt_tokens} tokens with {s.cached_prompt_tokens}{where}"
+        # a prompt the prompt cache gave back (the live context's own prefix, a chat's usual case, goes unsaid)
+        cached = f", {s.cached_prompt_tokens}/{s.prompt_tokens} prompt tokens cached" if s.restored_prompt_tokens else ""
         return (f"[{s.generated_tokens} tokens, {s.decode_tokens_per_second:.1f} tok/s, {how}{acc}{cached}, "
                 f"finish: {self.finish_reason}]")
 

@@ -15,23 +15,45 @@ import json
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Optional
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from . import server_ollama_requests as requests
+from .api import Pair
 from .gguf_header import read_local
+from .options import GenerationOptions
 from .results import Result
 from .server_http import ApiError, ASGIApp, Message, Receive, Scope, Send
 from .server_replies import stats
-from .server_requests import ChatRequest, parse_body
+from .server_requests import ChatRequest, Limits, parse_body
 from .thinking import model_reasoning
 from .tool_calls import CallReader
 from .tools import can_call, may_call
 
-if TYPE_CHECKING:  # the server registers these routes; it is never imported from here at run time
-    from .server import Job, Server
+
+class Server(Protocol):
+    """What these routes use of the server that registers them (``localspec.server.Server``)."""
+
+    @property
+    def pair(self) -> Pair: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def limits(self) -> Limits: ...
+
+    @property
+    def defaults(self) -> GenerationOptions: ...
+
+    def admit(self, request: ChatRequest) -> Any: ...
+
+    def abandon(self, job: Any) -> None: ...
+
+
+Job = Any  # the server's job of one request, handed back to its ``next_event``
 
 #: The Ollama version reported: apps check it (VS Code's Ollama provider wants at least 0.6.4).
 VERSION = "0.12.0"
@@ -40,7 +62,7 @@ PREFIX = "/api/"
 #: Ollama's reasons for a finished reply, by the library's finish reasons.
 DONE_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop"}
 
-NextEvent = Callable[["Server", "Job", Request], Awaitable[tuple[str, Any]]]
+NextEvent = Callable[[Any, Any, Request], Awaitable[tuple[str, Any]]]  # the server's, for a server and job
 
 
 @dataclass(frozen=True)

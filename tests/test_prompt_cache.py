@@ -414,7 +414,7 @@ def test_generate_called_again_with_the_same_instructions_starts_from_the_saved_
     first = run_cli([*args, "--message", "question one"], env={"LOCALSPEC_HOME": str(tmp_path)})
     again = run_cli([*args, "--message", "question two", "--json"], env={"LOCALSPEC_HOME": str(tmp_path)})
     stats = json.loads(again.stdout)["stats"]
-    assert "restored from the prompt cache" not in first.output
+    assert "prompt tokens cached" not in first.output
     assert stats["restored_prompt_tokens"] > 100 and stats["cached_prompt_tokens"] >= stats["restored_prompt_tokens"]
     off = run_cli([*args, "--message", "question two", "--json", "--cache-ram", "0", "--cache-disk", "0"],
                   env={"LOCALSPEC_HOME": str(tmp_path)})
