@@ -75,7 +75,8 @@ class Result:
         forced = s.accepted_by.get(SOURCE_GRAMMAR, 0)
         acc += f", {forced} forced by the grammar" if forced else ""
         # a prompt the prompt cache gave back (the live context's own prefix, a chat's usual case, goes unsaid)
-        cached = f", {s.cached_prompt_tokens}/{s.prompt_tokens} prompt tokens cached" if s.restored_prompt_tokens else ""
+        restored = s.restored_prompt_tokens
+        cached = f", {s.cached_prompt_tokens}/{s.prompt_tokens} prompt tokens cached" if restored else ""
         return (f"[{s.generated_tokens} tokens, {s.decode_tokens_per_second:.1f} tok/s, {how}{acc}{cached}, "
                 f"finish: {self.finish_reason}]")
 
