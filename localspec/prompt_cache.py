@@ -14,12 +14,15 @@ that saves more time than the restore costs.
 * **Lookup** walks the prompt's blocks of ``BLOCK`` tokens through a chain of
   hashes (each block's hash covers every token before it), so finding the
   longest cached prefix takes time linear in the prompt, whatever the number
-  of entries. An attention cache can use any shared prefix of an entry (the
-  rest is cut off); a recurrent state only an entry that is a whole prefix.
-* **Tiers**: RAM under a strict byte budget, and a folder on disk under its
-  own, written by a background thread so a save costs the caller one copy
-  of the state. Eviction is least recently used among the entries never hit
-  first, so a shared system prompt outlives one-off side requests.
+  of entries. A plain attention cache can use any shared prefix of an entry
+  (the rest is cut off); a recurrent state or a sliding window only an entry
+  that is a whole prefix, which is why those are also saved at a chat's
+  message boundaries (see ``engine.Generation``).
+* **Tiers**: RAM under a strict byte budget (states waiting for the disk
+  count in it), and a folder on disk under its own, written by a background
+  thread so a save costs the caller one copy of the state. Eviction is least
+  recently used, a restore counting as ``HIT_BONUS_SECONDS`` of later use,
+  so a shared system prompt outlives one-off side requests.
 * **Disk files** (``localspec.cache_files``) carry a header with a format
   version, the model identity, the tokens and a SHA-256 of the state: a
   truncated, corrupt or wrong-model file is found out before llama.cpp sees
