@@ -98,13 +98,14 @@ class Server:
         max_queue: requests that may wait while one generates; more get 503.
         max_tokens: the most tokens one request may generate (larger requests are capped); None: the context.
         history: False keeps every request out of the history store, whatever it asks.
+        keep_billing_header: keep Claude Code's billing-header block in Messages requests (see ``Limits``).
     """
 
     def __init__(self, pair: Pair, name: str, defaults: GenerationOptions, *, max_queue: int = 8,
-                 max_tokens: Optional[int] = None, history: bool = True):
+                 max_tokens: Optional[int] = None, history: bool = True, keep_billing_header: bool = False):
         self.pair = pair
         self.defaults = defaults
-        self.limits = Limits((name,), max_tokens, history)
+        self.limits = Limits((name,), max_tokens, history, keep_billing_header)
         self.max_queue = max_queue
         self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-generate")
         self.jobs: set[Job] = set()  # running + waiting; only touched on the event loop's thread
@@ -115,7 +116,7 @@ class Server:
 
     @classmethod
     def for_pair(cls, pair: Pair, name: str, defaults: GenerationOptions, *, max_queue: int = 8,
-                 max_tokens: Optional[int] = None) -> Server:
+                 max_tokens: Optional[int] = None, keep_billing_header: bool = False) -> Server:
         """A server for ``pair`` as ``localspec serve`` runs one, ready for its first request.
 
         ``defaults.history`` off is absolute: no request can turn it back on. Without ``max_tokens`` a
@@ -127,7 +128,7 @@ class Server:
         if max_tokens is None:
             defaults = defaults.replace(max_tokens=pair.target.n_ctx)
         server = cls(pair, name, defaults, max_queue=max_queue, max_tokens=max_tokens,
-                     history=pair.history is not None)
+                     history=pair.history is not None, keep_billing_header=keep_billing_header)
         if REGISTRY.get(defaults.method).adaptive:
             # On the worker thread that will generate: llama.cpp's OpenMP threads belong to the thread that
             # calls it, and a second team left over from another thread slowed every later batch by a fifth.

@@ -62,6 +62,9 @@ class MessagesBody(CountBody):
     metadata: Optional[dict[str, Any]] = None
 
 
+#: How Claude Code's per-request billing block begins (its ``cch=`` hash differs on every request).
+BILLING_HEADER = "x-anthropic-billing-header:"
+
 def error_response(error: ApiError) -> JSONResponse:
     """``error`` as Anthropic's error object, with its status and headers."""
     status = status_of(error)
@@ -87,7 +90,7 @@ def parse_messages(body: Any, defaults: GenerationOptions, limits: Limits, count
         raise _validation_error(exc) from None
     except RecursionError:
         raise ApiError(400, "The request body is nested too deeply.") from None
-    chat: dict[str, Any] = {"messages": _system(req.system) + _messages(req.messages)}
+    chat: dict[str, Any] = {"messages": _system(req.system, limits.keep_billing_header) + _messages(req.messages)}
     if req.tools is not None:
         chat["tools"] = [_tool(t, i) for i, t in enumerate(req.tools)]
     if req.tool_choice is not None:
@@ -111,12 +114,22 @@ def _validation_error(exc: ValidationError) -> ApiError:
     return ApiError(400, f"{where or 'the body'}: {err['msg']} (got {str(err.get('input'))[:60]!r}).", param=where)
 
 
-def _system(system: Union[str, list[dict[str, Any]], None]) -> list[dict[str, Any]]:
+def _system(system: Union[str, list[dict[str, Any]], None], keep_billing: bool) -> list[dict[str, Any]]:
+    """The system prompt as one system message; without ``keep_billing``, Claude Code's billing-header text
+    (a hash that changes with every request) is left out, so the rest of the prompt can be found cached."""
     if system is None or system == "" or system == []:
         return []
-    if isinstance(system, str):
-        return [{"role": "system", "content": system}]
-    return [{"role": "system", "content": "\n".join(_text(b, f"system[{i}]") for i, b in enumerate(system))}]
+    texts = [system] if isinstance(system, str) else [_text(b, f"system[{i}]") for i, b in enumerate(system)]
+    if not keep_billing:
+        texts = [t for t in (_without_billing_header(t) for t in texts) if t]
+    return [{"role": "system", "content": "\n".join(texts)}] if texts else []
+
+
+def _without_billing_header(text: str) -> str:
+    """``text`` less its lines that are Claude Code's ``x-anthropic-billing-header: ...`` (and the newline)."""
+    if BILLING_HEADER not in text:
+        return text
+    return "\n".join(line for line in text.split("\n") if not line.lstrip().startswith(BILLING_HEADER)).strip("\n")
 
 
 def _text(block: Any, where: str) -> str:

@@ -189,11 +189,15 @@ class Limits:
         models: the model names clients may ask for.
         max_tokens: the most tokens one request may generate (a larger request is capped), None for no cap.
         history: whether requests may draft from and record into the history store.
+        keep_billing_header: keep Claude Code's per-request billing-header block in a Messages request's
+            system prompt (by default it is dropped: a hash in it changes with every request, so no prefix
+            of the prompt would ever be found in the prompt cache again).
     """
 
     models: tuple[str, ...]
     max_tokens: Optional[int] = None
     history: bool = True
+    keep_billing_header: bool = False
 
 
 def parse_body(raw: bytes) -> Any:

@@ -259,3 +259,33 @@ def test_a_request_shaped_as_claude_codes_streams_to_message_stop(server):
         "anthropic-version": "2023-06-01", "anthropic-beta": "claude-code-20250219", "x-api-key": "x"})
     names = [line.removeprefix("event: ") for line in events.splitlines() if line.startswith("event: ")]
     assert status == 200 and names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
+
+
+def test_claude_codes_billing_header_is_dropped_so_the_rest_of_the_prompt_is_reused(client):
+    """Its hash changes with every request; left in, it would be the first thing two prompts differ in."""
+    rules = "You are a coding agent. Follow the rules of the repository, run the tests, keep changes small. " * 8
+
+    def ask(cch: str) -> anthropic.types.Message:
+        billing = f"x-anthropic-billing-header: cc_version=2.1.0; cc_entrypoint=cli; cch={cch};"
+        system = [{"type": "text", "text": billing},
+                  {"type": "text", "text": rules, "cache_control": {"type": "ephemeral"}}]
+        return client.messages.create(model="claude-sonnet-4-5", max_tokens=4, system=system, messages=MESSAGES)
+
+    first, second = ask("a1b2c"), ask("f9e8d")
+    assert second.usage.input_tokens + second.usage.cache_read_input_tokens == \
+        first.usage.input_tokens + first.usage.cache_read_input_tokens  # the same prompt: the hash is not in it
+    assert second.usage.cache_read_input_tokens >= first.usage.input_tokens + first.usage.cache_read_input_tokens - 1
+
+
+def test_keep_billing_header_leaves_the_system_prompt_as_sent():
+    from localspec.options import GenerationOptions
+    from localspec.server_anthropic import parse_messages
+    from localspec.server_requests import Limits
+
+    body = {"model": "m", "max_tokens": 4, "messages": MESSAGES,
+            "system": [{"type": "text", "text": "x-anthropic-billing-header: cch=1;"},
+                       {"type": "text", "text": "Be brief."}]}
+    dropped = parse_messages(body, GenerationOptions(), Limits(("m",)))
+    kept = parse_messages(body, GenerationOptions(), Limits(("m",), keep_billing_header=True))
+    assert dropped.messages[0]["content"] == "Be brief."
+    assert kept.messages[0]["content"].startswith("x-anthropic-billing-header: cch=1;")

@@ -25,9 +25,12 @@ from .shared import ModelArgs, friendly_errors, generation_options, model_option
                    "repeatable, '*' for any page. Without it, requests that carry an Origin get 403.")
 @click.option("--max-body", type=click.IntRange(1024), default=None,
               help="The largest request body in bytes (default: 4 MiB); larger ones get 413.")
+@click.option("--keep-billing-header", is_flag=True,
+              help="Keep Claude Code's x-anthropic-billing-header block in the system prompt (by default it is "
+                   "dropped: its per-request hash would keep the prompt cache from reusing any of the prompt).")
 @friendly_errors
 def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, api_key: Optional[str],
-          max_queue: int, origins: tuple[str, ...], max_body: Optional[int]) -> None:
+          max_queue: int, origins: tuple[str, ...], max_body: Optional[int], keep_billing_header: bool) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API (chat and completions, streamed or not).
 
     The generation options given here are the defaults for requests that
@@ -49,7 +52,8 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
     max_tokens = options.max_tokens if source is not click.core.ParameterSource.DEFAULT else None
     with models.open(fit=True) as pair:
         name = models.pair_name or pair.target.path.stem
-        server = Server.for_pair(pair, name, options, max_queue=max_queue, max_tokens=max_tokens)
+        server = Server.for_pair(pair, name, options, max_queue=max_queue, max_tokens=max_tokens,
+                                 keep_billing_header=keep_billing_header)
         app = create_app(server, hosts=access.hosts, origins=access.origins, api_key=access.api_key,
                          max_body=MAX_BODY if max_body is None else max_body)
         say(f"localspec serve: model {name!r} on http://{host}:{port}/v1 "
