@@ -526,10 +526,6 @@ class Generation:
         if drafter is not None:
             drafter.settle(emitted)
             stats.auto = drafter.report()
-        if self.prompt_cache is not None:
-            for m in self._models():  # the reply too: the next turn of this conversation starts with it
-                if isinstance(m, Model):
-                    self.prompt_cache.save(m)
         if self._t_mark is not None:  # the round that found EOS (or failed) after the last yield
             stats.decode_seconds += time.perf_counter() - self._t_mark
         busy, target_busy, rewound = self._counters()
@@ -539,3 +535,7 @@ class Generation:
         stats.rewinds, stats.replayed_tokens = (a - b for a, b in zip(rewound, start[2], strict=True))
         tail = stop.feed(self._detok.flush())  # an incomplete character could still complete a stop string
         self.tail_text = tail if stop.stopped else tail + stop.flush()
+        if self.prompt_cache is not None:  # after the stats: saving is not decoding
+            for m in self._models():  # the reply too: the next turn of this conversation starts with it
+                if isinstance(m, Model):
+                    self.prompt_cache.save(m)
