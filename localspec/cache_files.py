@@ -73,7 +73,7 @@ def write(path: Path, identity: str, tokens: np.ndarray, data: State) -> int:
             os.fsync(f.fileno())
         os.replace(tmp, path)  # whole or not at all, for every reader
     except BaseException:
-        _unlink(tmp)
+        unlink(tmp)
         raise
     return len(head) + len(data)
 
@@ -196,7 +196,8 @@ def touch(path: Path) -> None:
         pass
 
 
-def _unlink(path: Optional[Path]) -> None:
+def unlink(path: Optional[Path]) -> None:
+    """Delete a file if it is there."""
     if path is None:
         return
     try:
@@ -205,6 +206,10 @@ def _unlink(path: Optional[Path]) -> None:
         pass
 
 
-def unlink(path: Optional[Path]) -> None:
-    """Delete a file if it is there."""
-    _unlink(path)
+def remove_all(folder: Path) -> int:
+    """Delete every entry file of this format under the cache's ``folder``, readable or not; how many."""
+    root = version_folder(Path(folder))
+    found = list(root.rglob(f"*{SUFFIX}")) if root.is_dir() else []
+    for f in found:
+        unlink(f)
+    return sum(not f.exists() for f in found)

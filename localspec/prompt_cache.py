@@ -471,8 +471,7 @@ class PromptCache:
                 self._remove(e)
             self._scanned.clear()
         if self.folder is not None:
-            for f in files.version_folder(self.folder).rglob(f"*{files.SUFFIX}"):
-                files.unlink(f)
+            files.remove_all(self.folder)
         return n
 
     # -- the disk tier ------------------------------------------------------------

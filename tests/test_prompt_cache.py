@@ -420,3 +420,20 @@ def test_generate_called_again_with_the_same_instructions_starts_from_the_saved_
                   env={"LOCALSPEC_HOME": str(tmp_path)})
     assert json.loads(off.stdout)["stats"]["restored_prompt_tokens"] == 0
     assert json.loads(off.stdout)["tokens"] == json.loads(again.stdout)["tokens"]
+
+
+def test_the_cache_command_lists_the_saved_states_and_clear_deletes_them_damaged_ones_too(models, tmp_path):
+    from clirun import run_cli
+
+    target, _ = models["llama"]
+    env = {"LOCALSPEC_HOME": str(tmp_path)}
+    assert "holds nothing" in run_cli(["cache"], env=env).stdout
+    run_cli(["generate", "-t", str(target), "--ctx", "2048", "-m", "plain", "-n", "2", "--message", SYSTEM_A], env=env)
+    listed = json.loads(run_cli(["cache", "--json"], env=env).stdout)
+    assert listed and all(e["model"] == target.name and e["tokens"] > 100 for e in listed)
+    Path(listed[0]["file"]).write_bytes(b"not an entry")  # damaged: not listed, still deleted
+    assert len(json.loads(run_cli(["cache", "--json"], env=env).stdout)) == len(listed) - 1
+    r = run_cli(["cache", "clear", "--yes"], env=env)
+    assert r.exit_code == 0 and f"({len(listed)} file" in r.stdout
+    assert not list((tmp_path / "cache" / "prompts").rglob("*.lspc"))  # LOCALSPEC_HOME's cache folder
+    assert "holds nothing" in run_cli(["cache"], env=env).stdout

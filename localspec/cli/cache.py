@@ -46,18 +46,12 @@ def cache(ctx: click.Context, as_json: bool) -> None:
 @click.option("--yes", "-y", is_flag=True, help="Do not ask.")
 @friendly_errors
 def cache_clear(yes: bool) -> None:
-    """Delete every saved prompt state on disk."""
-    from ..cache_files import disk_entries
+    """Delete every saved prompt state on disk (damaged files too)."""
+    from ..cache_files import remove_all
     from ..loading import prompt_cache_folder
 
     folder = prompt_cache_folder()
     if not yes:
         click.confirm(f"Delete the prompt cache in {folder}?", abort=True)
-    removed = 0
-    for e in disk_entries(folder):
-        try:
-            e.path.unlink()
-            removed += 1
-        except OSError:
-            pass
+    removed = remove_all(folder)
     click.echo(f"prompt cache cleared ({removed} file{'s' if removed != 1 else ''} removed)")
