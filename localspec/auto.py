@@ -151,15 +151,15 @@ COST_EVIDENCE = 3
 
 #: How many guessed tokens the prior of a lookup estimate counts for. The estimate is scored on every plain
 #: round's unused guess, so a few lucky tokens could lift a lightly held prior past the bar, and the round
-#: chosen on them then keeps less than it was chosen for (the README's "Lookup's prior", measured by replaying
-#: recorded replies with ``benchmarks/auto_sweep.py``).
+#: chosen on them then keeps less than it was chosen for (``benchmarks/results/2026-12-02-lookup-prior.md``, measured by
+#: replaying recorded replies with ``benchmarks/auto_sweep.py``).
 LOOKUP_PRIOR_WEIGHT = 8.0
 
 #: The most of its guessed tokens any drafter is taken to keep, whatever its estimate says. After a run of kept
 #: guesses an estimate climbs toward 1, and the rounds chosen at the top of it keep less than promised (most
 #: where only a near-perfect guess can pay, as on one CPU thread). Replaying the real pair's recordings, every
-#: measured curve and two GPU-like ones gain or hold with a ceiling from 0.92 to 0.95 (the README's
-#: "A quiet hour, then a ceiling on acceptance").
+#: measured curve and two GPU-like ones gain or hold with a ceiling from 0.92 to 0.95
+#: (``benchmarks/results/2026-12-02-quiet-2-core-alpha-ceiling.md``).
 ALPHA_CEILING = 0.93
 
 #: History matches are weighed by length band: 2-3, 4-7, 8-15 and 16 or more tokens.

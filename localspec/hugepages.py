@@ -6,8 +6,8 @@ for more, and llama.cpp does not ask. Its CPU buffers (the weights it repacks
 for the CPU's matrix kernels, the KV cache, the compute buffers) are such
 memory, and decoding reads every weight once per token, so the page-table walks
 show in the speed, and without huge pages the speed can depend on the order in
-which models were loaded (the README gives the figures; ``benchmarks/load_order.py``
-measures them).
+which models were loaded (``benchmarks/results/2026-11-30-huge-pages.md`` gives the figures;
+``benchmarks/load_order.py`` measures them).
 
 llama.cpp's allocations cannot be hooked from Python, so ``HugePages`` notes the
 anonymous mappings before a load and, afterwards, advises huge pages for the

@@ -392,8 +392,8 @@ def _validation_error(exc: ValidationError) -> ApiError:
     param = str(loc[0]) if loc else None
     where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or "the body"
     if err["type"] == "extra_forbidden" and len(loc) == 1:
-        return ApiError(400, f"localspec does not know the field {param!r}; leave it out (the README's server "
-                        "section lists the fields it takes).", param=param, code="unknown_parameter")
+        return ApiError(400, f"localspec does not know the field {param!r}; leave it out (docs/server.md "
+                        "lists the fields it takes).", param=param, code="unknown_parameter")
     if err["type"] == "extra_forbidden":
         return ApiError(400, f"{where} is not a field localspec takes; leave it out.", param=param,
                         code="unknown_parameter")
