@@ -296,8 +296,10 @@ def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins
         return await complete(request, chat=False)
 
     if origins:  # CORS headers (and preflight answers) for the allowed pages only
+        # Any request header: the SDKs' own (x-api-key, anthropic-version, x-stainless-*) change between releases,
+        # and only pages the operator named get this far.
         app.add_middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])
+                           allow_headers=["*"])
     app.add_middleware(Guard, hosts=hosts, origins=origins, api_key=api_key, max_body=max_body)
     ollama.register(app, server, _next_event)  # Ollama's API, for the apps that speak only it
     server_apis.register(app, server, _next_event)  # Anthropic Messages and OpenAI Responses, behind the guards

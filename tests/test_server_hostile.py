@@ -177,6 +177,11 @@ def test_an_allowed_origin_gets_cors_headers(server):
         "Access-Control-Request-Headers": "content-type,authorization"})
     got, _ = server.raw(raw)
     assert got == 200
+    # The Anthropic and OpenAI browser SDKs send headers of their own; a preflight naming them is allowed.
+    sdk_headers = "x-api-key,anthropic-version,anthropic-beta,anthropic-dangerous-direct-browser-access,x-stainless-os"
+    got, reply = server.raw(request("OPTIONS", "/v1/messages", server.port, headers={
+        "Origin": origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": sdk_headers}))
+    assert got == 200, reply  # a header outside the allowed list is a 400 "Disallowed CORS headers"
     status, _, headers = server.post("/v1/completions", b'{"prompt": "hi", "max_tokens": 2}')
     assert status == 200 and "Access-Control-Allow-Origin" not in headers  # none without an Origin
 
