@@ -37,11 +37,11 @@ from typing import Any, AsyncIterator, Optional, Sequence
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
-from . import server_apis, server_logprobs
+from . import server_apis, server_logprobs, server_metrics
 from . import server_ollama as ollama
 from . import server_replies as replies
 from .api import Pair
@@ -111,6 +111,7 @@ class Server:
         self.jobs: set[Job] = set()  # running + waiting; only touched on the event loop's thread
         #: Generations by outcome; "refused": the request was at fault (a 4xx found on the worker), "failed": 5xx.
         self.counts = {"completed": 0, "cancelled": 0, "refused": 0, "failed": 0}
+        self.totals = server_metrics.Totals()  # tokens and requests, for /metrics
         self.created = int(time.time())
         self.stopping = False
 
@@ -243,11 +244,12 @@ class Server:
         if len(result.text) > sent:
             job.put("text", result.text[sent:])  # held back until the end (an incomplete character)
         self.counts["completed"] += 1
+        self.totals.generated(result.stats)
         job.put("done", result)
 
 
 def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins: Sequence[str] = (),
-               api_key: Optional[str] = None, max_body: int = MAX_BODY) -> FastAPI:
+               api_key: Optional[str] = None, max_body: int = MAX_BODY, metrics: bool = False) -> FastAPI:
     """The FastAPI application serving ``server``'s pair.
 
     Args:
@@ -256,6 +258,7 @@ def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins
         origins: the web page origins allowed to call the API (``"*"``: any), with CORS headers for them.
         api_key: if set, every request but ``/health`` needs ``Authorization: Bearer KEY``.
         max_body: the largest request body in bytes.
+        metrics: serve ``GET /metrics`` (Prometheus' text format; behind the API key like the rest).
     """
     app = FastAPI(title="localspec", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -303,6 +306,17 @@ def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins
     app.add_middleware(Guard, hosts=hosts, origins=origins, api_key=api_key, max_body=max_body)
     ollama.register(app, server, _next_event)  # Ollama's API, for the apps that speak only it
     server_apis.register(app, server, _next_event)  # Anthropic Messages and OpenAI Responses, behind the guards
+    if metrics:
+        registry = server_metrics.registry(server.totals, lambda: dict(server.counts), lambda: (
+            min(len(server.jobs), 1), max(0, len(server.jobs) - 1)))
+
+        @app.get("/metrics")
+        async def scrape() -> Response:
+            return Response(server_metrics.render(registry), media_type=server_metrics.CONTENT_TYPE)
+
+        routes = frozenset(getattr(route, "path", "") for route in app.routes)
+        # Outermost, so the guards' refusals are counted too.
+        app.add_middleware(server_metrics.CountRequests, totals=server.totals, routes=routes)
     return app
 
 

@@ -28,10 +28,14 @@ from .shared import ModelArgs, friendly_errors, generation_options, model_option
 @click.option("--keep-billing-header", is_flag=True,
               help="Keep Claude Code's x-anthropic-billing-header block in the system prompt (by default it is "
                    "dropped: its per-request hash would keep the prompt cache from reusing any of the prompt).")
+@click.option("--metrics", is_flag=True,
+              help="Serve GET /metrics: requests, tokens, prompt tokens the cache saved, acceptance by drafter and "
+                   "the queue, in Prometheus' text format (behind --api-key like every route).")
 @friendly_errors
 def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, api_key: Optional[str],
-          max_queue: int, origins: tuple[str, ...], max_body: Optional[int], keep_billing_header: bool) -> None:
-    """Serve the pair over an OpenAI-compatible HTTP API (chat and completions, streamed or not).
+          max_queue: int, origins: tuple[str, ...], max_body: Optional[int], keep_billing_header: bool,
+          metrics: bool) -> None:
+    """Serve the pair over HTTP: OpenAI chat completions, completions and Responses, Anthropic Messages, Ollama.
 
     The generation options given here are the defaults for requests that
     leave them out; --max-tokens also caps what a request may ask for (without
@@ -55,7 +59,7 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
         server = Server.for_pair(pair, name, options, max_queue=max_queue, max_tokens=max_tokens,
                                  keep_billing_header=keep_billing_header)
         app = create_app(server, hosts=access.hosts, origins=access.origins, api_key=access.api_key,
-                         max_body=MAX_BODY if max_body is None else max_body)
+                         max_body=MAX_BODY if max_body is None else max_body, metrics=metrics)
         say(f"localspec serve: model {name!r} on http://{host}:{port}/v1 "
             f"({'API key required' if api_key else 'no API key'}; history "
             f"{'recorded' if server.limits.history else 'off'}; "
