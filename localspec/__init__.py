@@ -23,19 +23,25 @@ _EXPORTS = {
     "BackendError": "errors", "ConfigError": "errors", "ContextOverflowError": "errors",
     "InterleavedGenerationError": "errors", "LocalspecError": "errors", "ModelFileError": "errors",
     "SamplingError": "errors", "TokenIdError": "errors", "VocabMismatchError": "errors",
+    "RegistryError": "errors", "HubError": "errors", "NotInstalledError": "errors",
+    "Constraint": "constraint",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # the real imports, for type checkers and editors
     from .api import Pair
+    from .constraint import Constraint
     from .errors import (
         BackendError,
         ConfigError,
         ContextOverflowError,
+        HubError,
         InterleavedGenerationError,
         LocalspecError,
         ModelFileError,
+        NotInstalledError,
+        RegistryError,
         SamplingError,
         TokenIdError,
         VocabMismatchError,

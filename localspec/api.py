@@ -275,7 +275,18 @@ class Pair:
     # -- generation ----------------------------------------------------------
 
     def options(self, options: Optional[GenerationOptions] = None, **changes: Any) -> GenerationOptions:
-        """``options`` (default: this pair's defaults) with ``changes`` applied and validated."""
+        """Generation options for a call, as ``generate`` and the others build them.
+
+        Args:
+            options: the starting options (default: this pair's defaults).
+            **changes: single options to change.
+
+        Returns:
+            The options with ``changes`` applied, validated.
+
+        Raises:
+            ConfigError, SamplingError: a value is out of range.
+        """
         base = options if options is not None else self.defaults
         return base.replace(**changes) if changes else base
 
@@ -329,7 +340,8 @@ class Pair:
 
         Args:
             messages: the conversation (see ``format_chat``).
-            options, changes: as for ``generate``.
+            options: the generation options (default: the pair's defaults).
+            **changes: single options to change, e.g. ``max_tokens=64`` (see ``GenerationOptions``).
             tools: functions the model may call, in OpenAI's shape (``{"type": "function", "function":
                 {"name", "description", "parameters"}}``) or as a ``tools.ToolUse``. The reply's
                 ``tool_calls`` then holds the calls, their arguments valid against each function's
@@ -339,6 +351,9 @@ class Pair:
             parallel_tool_calls: whether one reply may hold several calls (default: yes).
             template_vars: more variables for the chat template (such as ``enable_thinking``); they win over
                 what ``think`` sets.
+
+        Returns:
+            The finished ``Result``: ``text``, ``tool_calls``, ``finish_reason`` and ``stats``.
 
         Raises:
             ConfigError: a tool or the choice is malformed, the template cannot write tool calls,
@@ -352,7 +367,24 @@ class Pair:
                     tools: Union[None, ToolUse, Sequence[Mapping[str, Any]]] = None, tool_choice: Any = None,
                     parallel_tool_calls: Optional[bool] = None, template_vars: Optional[Mapping[str, Any]] = None,
                     **changes: Any) -> Stream:
-        """Like ``chat``, yielding TokenEvents (``tool_calls.CallReader`` reads the calls as they stream)."""
+        """Like ``chat``, but returns the generation as it runs.
+
+        Args:
+            messages: the conversation (see ``format_chat``).
+            options: the generation options (default: the pair's defaults).
+            tools: as for ``chat``.
+            tool_choice: as for ``chat``.
+            parallel_tool_calls: as for ``chat``.
+            template_vars: as for ``chat``.
+            **changes: single options to change (see ``GenerationOptions``).
+
+        Returns:
+            A ``Stream`` of TokenEvents; its ``result`` is the ``Result`` once it is done
+            (``tool_calls.CallReader`` reads tool calls as they stream).
+
+        Raises:
+            ConfigError: as for ``chat``.
+        """
         asked = self.options(options, **changes)
         use = tool_use(tools, tool_choice, parallel_tool_calls)
         text, opts = chat_with_tools(self.target, messages, use, asked, template_vars)
@@ -385,12 +417,25 @@ class Pair:
 
     def infill(self, prefix: str, suffix: str, options: Optional[GenerationOptions] = None,
                **changes: Any) -> Result:
-        """Generate the text between ``prefix`` and ``suffix`` (fill-in-the-middle) and return the result."""
+        """Generate the text between ``prefix`` and ``suffix`` (fill-in-the-middle).
+
+        Args:
+            prefix: the text before the gap.
+            suffix: the text after it.
+            options: the generation options (default: the pair's defaults).
+            **changes: single options to change (see ``GenerationOptions``).
+
+        Returns:
+            The finished ``Result``; its ``text`` is the middle.
+
+        Raises:
+            ConfigError: the target's vocabulary has no fill-in-the-middle tokens.
+        """
         return self.stream_infill(prefix, suffix, options, **changes).finish()
 
     def stream_infill(self, prefix: str, suffix: str, options: Optional[GenerationOptions] = None,
                       **changes: Any) -> Stream:
-        """Like ``infill``, yielding TokenEvents.
+        """Like ``infill``, but returns the generation as a ``Stream`` of TokenEvents.
 
         The prompt is the model's own fill-in-the-middle tokens around the two texts, in the layout
         llama.cpp's server gives one file: [BOS] FIM_PRE prefix FIM_SUF suffix FIM_MID (without its

@@ -37,7 +37,7 @@ KINDS = ("json_schema", "json_object", "regex", "lark", "gbnf", "tools")
 
 
 def llguidance() -> Any:
-    """The llguidance module, or ConfigError saying how to install it."""
+    """The llguidance module, or NotInstalledError saying how to install it."""
     try:
         import llguidance
     except ImportError:

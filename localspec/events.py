@@ -26,7 +26,8 @@ class TokenEvent:
             answer's text only.
         source: "draft", "target", "correction" or "bonus" (see the SOURCE_* names).
         drafter: for an accepted drafted token, which drafter guessed it
-            ("draft" model, "lookup" or "history"); empty otherwise.
+            ("draft" model, "lookup", "history", "prediction", "mtp", or "grammar" for a token the
+            constraint forced); empty otherwise.
         logprob: with ``logprobs`` asked for, the token's log-probability under the processed logits it
             was chosen from (bias, penalties and grammar applied; temperature 1); else None.
         top_logprobs: the likeliest tokens there and their log-probabilities, likeliest first.
@@ -51,50 +52,70 @@ class TokenEvent:
 
 @dataclass
 class GenerationStats:
-    """Counts and timings of one generation."""
+    """Counts and timings of one generation.
+
+    Attributes:
+        method: the method asked for ("auto", "lookup", ...).
+        k: the most tokens drafted per round.
+        prompt_tokens: tokens in the prompt.
+        cached_prompt_tokens: prompt tokens not processed again: the live cache's shared prefix (an earlier
+            turn's) or a saved state's.
+        restored_prompt_tokens: of those, the tokens a saved state of the prompt cache gave (0: the live
+            cache's own prefix, or none).
+        generated_tokens: tokens generated.
+        rounds: verified rounds (a plain step counts as a round that drafted nothing).
+        drafted: tokens drafted.
+        accepted: drafted tokens the target kept.
+        draft_model_tokens: drafted tokens that came from the draft model (each one a draft-model step).
+        drafted_by: drafted tokens by drafter (the names of ``TokenEvent.drafter``).
+        accepted_by: accepted tokens by drafter.
+        grammar_rounds: rounds whose draft was only tokens the grammar forced (see ``SOURCE_GRAMMAR``):
+            nothing was guessed after them (auto chose no method, or could not).
+        empty_rounds: rounds in which the drafter proposed nothing (plain steps).
+        rejected_rounds: rounds with a rejected guess.
+        proposed_at: ``proposed_at[i]``: drafted tokens at draft position i.
+        accepted_at: ``accepted_at[i]``: how many of those were kept.
+        prefill_seconds: time processing the prompt.
+        decode_seconds: time generating.
+        llama_seconds: the part of ``decode_seconds`` spent inside llama.cpp (target and draft decode calls).
+        target_seconds: of that, the target's decode calls (verification, and replays after a rewind).
+        draft_seconds: of that, the drafter's models'.
+        rewinds: times a model's memory (a recurrent state) went back to a checkpoint or to the start (see
+            ``Model.truncate``); 0 for attention caches.
+        replayed_tokens: the tokens evaluated again for those rewinds.
+        round_time_by: rounds by what drafted them ("plain" for a round that drafted nothing, "grammar" for
+            forced tokens): how many, the tokens they decided (kept draft and the target's own, an end token
+            included), and their time in seconds, whole and the parts the target's and the drafter's models
+            spent in llama.cpp. A round is timed from the draft to the truncation; emitting its tokens is not
+            in it (that costs all alike).
+        auto: for method "auto": rounds per method, the choices it made and the estimates behind them.
+    """
 
     method: str
     k: int
     prompt_tokens: int = 0
-    #: Prompt tokens not processed again: the live cache's shared prefix (an earlier turn's) or a saved state's.
     cached_prompt_tokens: int = 0
-    #: Of those, the tokens a saved state of the prompt cache gave (0: the live cache's own prefix, or none).
     restored_prompt_tokens: int = 0
     generated_tokens: int = 0
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
-    #: Drafted tokens that came from the draft model (each one a draft-model step).
     draft_model_tokens: int = 0
-    #: Drafted and accepted tokens by drafter ("lookup", "history", "draft").
     drafted_by: dict[str, int] = field(default_factory=dict)
     accepted_by: dict[str, int] = field(default_factory=dict)
-    #: Rounds whose draft was only tokens the grammar forced (see ``SOURCE_GRAMMAR``): nothing was guessed after
-    #: them (auto chose no method, or could not).
     grammar_rounds: int = 0
-    #: Rounds in which the drafter proposed nothing (plain steps), and rounds with a rejected guess.
     empty_rounds: int = 0
     rejected_rounds: int = 0
-    #: proposed_at[i] / accepted_at[i]: drafted tokens at draft position i, and how many were kept.
     proposed_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
-    #: Part of decode_seconds spent inside llama.cpp (target and draft decode calls), and its two parts:
-    #: the target's decode calls (verification, and replays after a rewind) and the drafter's models'.
     llama_seconds: float = 0.0
     target_seconds: float = 0.0
     draft_seconds: float = 0.0
-    #: Times a model's memory (a recurrent state) went back to a checkpoint or to the start, and the tokens
-    #: it evaluated again for that (see ``Model.truncate``); 0 for attention caches.
     rewinds: int = 0
     replayed_tokens: int = 0
-    #: Rounds by what drafted them ("plain" for a round that drafted nothing, "grammar" for forced tokens):
-    #: how many, the tokens they decided (kept draft and the target's own, an end token included), and their
-    #: time in seconds, whole and the parts the target's and the drafter's models spent in llama.cpp. A round
-    #: is timed from the draft to the truncation; emitting its tokens is not in it (that costs all alike).
     round_time_by: dict[str, dict[str, float]] = field(default_factory=dict)
-    #: For method "auto": rounds per method, the choices it made and the estimates behind them.
     auto: Optional[AutoReport] = None
 
     def count_round(self, draft: Draft, kept: int) -> None:

@@ -147,6 +147,9 @@ def load(
         fit: without ``n_ctx``, the largest context the target was trained for that fits the memory
             (``fit_context``; said through ``notify``), instead of the pair's or 4096.
 
+    Returns:
+        The loaded ``Pair``; ``close()`` it, or use it in a ``with`` block, to free the models.
+
     Raises:
         ModelFileError: a file is missing, not a GGUF, or fails to load.
         RegistryError: an unknown pair name, or a pair not downloaded yet (the message says how).

@@ -161,7 +161,9 @@ class GenerationOptions:
         method: "auto" (default: picks prompt lookup, history, the draft
             model or plain decoding and K each round from measured costs),
             "draft" (needs a draft model), "lookup", "history" (what followed
-            the same text in earlier generations) or "plain".
+            the same text in earlier generations), "prediction" (drafts from
+            ``prediction``), "mtp" (the target's own multi-token-prediction
+            head) or "plain".
         k: tokens drafted per round; None for the method's default (draft 4,
             or the pair's suggestion; lookup and history 8; for auto the most, 8).
         ngram: (min, max) n-gram lengths prompt lookup matches.
