@@ -54,6 +54,14 @@ def file_name(tokens: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(tokens, dtype="<i4").tobytes()).hexdigest()[:32] + SUFFIX
 
 
+def private_folders(model: Path) -> None:
+    """Make a model's folder, and the version and cache folders above it, readable by the user alone."""
+    model.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for folder in (model, model.parent, model.parent.parent):  # the model's, the version's, the cache's
+        if folder.stat().st_mode & 0o077:
+            os.chmod(folder, 0o700)  # also folders an older version left open to others
+
+
 def write(path: Path, identity: str, tokens: np.ndarray, data: State) -> int:
     """Write an entry atomically (temporary file, fsync, rename); its size in bytes.
 
@@ -63,10 +71,11 @@ def write(path: Path, identity: str, tokens: np.ndarray, data: State) -> int:
     header = json.dumps({"identity": identity, "n_tokens": int(len(tokens)), "state_bytes": len(data),
                          "state_sha256": hashlib.sha256(data).hexdigest(), "saved_at": time.time()}).encode()
     head = _HEAD.pack(MAGIC, FORMAT_VERSION, len(header)) + header + np.asarray(tokens, dtype="<i4").tobytes()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_folders(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        # A state holds the prompt's text in its tokens: the user's alone to read, as the history store is.
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
             f.write(head)
             f.write(data)
             f.flush()

@@ -437,3 +437,20 @@ def test_the_cache_command_lists_the_saved_states_and_clear_deletes_them_damaged
     assert r.exit_code == 0 and f"({len(listed)} file" in r.stdout
     assert not list((tmp_path / "cache" / "prompts").rglob("*.lspc"))  # LOCALSPEC_HOME's cache folder
     assert "holds nothing" in run_cli(["cache"], env=env).stdout
+
+
+def test_saved_states_are_readable_by_the_user_alone(tmp_path):
+    """A saved state holds the prompt's tokens: 0600 files in 0700 folders, as the history store keeps its own,
+    and a folder an older version left open to others is closed."""
+    from localspec import cache_files
+
+    folder = tmp_path / "prompts"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    path = cache_files.model_folder(folder, "model-a") / "entry.state"
+    cache_files.write(path, "model-a", np.arange(40, dtype=np.int32), b"state bytes")
+    assert path.stat().st_mode & 0o777 == 0o600
+    for d in (path.parent, path.parent.parent, folder):
+        assert d.stat().st_mode & 0o777 == 0o700, d
+    header, tokens = cache_files.read_header(path, "model-a")
+    assert list(tokens) == list(range(40)) and cache_files.read_state(path, "model-a") == b"state bytes"
