@@ -7,7 +7,7 @@ is replayed through the real auto policy on each curve, the same requests ``--re
 one cost correction kept across all of them, as a pair keeps it through a bench (so auto's realized-gain
 bets and cost evidence count as they do for a user). Each request's auto is set against the better of
 plain decoding and localspec's lookup with K = 2, which stands in for llama-cpp-python's fastest row
-(its own lookup matches at most 2-grams), as issue 29 asks.
+(its own lookup matches at most 2-grams): the bar auto is held to.
 
 These are predictions from recorded acceptance and measured costs, not measurements: the rounds cost what
 each curve says, without the machine's noise. A policy change is worth a real run (``localspec bench``

@@ -3,7 +3,7 @@
 
 Loads the same GGUF twice in one process (optionally after another model or
 a load that is closed again) and times single-token decode steps on each,
-with the repetitions interleaved. On the 2-core test VM, at one thread, the
+with the repetitions interleaved. On a 2-core x86-64 virtual machine, at one thread, the
 copy loaded second decoded 4-8% faster while llama.cpp's buffers had 4 KiB
 pages (`--huge-pages none`, and llama-cpp-python's own loads); with huge pages
 (localspec's default, see localspec/hugepages.py) both copies decode at the

@@ -1,7 +1,7 @@
-"""The prepared GPU check of issue 21: CUDA build, real-shaped random models, costs and exactness on the GPU.
+"""The prepared GPU check: CUDA build, real-shaped random models, costs and exactness on the GPU.
 
 One run writes everything as JSON into one folder (``--out``; ``$OUT`` on the
-device machine), step by step, so a run cut short still reports what it did:
+GPU machine), step by step, so a run cut short still reports what it did:
 
 1. build: llama-cpp-python 0.3.36 with CUDA for the H200 (sm_90) from the
    trimmed sdist carried in ``.gpu_carry/``, installed with ``--target`` into
@@ -19,8 +19,8 @@ device machine), step by step, so a run cut short still reports what it did:
 
 Modes:
     python benchmarks/gpu_check.py --dry-run --out DIR      # CPU, tiny scale, no build: what CI runs
-    python3 benchmarks/gpu_check.py --build --out "$OUT"    # on the device machine
-    python benchmarks/gpu_check.py --prepare-carry          # here: fill .gpu_carry/ (sdist, pure-Python deps)
-    python benchmarks/gpu_check.py --write-spec             # here: benchmarks/qwen_shapes.json from the real pair
-    python benchmarks/gpu_check.py --device-command         # print the device run's command
+    python3 benchmarks/gpu_check.py --build --out "$OUT"    # on the GPU machine
+    python benchmarks/gpu_check.py --prepare-carry          # beforehand: fill .gpu_carry/ (sdist, pure-Python deps)
+    python benchmarks/gpu_check.py --write-spec             # beforehand: benchmarks/qwen_shapes.json from the real pair
+    python benchmarks/gpu_check.py --device-command         # print the GPU run: command, carried folder, time limit
 """

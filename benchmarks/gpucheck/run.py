@@ -112,7 +112,8 @@ DEVICE_TIMEOUT_S = 600
 
 
 def device_command() -> str:
-    """The device run, as the session with a GPU gives it to the ``run`` tool."""
+    """The GPU run as one call: the shell command, the git-ignored folder copied beside the checkout
+    (``.gpu_carry``) and the time limit in seconds."""
     return (f"run(command={json.dumps(DEVICE_COMMAND)}, carry={json.dumps(DEVICE_CARRY)}, "
             f"timeout_s={DEVICE_TIMEOUT_S})")
 
