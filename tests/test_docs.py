@@ -1,0 +1,280 @@
+"""The documentation builds and stays true: the MkDocs site with --strict, docs/cli.md against the commands'
+--help, the links and anchors of the Markdown files GitHub shows, README's shell blocks, and the text speaks
+of the software (no issue numbers, no account of how it was developed).
+
+The examples in docs/*.md are run by tests/test_docs_examples.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import urllib.parse
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+#: Markdown that GitHub renders from the repository (the docs pages are checked by the MkDocs build).
+GITHUB_PAGES = [REPO / "README.md", REPO / "benchmarks" / "README.md",
+                *sorted((REPO / "benchmarks" / "results").glob("*.md"))]
+#: Everything a reader sees: the pages above and the docs site.
+PROSE = GITHUB_PAGES[:2] + sorted((REPO / "docs").rglob("*.md")) + GITHUB_PAGES[2:]
+#: The product's code, whose docstrings, comments and messages a user reads too.
+CODE = sorted([*(REPO / "localspec").rglob("*.py"), *(REPO / "benchmarks").rglob("*.py"),
+               *(p for p in (REPO / "scripts").iterdir() if p.is_file())])
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+# -- the site ------------------------------------------------------------------------------------------
+
+
+def test_site_builds_strict(tmp_path: Path):
+    """`mkdocs build --strict`: every nav page exists, no page is left out of the nav, every link and anchor
+    resolves (results pages included), and the API reference renders without griffe warnings."""
+    if importlib.util.find_spec("mkdocs") is None:
+        pytest.skip("mkdocs is not installed (pip install -e '.[docs]'; the test extra has it)")
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(REPO / "mkdocs.yml"),
+                        "-d", str(tmp_path / "site")], cwd=REPO, capture_output=True, text=True,
+                       env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
+    problems = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith(("WARNING", "ERROR"))]
+    assert r.returncode == 0, "\n".join(problems) or (r.stdout + r.stderr)[-4000:]
+    assert (tmp_path / "site" / "results" / "index.html").is_file()
+
+
+def test_cli_reference_matches_the_commands():
+    """docs/cli.md is what scripts/cli_docs.py generates from every command's --help."""
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "cli_docs.py"), "--check"], cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, (r.stderr or r.stdout).strip()
+
+
+def test_every_results_file_is_in_the_results_index():
+    """benchmarks/results/README.md, which the site shows as the results index, links every dated file."""
+    readme = REPO / "benchmarks" / "results" / "README.md"
+    if not readme.is_file():
+        pytest.skip("no benchmarks/results/README.md: the site generates the index itself")
+    linked = {urllib.parse.unquote(t.split("#")[0]) for _, t in links(readme.read_text(encoding="utf-8"))}
+    missing = [p.name for p in (REPO / "benchmarks" / "results").glob("*.md")
+               if p.name != "README.md" and p.name not in linked]
+    assert not missing, f"benchmarks/results/README.md does not link {', '.join(sorted(missing))}"
+
+
+# -- Markdown as GitHub shows it -------------------------------------------------------------------------
+
+FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})(.*)$")
+
+
+def prose_lines(text: str, blank_code: bool = True) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` outside fenced code blocks, with inline code spans blanked unless told."""
+    fence = None
+    for no, line in enumerate(text.splitlines(), 1):
+        m = FENCE.match(line)
+        if fence is None and m:
+            fence = m.group(2)
+            continue
+        if fence is not None:
+            if m and m.group(2)[0] == fence[0] and len(m.group(2)) >= len(fence) and not m.group(3).strip():
+                fence = None
+            continue
+        yield no, re.sub(r"(`+)(.+?)\1", lambda c: " " * len(c.group(0)), line) if blank_code else line
+
+
+class Block(NamedTuple):
+    line: int  # of the opening fence
+    info: str
+    code: str
+
+
+def fenced_blocks(text: str) -> list[Block]:
+    """The fenced code blocks: opening fence's line, info string's first word, code dedented by the fence's
+    indentation."""
+    out = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, fence, info = len(m.group(1)), m.group(2), m.group(3).strip()
+        body = []
+        j = i + 1
+        while j < len(lines):
+            c = FENCE.match(lines[j])
+            if c and c.group(2)[0] == fence[0] and len(c.group(2)) >= len(fence) and not c.group(3).strip():
+                break
+            body.append(lines[j][indent:] if lines[j][:indent].strip() == "" else lines[j].lstrip())
+            j += 1
+        out.append(Block(i + 1, info.split()[0].strip("{}.").lower() if info else "", "\n".join(body) + "\n"))
+        i = j + 1
+    return out
+
+
+INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+REFERENCE_DEF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$")
+HTML_LINK = re.compile(r"<(?:a|img)\s[^>]*?(?:href|src)=\"([^\"]+)\"", re.I)
+SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)
+
+
+def links(text: str) -> list[tuple[int, str]]:
+    """``(line, target)`` of every link and image outside code."""
+    out = []
+    for no, line in prose_lines(text):
+        for rx in (INLINE_LINK, HTML_LINK, REFERENCE_DEF):
+            out += [(no, m.group(1)) for m in rx.finditer(line)]
+    return out
+
+
+def github_slug(heading: str) -> str:
+    """GitHub's anchor for a heading: its text lower-cased, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link or image: its text
+    text = re.sub(r"<[^>]+>", "", text).replace("`", "")
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    """The anchors of a Markdown file as GitHub renders it (duplicate headings get -1, -2, ...)."""
+    seen: dict[str, int] = {}
+    out = set()
+    for _, line in prose_lines(text, blank_code=False):  # code spans are part of heading texts
+        m = re.match(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if m:
+            slug = github_slug(m.group(1))
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            out.add(slug if n == 0 else f"{slug}-{n}")
+        out.update(re.findall(r"<a\s[^>]*?(?:name|id)=\"([^\"]+)\"", line, re.I))
+    return out
+
+
+def broken_links(page: Path) -> list[str]:
+    text = page.read_text(encoding="utf-8")
+    problems = []
+    for no, target in links(text):
+        if SCHEME.match(target) or target.startswith("//"):
+            continue  # a web address: not checked (no network)
+        path_part, _, anchor = target.partition("#")
+        dest = (page.parent / urllib.parse.unquote(path_part)).resolve() if path_part else page
+        where = f"{rel(page)}:{no}: {target}"
+        if target.startswith("/"):
+            problems.append(f"{where}: absolute path (GitHub resolves it from the repository root); make it "
+                            "relative")
+            continue
+        if not dest.exists():
+            problems.append(f"{where}: no such file")
+            continue
+        if REPO not in dest.parents and dest != REPO:
+            problems.append(f"{where}: points outside the repository")
+            continue
+        if anchor and dest.is_file() and dest.suffix == ".md":
+            if urllib.parse.unquote(anchor).lower() not in anchors(dest.read_text(encoding="utf-8")):
+                problems.append(f"{where}: {rel(dest)} has no heading with the anchor #{anchor}")
+    return problems
+
+
+@pytest.mark.parametrize("page", GITHUB_PAGES, ids=rel)
+def test_links_and_anchors_resolve(page: Path):
+    """Relative links name files that exist, and their #anchors headings that exist (GitHub's slugs)."""
+    problems = broken_links(page)
+    assert not problems, "\n".join(problems)
+
+
+def test_readme_shell_blocks_parse(tmp_path: Path):
+    """Every bash/sh block of README.md is at least valid shell (`bash -n`)."""
+    blocks = [b for b in fenced_blocks((REPO / "README.md").read_text(encoding="utf-8"))
+              if b.info in ("bash", "sh", "shell")]
+    problems = []
+    for b in blocks:
+        r = subprocess.run(["bash", "-n"], input=b.code, capture_output=True, text=True)
+        if r.returncode != 0:
+            problems.append(f"README.md:{b.line}: {r.stderr.strip()}")
+    assert not problems, "\n".join(problems)
+
+
+# -- the text speaks of the software ----------------------------------------------------------------------
+
+ORDINAL = ("first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|next|previous|earlier|later|last|"
+           r"\d+(?:st|nd|rd|th)")
+
+#: Phrases that narrate how the software was developed, and what each one is.
+NARRATIVE = [
+    (r"\bissues?\s*#?\d+", "an issue number"),
+    (r"\btest[ -](?:vms?|machines?|box(?:es)?|hosts?)\b", "the development machine (name the machine instead)"),
+    (r"\bdev(?:elopment)?\s+(?:vms?|machines?|box|environment)\b", "the development machine"),
+    (rf"(?<!\ba )\b(?:{ORDINAL})\s+session\b", "a session of the work"),
+    (r"\b(?:this|that|each|every|same|another)\s+session\b", "a session of the work"),
+    (r"\bsessions?\s+(?:of|with|that|which)\b", "a session of the work"),
+    (r"\b(?:for|in|during|by)\s+the\s+session\b", "a session of the work"),
+    (r"\btoday(?:'s)?\b(?!\()", "'today' (give the date where a figure has one)"),
+    (r"\b(?:yesterday|tonight|this morning|this afternoon|the evening before)\b", "a day of the work"),
+    (r"\bhelpers?\b(?!\.py)", "a helper"),
+    (r"\b(?:the|a)\s+(?:device|run|search|fetch)\s+tool\b", "the development tools"),
+    (r"\bwe\s+(?:found|tried|measured|saw|noticed|ran|fixed|decided|changed|added|learned)\b",
+     "'we' narrating the work"),
+    (r"\b(?:the\s+lead|CEO)\b", "the development team"),
+    (r"(?<![\w./-])shared/", "the development environment"),
+]
+#: The subset that can only be narrative in code too (there 'session' and 'helper' are ordinary words).
+CODE_NARRATIVE = [
+    (r"\bissues?\s*#?\d+", "an issue number"),
+    (r"\btest[ -](?:vms?|machines?|box(?:es)?)\b", "the development machine (name the machine instead)"),
+    (rf"(?<!\ba )\b(?:{ORDINAL})\s+session\b", "a session of the work"),
+    (r"\bsessions?\s+(?:of|with)\s+(?:a|the)\s+(?:gpu|device)\b", "a session of the work"),
+    (r"\btoday(?:'s)?\b(?!\()", "'today'"),
+    (r"\b(?:the|a)\s+(?:device|run|search|fetch)\s+tool\b", "the development tools"),
+    (r"\bwe\s+(?:found|tried|measured|noticed|decided|learned)\b", "'we' narrating the work"),
+]
+
+
+def narrative(text: str, patterns: list[tuple[str, str]]) -> Iterator[tuple[int, str, str]]:
+    """``(line, phrase, what it is)`` for each match; lines are joined first, so a phrase broken across a
+    line wrap is found too."""
+    starts = [0]
+    for line in text.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    flat = re.sub(r"\s", " ", text)  # same length, so offsets map back to lines
+    for pattern, what in patterns:
+        for m in re.finditer(pattern, flat, re.I):
+            line = next(i for i, s in enumerate(starts[1:], 1) if s > m.start())
+            yield line, re.sub(r"\s+", " ", m.group(0)), what
+
+
+@pytest.mark.parametrize("page", PROSE, ids=rel)
+def test_prose_speaks_of_the_software(page: Path):
+    """No issue numbers, sessions, test VMs, 'today', helpers or tools of the development: the pages describe
+    the software and the machines measured, by what they are."""
+    hits = [f"{rel(page)}:{no}: {phrase!r} ({what})"
+            for no, phrase, what in narrative(page.read_text(encoding="utf-8"), NARRATIVE)]
+    assert not hits, "\n".join(sorted(hits, key=lambda h: int(h.split(":")[1])))
+
+
+def test_code_speaks_of_the_software():
+    """The same of the product's docstrings, comments and messages (localspec, benchmarks, scripts)."""
+    hits = []
+    for path in CODE:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        hits += [f"{rel(path)}:{no}: {phrase!r} ({what})" for no, phrase, what in narrative(text, CODE_NARRATIVE)]
+    assert not hits, "\n".join(hits)
+
+
+@pytest.mark.parametrize("text, found", [
+    ("as issue 29 asks", True), ("see issues #21 and 27", True), ("on the 2-core test\nVM, at one thread", True),
+    ("(2026-12-02, third session).", True), ("This\nsession's edits ran beside it", True),
+    ("both of today's curves", True), ("a check written for the session", True),
+    ("the chat session", False), ("a second session, a sub-agent", False), ("tests/helpers.py", False),
+    ("`datetime.date.today()`", False), ("the server's worker thread", False), ("issue a request", False),
+])
+def test_narrative_patterns(text: str, found: bool):
+    assert bool(list(narrative(text, NARRATIVE))) is found
