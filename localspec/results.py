@@ -35,6 +35,8 @@ class Result:
         reasoning: from a reasoning model, the reasoning before the answer (without its markers); None when
             the reply had none, or the model does not reason.
         stop_string: the stop string that ended the text (finish_reason "stop"), if one did.
+        reasoning_tokens: from a reasoning model, the generated tokens before the answer's first text (the
+            reasoning and its markers); 0 otherwise.
     """
 
     text: str
@@ -47,6 +49,7 @@ class Result:
     content: Optional[str] = None
     reasoning: Optional[str] = None
     stop_string: Optional[str] = None
+    reasoning_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON shape printed by ``localspec generate --json``."""
@@ -96,6 +99,8 @@ class Stream:
         self._g = generation
         self._reader = reader
         self._reasoning: list[str] = []
+        self._reasoning_tokens = 0  # tokens fed before the answer's first text
+        self._answered = False
         self._calls = calls
         self._read: Optional[tuple[str, CallReader]] = None
         self._prompt_tokens = prompt_tokens
@@ -110,6 +115,8 @@ class Stream:
                     thought, answer = self._reader.feed(ev.token, ev.text)
                     ev = dataclasses.replace(ev, text=answer, reasoning=thought)
                     self._reasoning.append(thought)
+                    self._answered = self._answered or bool(answer)
+                    self._reasoning_tokens += not self._answered
                 self._text.append(ev.text)
                 if ev.logprob is not None:
                     self._logprobs.append((ev.logprob, ev.top_logprobs))
@@ -146,7 +153,7 @@ class Stream:
         reasoning = "".join(self._reasoning) if self._reader is not None and self._reader.reasoned else None
         return Result(text, list(self._g.tokens), finish, self._g.stats, self._prompt_tokens,
                       list(self._logprobs) if self._g.logprobs is not None else None, calls, content, reasoning,
-                      self._g.stop_string)
+                      self._g.stop_string, self._reasoning_tokens if reasoning is not None else 0)
 
     def cancel(self) -> None:
         """End the generation soon; safe to call from another thread (e.g. when a client leaves).

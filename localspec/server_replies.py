@@ -59,11 +59,15 @@ def usage(request: ChatRequest, r: Result) -> dict[str, Any]:
     out: dict[str, Any] = {"prompt_tokens": len(r.prompt_tokens), "completion_tokens": n,
                            "total_tokens": len(r.prompt_tokens) + n,
                            "prompt_tokens_details": {"cached_tokens": r.stats.cached_prompt_tokens}}
+    details: dict[str, int] = {}
+    if r.reasoning is not None:
+        details["reasoning_tokens"] = r.reasoning_tokens
     if request.options.prediction is not None:
         accepted = r.stats.accepted_by.get(PREDICTION.name, 0)
-        out["completion_tokens_details"] = {
-            "accepted_prediction_tokens": accepted,
-            "rejected_prediction_tokens": r.stats.drafted_by.get(PREDICTION.name, 0) - accepted}
+        details["accepted_prediction_tokens"] = accepted
+        details["rejected_prediction_tokens"] = r.stats.drafted_by.get(PREDICTION.name, 0) - accepted
+    if details:
+        out["completion_tokens_details"] = details
     return out
 
 

@@ -26,7 +26,8 @@ def usage(r: Result) -> dict[str, Any]:
     """The Responses API's usage: prompt tokens (those the prompt cache gave) and generated tokens."""
     n_in, n_out = len(r.prompt_tokens), len(r.tokens)
     return {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": r.stats.cached_prompt_tokens},
-            "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": n_in + n_out}
+            "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": r.reasoning_tokens},
+            "total_tokens": n_in + n_out}
 
 
 def message_item(ident: str, text: str, status: str = "completed") -> dict[str, Any]:

@@ -46,6 +46,12 @@ def test_the_reasoning_comes_apart_from_the_content(client, pair):
                                        extra_body={"method": "plain"})
     message = r.choices[0].message
     assert message.content == want.text and message.model_extra["reasoning_content"] == want.reasoning
+    # the tokens before the answer's first text: the reasoning's, markers included
+    assert 0 < want.reasoning_tokens < len(want.tokens)
+    before = pair.target.detokenize(want.tokens[:want.reasoning_tokens])
+    assert want.reasoning in before and want.text.strip() not in before
+    assert want.text.strip() in pair.target.detokenize(want.tokens[want.reasoning_tokens:])
+    assert r.usage.completion_tokens_details.reasoning_tokens == want.reasoning_tokens
 
 
 def test_streamed_reasoning_comes_in_its_own_deltas(client, pair):
@@ -130,6 +136,7 @@ def test_responses_reasoning_comes_back_as_a_reasoning_item(client, pair):
                                 reasoning={"effort": "low"}, extra_body={"method": "plain"})
     assert [item.type for item in r.output] == ["reasoning", "message"]
     assert r.output[0].content[0].text == want.reasoning and r.output_text == want.text
+    assert r.usage.output_tokens_details.reasoning_tokens == want.reasoning_tokens > 0
     events = list(client.responses.create(model="opens", input=MESSAGES[0]["content"], max_output_tokens=20,
                                           stream=True, extra_body={"method": "plain"}))
     assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == want.reasoning
