@@ -14,9 +14,10 @@ import subprocess
 import sys
 import urllib.parse
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Iterator
 
 import pytest
+from mdblocks import fenced_blocks, prose_lines
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -69,55 +70,6 @@ def test_every_results_file_is_in_the_results_index():
 
 
 # -- Markdown as GitHub shows it -------------------------------------------------------------------------
-
-FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})(.*)$")
-
-
-def prose_lines(text: str, blank_code: bool = True) -> Iterator[tuple[int, str]]:
-    """``(line number, line)`` outside fenced code blocks, with inline code spans blanked unless told."""
-    fence = None
-    for no, line in enumerate(text.splitlines(), 1):
-        m = FENCE.match(line)
-        if fence is None and m:
-            fence = m.group(2)
-            continue
-        if fence is not None:
-            if m and m.group(2)[0] == fence[0] and len(m.group(2)) >= len(fence) and not m.group(3).strip():
-                fence = None
-            continue
-        yield no, re.sub(r"(`+)(.+?)\1", lambda c: " " * len(c.group(0)), line) if blank_code else line
-
-
-class Block(NamedTuple):
-    line: int  # of the opening fence
-    info: str
-    code: str
-
-
-def fenced_blocks(text: str) -> list[Block]:
-    """The fenced code blocks: opening fence's line, info string's first word, code dedented by the fence's
-    indentation."""
-    out = []
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        m = FENCE.match(lines[i])
-        if not m:
-            i += 1
-            continue
-        indent, fence, info = len(m.group(1)), m.group(2), m.group(3).strip()
-        body = []
-        j = i + 1
-        while j < len(lines):
-            c = FENCE.match(lines[j])
-            if c and c.group(2)[0] == fence[0] and len(c.group(2)) >= len(fence) and not c.group(3).strip():
-                break
-            body.append(lines[j][indent:] if lines[j][:indent].strip() == "" else lines[j].lstrip())
-            j += 1
-        out.append(Block(i + 1, info.split()[0].strip("{}.").lower() if info else "", "\n".join(body) + "\n"))
-        i = j + 1
-    return out
-
 
 INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 REFERENCE_DEF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$")
