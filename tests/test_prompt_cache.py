@@ -240,14 +240,14 @@ def test_a_budget_smaller_than_an_entry_or_a_full_disk_means_no_caching_with_one
         assert not pair.cache.entries()
     assert len(notices) == 1 and "larger than the cache's budgets" in notices[0]
     notices.clear()
-    real_open = open
+    real_open = os.open
 
-    def full(path, mode="r", *args, **kwargs):
-        if "w" in mode and str(path).endswith(".tmp"):
+    def full(path, flags, *args, **kwargs):
+        if flags & os.O_WRONLY and str(path).endswith(".tmp"):
             raise OSError(28, "No space left on device")
-        return real_open(path, mode, *args, **kwargs)
+        return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr("builtins.open", full)
+    monkeypatch.setattr(os, "open", full)
     cache = PromptCache(0, tmp_path, 2**30, notify=notices.append, weigh=False)
     with localspec.load(target, n_ctx=2048, prompt_cache=cache) as pair:
         for i in range(3):
@@ -255,7 +255,7 @@ def test_a_budget_smaller_than_an_entry_or_a_full_disk_means_no_caching_with_one
         assert len(notices) == 1 and "No space left" in notices[0]
         assert not any(tmp_path.rglob("*.lspc")) and not any(tmp_path.rglob("*.tmp"))
         assert not cache.entries()  # nothing half-kept that would stop a later save
-        monkeypatch.setattr("builtins.open", real_open)  # the disk has room again
+        monkeypatch.setattr(os, "open", real_open)  # the disk has room again
         pair.generate(SYSTEM_A + "0", max_tokens=3, method="plain")
         pair.cache.flush()
     assert any(tmp_path.rglob("*.lspc"))
