@@ -140,6 +140,10 @@ class Server:
     def name(self) -> str:
         return self.limits.models[0]
 
+    def occupancy(self) -> tuple[int, int]:
+        """(running, waiting): the generation on the worker (0 or 1) and the requests queued behind it."""
+        return min(len(self.jobs), 1), max(0, len(self.jobs) - 1)
+
     def admit(self, request: ChatRequest) -> Job:
         """Queue a generation on the worker (called on the event loop's thread)."""
         if self.stopping:
@@ -270,9 +274,9 @@ def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict[str, Any]:
+        running, queued = server.occupancy()
         return {"status": "stopping" if server.stopping else "ok", "model": server.name,
-                "running": min(len(server.jobs), 1), "queued": max(0, len(server.jobs) - 1),
-                "generations": dict(server.counts)}
+                "running": running, "queued": queued, "generations": dict(server.counts)}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -307,8 +311,7 @@ def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins
     ollama.register(app, server, _next_event)  # Ollama's API, for the apps that speak only it
     server_apis.register(app, server, _next_event)  # Anthropic Messages and OpenAI Responses, behind the guards
     if metrics:
-        registry = server_metrics.registry(server.totals, lambda: dict(server.counts), lambda: (
-            min(len(server.jobs), 1), max(0, len(server.jobs) - 1)))
+        registry = server_metrics.registry(server.totals, lambda: dict(server.counts), server.occupancy)
 
         @app.get("/metrics")
         async def scrape() -> Response:
