@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
@@ -276,6 +278,13 @@ class Reader:
             lines.append(line)
 
 
+def _fit(line: str, stdout: TextIO) -> str:
+    """Wrap a status line at the terminal's width (80 columns off a terminal), continuations indented."""
+    width = shutil.get_terminal_size((80, 24)).columns if stdout.isatty() else 80
+    return textwrap.fill(line, width=max(width, 40), subsequent_indent="  ", break_long_words=False,
+                         break_on_hyphens=False)
+
+
 def run_chat(session: ChatSession, show_drafts: bool, stdout: Optional[TextIO] = None,
              reader: Optional[Reader] = None) -> None:
     """The terminal loop: read a message, run a command or stream a reply, print a summary."""
@@ -345,4 +354,4 @@ def run_chat(session: ChatSession, show_drafts: bool, stdout: Optional[TextIO] =
             say("[interrupted before the reply began; the turn was dropped]", fg="red")
             continue
         say(" [interrupted]" if interrupted else "", fg="red")
-        say(result.summary_line(), dim=True)
+        say(_fit(result.summary_line(), stdout), dim=True)

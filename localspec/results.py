@@ -74,13 +74,15 @@ class Result:
             how = f"auto ({used} rounds)" if used else "auto"
         elif s.k:
             how += f" k={s.k}"
-        acc = f", accepted {s.accepted}/{s.drafted} ({100 * s.acceptance_rate:.0f}%)" if s.drafted else ""
+        acc = f", accepted {s.accepted}/{s.drafted}" if s.drafted else ""
         forced = s.accepted_by.get(SOURCE_GRAMMAR, 0)
         acc += f", {forced} forced by the grammar" if forced else ""
         # a prompt the prompt cache gave back (the live context's own prefix, a chat's usual case, goes unsaid)
         restored = s.restored_prompt_tokens
         cached = f", {s.cached_prompt_tokens}/{s.prompt_tokens} prompt tokens cached" if restored else ""
-        return (f"[{s.generated_tokens} tokens, {s.decode_tokens_per_second:.1f} tok/s, {how}{acc}{cached}, "
+        tps = s.decode_tokens_per_second
+        speed = f"{tps:.0f}" if tps >= 100 else f"{tps:.1f}"  # tenths only where they are news
+        return (f"[{s.generated_tokens} tokens, {speed} tok/s, {how}{acc}{cached}, "
                 f"finish: {self.finish_reason}]")
 
 

@@ -16,7 +16,7 @@ from localspec.errors import ConfigError, SamplingError
 from localspec.options import GenerationOptions
 
 OPTS = GenerationOptions(max_tokens=12, temperature=0.0, method="draft", k=3)
-SUMMARY = re.compile(r"^\[\d+ tokens, [\d.]+ tok/s, .*finish: \w+\]$", re.MULTILINE)
+SUMMARY = re.compile(r"^\[\d+ tokens, [\d.]+ tok/s, [^\]]*finish: \w+\]$", re.MULTILINE)
 
 
 @pytest.fixture
@@ -114,6 +114,18 @@ def test_terminal_loop_without_a_tty_prints_plain_text(tiny_dir):
     ours = [line for line in out.splitlines() if line.startswith(("[", "localspec", "turns", "accepted", "method",
                                                                  "context", "error"))]
     assert len(ours) >= 8 and all(len(line) <= 80 for line in ours)  # readable in an 80-column terminal
+    assert all(len(line) <= 80 for summary in SUMMARY.findall(out) for line in summary.splitlines())
+
+
+def test_a_long_summary_wraps_at_80_columns_off_a_terminal():
+    from localspec.chat import _fit
+
+    line = ("[96 tokens, 41.2 tok/s, auto (lookup 10, draft 5, plain 3 rounds), accepted 40/52, "
+            "1800/2000 prompt tokens cached, finish: length]")
+    wrapped = _fit(line, io.StringIO())
+    assert " ".join(part.strip() for part in wrapped.splitlines()) == line
+    assert len(wrapped.splitlines()) == 2 and all(len(part) <= 80 for part in wrapped.splitlines())
+    assert SUMMARY.fullmatch(wrapped)
 
 
 def test_chat_without_models_offers_nothing_when_not_interactive(tmp_path, monkeypatch):
