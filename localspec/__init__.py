@@ -23,6 +23,7 @@ _EXPORTS = {
     "BackendError": "errors", "ConfigError": "errors", "ContextOverflowError": "errors",
     "InterleavedGenerationError": "errors", "LocalspecError": "errors", "ModelFileError": "errors",
     "SamplingError": "errors", "TokenIdError": "errors", "VocabMismatchError": "errors",
+    "ToolsUnsupportedError": "errors",
     "RegistryError": "errors", "HubError": "errors", "NotInstalledError": "errors",
     "Constraint": "constraint",
 }
@@ -44,6 +45,7 @@ if TYPE_CHECKING:  # the real imports, for type checkers and editors
         RegistryError,
         SamplingError,
         TokenIdError,
+        ToolsUnsupportedError,
         VocabMismatchError,
     )
     from .events import GenerationStats, TokenEvent

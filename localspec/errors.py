@@ -36,6 +36,10 @@ class ConfigError(LocalspecError, ValueError):
     """An option value (method, draft length, threads...) is invalid."""
 
 
+class ToolsUnsupportedError(ConfigError):
+    """Tools were offered to a model whose chat template or vocabulary cannot write calls as localspec reads them."""
+
+
 class RegistryError(LocalspecError):
     """models.toml is malformed, or a pair name is unknown."""
 

@@ -45,7 +45,15 @@ from . import server_apis, server_logprobs, server_metrics
 from . import server_ollama as ollama
 from . import server_replies as replies
 from .api import Pair
-from .errors import ConfigError, ContextOverflowError, LocalspecError, NotInstalledError, SamplingError, TokenIdError
+from .errors import (
+    ConfigError,
+    ContextOverflowError,
+    LocalspecError,
+    NotInstalledError,
+    SamplingError,
+    TokenIdError,
+    ToolsUnsupportedError,
+)
 from .methods import REGISTRY
 from .options import GenerationOptions
 from .results import Stream
@@ -65,6 +73,8 @@ def _library_error(exc: LocalspecError, chat: bool) -> ApiError:
     if isinstance(exc, TokenIdError):
         return ApiError(400, str(exc), code="invalid_token_id",
                         param="logit_bias" if str(exc).startswith("logit_bias") else "prompt")
+    if isinstance(exc, ToolsUnsupportedError):  # the model cannot take the request's tools
+        return ApiError(400, str(exc), param="tools", code="unsupported_parameter")
     if isinstance(exc, (ConfigError, SamplingError)):
         return ApiError(400, str(exc), code="invalid_value")
     if isinstance(exc, NotInstalledError):  # the server lacks a part, not the request

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence, Union
 
 from .constraint import JSON_LAYOUT, Constraint
-from .errors import ConfigError
+from .errors import ConfigError, ToolsUnsupportedError
 from .options import GenerationOptions
 
 if TYPE_CHECKING:  # a type only: importing the backend loads llama.cpp, which `localspec --help` must not wait for
@@ -234,14 +234,15 @@ def check_template(template: str, model: str) -> None:
     """Refuse tools for a chat template that does not write calls in the format localspec reads.
 
     Raises:
-        ConfigError: the template never writes ``<tool_call>`` with a JSON ``"name"`` and ``arguments``
-            (Qwen3-Coder's and GLM's templates write ``<tool_call>`` around XML-like calls instead).
+        ToolsUnsupportedError: the template never writes ``<tool_call>`` with a JSON ``"name"`` and
+            ``arguments`` (Qwen3-Coder's and GLM's templates write ``<tool_call>`` around XML-like calls instead).
     """
     hermes = OPEN in template and re.search(r'\\?"name\\?"', template) and "arguments" in template
     if not hermes or "<function=" in template:
-        raise ConfigError(f"The chat template of {model} does not write tool calls as <tool_call> JSON (the "
-                          "format of Qwen2.5 and other Hermes-style templates, the one localspec reads), so "
-                          "localspec cannot offer it tools; use a model whose template does, or leave out tools.")
+        raise ToolsUnsupportedError(f"The chat template of {model} does not write tool calls as <tool_call> JSON "
+                                    "(the format of Qwen2.5 and other Hermes-style templates, the one localspec "
+                                    "reads), so localspec cannot offer it tools; leave out 'tools', or use a model "
+                                    "whose template writes them.")
 
 
 def reply_options(use: ToolUse, opts: GenerationOptions, target: Model) -> tuple[GenerationOptions, bool]:
@@ -249,8 +250,8 @@ def reply_options(use: ToolUse, opts: GenerationOptions, target: Model) -> tuple
     token), and whether its template is shown the tools (under "none" only where the ban holds it to text).
 
     Raises:
-        ConfigError: the template or the vocabulary cannot write calls as localspec reads them, or ``opts``
-            already has a grammar.
+        ToolsUnsupportedError: the template or the vocabulary cannot write calls as localspec reads them.
+        ConfigError: ``opts`` already has a grammar.
     """
     name, template = target.path.name, target.chat_template() or ""
     marks, single = _call_marks(target)
@@ -260,8 +261,9 @@ def reply_options(use: ToolUse, opts: GenerationOptions, target: Model) -> tuple
         return opts.replace(logit_bias={**dict(opts.logit_bias), marks[0][0]: -100.0}), True
     check_template(template, name)
     if not single:
-        raise ConfigError(f"{name} has no single {OPEN} and {CLOSE} tokens that print as themselves, which "
-                          "its template's tool calls need; localspec cannot read its calls.")
+        raise ToolsUnsupportedError(f"{name} has no single {OPEN} and {CLOSE} tokens that print as themselves, "
+                                    "which its template's tool calls need, so localspec cannot read its calls; "
+                                    "leave out 'tools', or use a model whose vocabulary has them.")
     if opts.grammar is not None:
         raise ConfigError(f"A reply that may call tools follows the calls' grammar, so it cannot also follow "
                           f"{opts.grammar.describe()}; leave one out (or give tool_choice 'none').")

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 
+import anthropic
+import ollama
 import openai
 import pytest
 from clirun import run_cli
@@ -421,6 +423,35 @@ def test_conflicts_and_text_that_is_not_unicode_are_400s(server, body, param, fr
 def test_chat_text_the_template_cannot_take_is_a_400(server, messages, fragment):
     status, reply, _ = server.post("/v1/chat/completions", json.dumps({"messages": messages}).encode())
     assert status == 400 and reply["error"]["param"] == "messages" and fragment in reply["error"]["message"], reply
+
+
+def test_tools_for_a_template_that_cannot_call_them_are_a_400_naming_tools_in_each_api(server, client):
+    """The tiny models' template has no tool calls at all."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    ask = [{"role": "user", "content": "the weather?"}]
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as caught:
+            r = client.chat.completions.create(model="target", messages=ask, max_tokens=4, stream=stream, tools=[
+                {"type": "function", "function": {"name": "get_weather", "parameters": schema}}])
+            list(r) if stream else None
+        assert caught.value.param == "tools" and caught.value.code == "unsupported_parameter"
+        assert "leave out 'tools'" in caught.value.message and caught.value.message.count(". ") == 0
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="target", input="the weather?", max_output_tokens=4, tools=[
+            {"type": "function", "name": "get_weather", "parameters": schema}])
+    assert caught.value.param == "tools" and "leave out 'tools'" in caught.value.message
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        anthropic.Anthropic(base_url=server.base, api_key="x", max_retries=0).messages.create(
+            model="target", max_tokens=4, messages=ask, tools=[{"name": "get_weather", "input_schema": schema}])
+    assert refused.value.body["error"]["type"] == "invalid_request_error"
+    assert "leave out 'tools'" in refused.value.body["error"]["message"]
+    with pytest.raises(ollama.ResponseError) as err:
+        ollama.Client(host=server.base, timeout=60).chat("target", messages=ask, tools=[
+            {"type": "function", "function": {"name": "get_weather", "parameters": schema}}])
+    assert err.value.status_code == 400 and "leave out 'tools'" in err.value.error
+    unused = client.chat.completions.create(model="target", messages=ask, max_tokens=4, tool_choice="none", tools=[
+        {"type": "function", "function": {"name": "get_weather", "parameters": schema}}])
+    assert unused.choices[0].message.content  # offered but not to be called: the template is not asked to show them
 
 
 def test_refusals_an_allowed_page_receives_carry_cors_headers_and_health_answers_head(server):
