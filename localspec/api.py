@@ -464,10 +464,10 @@ class Pair:
                        max_tokens=opts.max_tokens, rng=np.random.default_rng(opts.seed), stop=opts.stop,
                        method=opts.method, matcher=matcher,
                        processing=processing, logprobs=opts.logprobs, prompt_cache=self.cache,
-                       boundaries=boundaries)
+                       boundaries=boundaries, reader=reader)
         store = self.history if opts.history else None
         return Stream(g, prompt_tokens, (lambda done: self._record(store, prompt_tokens, done)) if store else None,
-                      calls=calls, reader=reader)
+                      calls=calls)
 
     def _record(self, store: HistoryStore, prompt_tokens: list[int], done: Generation) -> None:
         """Record a finished generation: the prompt's new part (what the cache did not hold) and the reply."""

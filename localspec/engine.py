@@ -44,6 +44,8 @@ from .methods import PLAIN
 from .options import SamplingParams
 from .processors import Processing
 from .prompt_cache import PromptCache
+from .reasoning import ANSWER, REASONING
+from .thinking import TokenReader
 from .vocabulary import Detokenizer
 
 
@@ -262,7 +264,8 @@ class Generation:
         params: sampling parameters for the target (and the draft model); default greedy.
         max_tokens: most tokens to generate.
         rng: source of randomness for sampling (default: a fresh unseeded one).
-        stop: strings that end the generation (the text stops before the first one).
+        stop: strings that end the generation (the text stops before the first one); with ``reader``, looked
+            for in the answer only, so a stop string the model writes while it reasons does not end it.
         method: the registered method the drafter stands for, named in the stats (default: the drafter's name).
         matcher: a grammar the output follows (``constraint.Matcher``, fresh for this generation).
         processing: the logit bias and penalties (``processors.Processing``), None for none.
@@ -270,6 +273,8 @@ class Generation:
         prompt_cache: saved states to start the prompt from, and to save this one's into (None: none).
         boundaries: prompt positions worth a saved state of their own (where later prompts are likely to
             diverge: the end of a chat's system prompt, of each earlier turn), with ``prompt_cache``.
+        reader: a reasoning model's reader of this reply: each event's text is then the answer's and its
+            ``reasoning`` the reasoning's, and the stats count drafting inside and outside the reasoning apart.
 
     Raises:
         ContextOverflowError: the prompt leaves no room in the context.
@@ -293,6 +298,7 @@ class Generation:
         logprobs: Optional[int] = None,
         prompt_cache: Optional[PromptCache] = None,
         boundaries: Sequence[int] = (),
+        reader: Optional[TokenReader] = None,
     ):
         if max_tokens < 1:
             raise ConfigError(f"max_tokens must be at least 1, got {max_tokens}.")
@@ -314,8 +320,13 @@ class Generation:
         self.finish_reason: Optional[str] = None
         #: Generated token ids emitted so far.
         self.tokens: list[int] = []
-        #: Text of a final incomplete UTF-8 sequence, set when generation ends.
+        #: Text of a final incomplete UTF-8 sequence, and answer text a marker could have begun, set when
+        #: generation ends.
         self.tail_text = ""
+        #: With a ``reader``: the reasoning text it held back, set when generation ends.
+        self.tail_reasoning = ""
+        self.reader = reader
+        self._phase = ANSWER  # where the current round began: inside the reasoning or not
         self.matcher = matcher
         self.processing = processing
         self.logprobs = logprobs
@@ -487,15 +498,16 @@ class Generation:
                 return "stop"
             stats.generated_tokens += 1
             if position >= 0:  # a drafted token counts as accepted once it is emitted
-                stats.accepted += 1
-                stats.accepted_at[position] += 1
-                stats.accepted_by[by] = stats.accepted_by.get(by, 0) + 1
+                stats.count_accepted(position, by, self._phase)
             assert self._t_mark is not None
             stats.decode_seconds += time.perf_counter() - self._t_mark
             self._t_mark = None
             lp, top = token_logprobs(rows[j], tok, self.logprobs) if rows is not None and self.logprobs is not None \
                 else (None, ())
-            yield TokenEvent(tok, stop.feed(self._detok.feed(tok)), source, by, lp, top)
+            text, thought = self._detok.feed(tok), ""
+            if self.reader is not None:  # a stop string counts in the answer only
+                thought, text = self.reader.feed(tok, text)
+            yield TokenEvent(tok, stop.feed(text), source, by, lp, top, thought)
             self._t_mark = time.perf_counter()
             if stop.stopped:  # the text is cut where the stop string began
                 return "stop"
@@ -508,13 +520,15 @@ class Generation:
         with ``logprobs`` the rows they were chosen from."""
         context = self._context[:self._n]
         self._check_cache(context)
+        # a round counts inside the reasoning where the emitted tokens before it end inside it
+        self._phase = REASONING if self.reader is not None and self.reader.inside else ANSWER
         t_round = time.perf_counter()
         rnd = speculative_round(self.target, self.drafter, context, k, self.params, self.rng, self.matcher,
                                 self.processing, len(self._prompt), keep_rows=self.logprobs is not None)
         self.stats.time_round(rnd.draft.by if rnd.draft.tokens else PLAIN.name, rnd.kept + 1,
                               time.perf_counter() - t_round, rnd.timing.verify_seconds + rnd.timing.rollback_seconds,
                               rnd.timing.draft_seconds)
-        self.stats.count_round(rnd.draft, rnd.kept)
+        self.stats.count_round(rnd.draft, rnd.kept, self._phase)
         return rnd.emitted(), rnd.rows
 
     def _settle(self, start: tuple[float, float, tuple[int, int]]) -> None:
@@ -533,7 +547,10 @@ class Generation:
         stats.target_seconds = target_busy - start[1]
         stats.draft_seconds = stats.llama_seconds - stats.target_seconds
         stats.rewinds, stats.replayed_tokens = (a - b for a, b in zip(rewound, start[2], strict=True))
-        tail = stop.feed(self._detok.flush())  # an incomplete character could still complete a stop string
+        tail = self._detok.flush()
+        if self.reader is not None:  # what the reader held back: unfinished reasoning, or the answer's end
+            self.tail_reasoning, tail = self.reader.flush(tail)
+        tail = stop.feed(tail)  # an incomplete character could still complete a stop string
         self.tail_text = tail if stop.stopped else tail + stop.flush()
         if self.prompt_cache is not None:  # after the stats: saving is not decoding
             for m in self._models():  # the reply too: the next turn of this conversation starts with it

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from .drafters import AutoReport, Draft
+from .reasoning import ANSWER
 
 #: Where an emitted token came from.
 SOURCE_TARGET = "target"  # a plain step of the target (or the first token, from prefill)
@@ -69,6 +70,10 @@ class GenerationStats:
         draft_model_tokens: drafted tokens that came from the draft model (each one a draft-model step).
         drafted_by: drafted tokens by drafter (the names of ``TokenEvent.drafter``).
         accepted_by: accepted tokens by drafter.
+        drafted_in: drafted tokens by where their round began: "reasoning" (inside a reasoning model's
+            reasoning, its closing markers included) or "answer" (everything else, the whole reply of a model
+            that does not reason), each present once a round began there; the values sum to ``drafted``.
+        accepted_in: accepted tokens the same way; the values sum to ``accepted``.
         grammar_rounds: rounds whose draft was only tokens the grammar forced (see ``SOURCE_GRAMMAR``):
             nothing was guessed after them (auto chose no method, or could not).
         empty_rounds: rounds in which the drafter proposed nothing (plain steps).
@@ -103,6 +108,8 @@ class GenerationStats:
     draft_model_tokens: int = 0
     drafted_by: dict[str, int] = field(default_factory=dict)
     accepted_by: dict[str, int] = field(default_factory=dict)
+    drafted_in: dict[str, int] = field(default_factory=dict)
+    accepted_in: dict[str, int] = field(default_factory=dict)
     grammar_rounds: int = 0
     empty_rounds: int = 0
     rejected_rounds: int = 0
@@ -118,10 +125,12 @@ class GenerationStats:
     round_time_by: dict[str, dict[str, float]] = field(default_factory=dict)
     auto: Optional[AutoReport] = None
 
-    def count_round(self, draft: Draft, kept: int) -> None:
-        """Count one verified round (accepted tokens are counted when emitted, not here)."""
+    def count_round(self, draft: Draft, kept: int, phase: str = ANSWER) -> None:
+        """Count one verified round begun in ``phase`` ("reasoning" or "answer"); accepted tokens are counted when
+        emitted (``count_accepted``), not here."""
         self.rounds += 1
         self.drafted += len(draft.tokens)
+        self.drafted_in[phase] = self.drafted_in.get(phase, 0) + len(draft.tokens)
         self.empty_rounds += not draft.tokens
         self.rejected_rounds += kept < len(draft.tokens)
         self.draft_model_tokens += draft.model_steps
@@ -131,6 +140,13 @@ class GenerationStats:
                 self.drafted_by[by] = self.drafted_by.get(by, 0) + n
         for i in range(len(draft.tokens)):
             self.proposed_at[i] += 1
+
+    def count_accepted(self, position: int, by: str, phase: str = ANSWER) -> None:
+        """Count one accepted drafted token: its place in the draft, its drafter, and its round's ``phase``."""
+        self.accepted += 1
+        self.accepted_at[position] += 1
+        self.accepted_by[by] = self.accepted_by.get(by, 0) + 1
+        self.accepted_in[phase] = self.accepted_in.get(phase, 0) + 1
 
     def time_round(self, by: str, tokens: int, seconds: float, target_seconds: float, draft_seconds: float) -> None:
         """Add one round, the ``tokens`` it added and its time to ``round_time_by`` under ``by``."""

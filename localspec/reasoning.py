@@ -93,6 +93,11 @@ class ReasoningReader:
         self._space = ""  # whitespace not yet known to be inside the reasoning or the answer
         self._trim = inside  # drop the whitespace that starts the current part
 
+    @property
+    def inside(self) -> bool:
+        """True while the text read so far ends inside the reasoning."""
+        return self._state == _REASONING
+
     def feed(self, text: str) -> list[Piece]:
         """The pieces ``text`` completes (text that could begin a marker waits for the next chunk)."""
         out: list[Piece] = []

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Optional
 
 from .engine import Generation
 from .events import SOURCE_GRAMMAR, GenerationStats, TokenEvent
-from .thinking import TokenReader
 from .tool_calls import CallReader, ToolCall, read_calls
 
 
@@ -90,16 +88,14 @@ class Stream:
     """Iterator over ``TokenEvent``s of one generation; ``result`` once it is done.
 
     Leaving the loop early (``break``, an exception, Ctrl-C) stops the
-    generation and leaves both models' caches consistent. With a ``reader``
-    (a reasoning model's), each event's text is the answer's and its
-    ``reasoning`` the reasoning's.
+    generation and leaves both models' caches consistent. From a reasoning
+    model (a generation with a ``reader``), each event's text is the answer's
+    and its ``reasoning`` the reasoning's.
     """
 
     def __init__(self, generation: Generation, prompt_tokens: list[int],
-                 on_end: Optional[Callable[[Generation], None]] = None, calls: bool = False,
-                 reader: Optional[TokenReader] = None):
+                 on_end: Optional[Callable[[Generation], None]] = None, calls: bool = False):
         self._g = generation
-        self._reader = reader
         self._reasoning: list[str] = []
         self._reasoning_tokens = 0  # tokens fed before the answer's first text
         self._answered = False
@@ -113,11 +109,9 @@ class Stream:
     def __iter__(self) -> Generator[TokenEvent, None, None]:
         try:
             for ev in self._g:
-                if self._reader is not None:
-                    thought, answer = self._reader.feed(ev.token, ev.text)
-                    ev = dataclasses.replace(ev, text=answer, reasoning=thought)
-                    self._reasoning.append(thought)
-                    self._answered = self._answered or bool(answer)
+                if self._g.reader is not None:
+                    self._reasoning.append(ev.reasoning)
+                    self._answered = self._answered or bool(ev.text)
                     self._reasoning_tokens += not self._answered
                 self._text.append(ev.text)
                 if ev.logprob is not None:
@@ -125,11 +119,8 @@ class Stream:
                 yield ev
         finally:
             self._g.close()
-            tail = self._g.tail_text  # an incomplete final character, if any
-            if self._reader is not None:
-                thought, tail = self._reader.flush(tail)
-                self._reasoning.append(thought)
-            self._text.append(tail)
+            self._reasoning.append(self._g.tail_reasoning)
+            self._text.append(self._g.tail_text)  # an incomplete final character, if any
             on_end, self._on_end = self._on_end, None
             if on_end is not None:
                 on_end(self._g)
@@ -152,7 +143,8 @@ class Stream:
             calls, content = reader.calls, "".join(reader.content)
             content = content or None if calls else content
             finish = "tool_calls" if calls and finish == "stop" and not reader.cut else finish
-        reasoning = "".join(self._reasoning) if self._reader is not None and self._reader.reasoned else None
+        thinking = self._g.reader
+        reasoning = "".join(self._reasoning) if thinking is not None and thinking.reasoned else None
         return Result(text, list(self._g.tokens), finish, self._g.stats, self._prompt_tokens,
                       list(self._logprobs) if self._g.logprobs is not None else None, calls, content, reasoning,
                       self._g.stop_string, self._reasoning_tokens if reasoning is not None else 0)

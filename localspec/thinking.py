@@ -109,6 +109,11 @@ class TokenReader:
         """True once the reply's reasoning began (or the prompt opened it)."""
         return self._reader.reasoned
 
+    @property
+    def inside(self) -> bool:
+        """True while the tokens read so far end inside the reasoning."""
+        return self._reader.inside
+
 
 def model_reasoning(target: Model) -> Optional[ModelReasoning]:
     """How ``target`` writes its reasoning, from its chat template and vocabulary; None for a model that does

@@ -294,3 +294,63 @@ def test_chat_in_a_terminal_dims_the_thinking_block_and_toggles_it(think_dir, tm
         child.expect(pexpect.EOF)
     finally:
         child.close(force=True)
+
+
+def shared_piece(reasoning: str, answer: str) -> str:
+    """A short text that comes in the reasoning and, not at its start, in the answer."""
+    for n in (3, 2, 1):
+        for i in range(1, len(answer) - n + 1):
+            piece = answer[i:i + n]
+            if piece.strip() and piece in reasoning:
+                return piece
+    raise AssertionError(f"no text in common: {reasoning!r} / {answer!r}")
+
+
+def test_a_stop_string_counts_in_the_answer_only_whole_and_streamed(opens):
+    ask = {"max_tokens": 40, "think_budget": 6}
+    free = opens.chat(MESSAGES, method="plain", **ask)
+    assert free.reasoning and free.text
+    stop = shared_piece(free.reasoning, free.text)
+    cut = free.text[:free.text.index(stop)]
+    plain = opens.chat(MESSAGES, method="plain", stop=[stop], **ask)
+    # the reasoning runs on past the stop string; the answer is cut before it, as a reply without reasoning is
+    assert plain.reasoning == free.reasoning and stop in plain.reasoning
+    assert plain.text == cut and plain.finish_reason == "stop" and plain.stop_string == stop
+    assert len(plain.tokens) < len(free.tokens) and plain.tokens == free.tokens[:len(plain.tokens)]
+    for method, k in METHODS:
+        r = opens.chat(MESSAGES, method=method, k=k, stop=[stop], **ask)
+        assert r.tokens == plain.tokens, f"{method} k={k}"
+        assert (r.reasoning, r.text, r.finish_reason) == (plain.reasoning, plain.text, "stop")
+        stream = opens.stream_chat(MESSAGES, method=method, k=k, stop=[stop], **ask)
+        events = list(stream)
+        assert "".join(e.reasoning for e in events) == plain.reasoning
+        assert plain.text.startswith("".join(e.text for e in events)) and stream.result.text == plain.text
+        assert stream.result.tokens == plain.tokens
+    # the markers are not the answer's text either
+    marker = opens.chat(MESSAGES, method="plain", stop=["</think>"], **ask)
+    assert marker.tokens == free.tokens and marker.stop_string is None
+
+
+def test_a_stop_string_that_comes_only_in_the_reasoning_leaves_the_reply_whole(opens):
+    ask = {"max_tokens": 40, "think_budget": 6}
+    free = opens.chat(MESSAGES, method="plain", **ask)
+    only = next(free.reasoning[i:i + n] for n in range(1, len(free.reasoning) + 1)
+                for i in range(len(free.reasoning) - n + 1) if free.reasoning[i:i + n] not in free.text)
+    for method, k in [("plain", None), ("draft", 4)]:
+        r = opens.chat(MESSAGES, method=method, k=k, stop=[only], **ask)
+        assert r.tokens == free.tokens and r.stop_string is None and r.finish_reason == free.finish_reason
+
+
+def test_the_stats_count_drafting_inside_and_outside_the_reasoning_apart(opens, tiny_pair):
+    for method, k in METHODS:
+        r = opens.chat(MESSAGES, max_tokens=40, method=method, k=k, think_budget=6)
+        s = r.stats
+        assert set(s.drafted_in) == {"reasoning", "answer"}, f"{method} k={k}"
+        assert sum(s.drafted_in.values()) == s.drafted and sum(s.accepted_in.values()) == s.accepted
+        assert s.drafted_in["reasoning"] > 0 and s.to_dict()["accepted_in"] == s.accepted_in
+        for phase, accepted in s.accepted_in.items():
+            assert accepted <= s.drafted_in[phase]
+    plain = opens.chat(MESSAGES, max_tokens=40, method="plain", think_budget=6).stats
+    assert plain.drafted == 0 and set(plain.drafted_in) == {"reasoning", "answer"} and not plain.accepted_in
+    other = tiny_pair.generate("in the end, in the end, in the", max_tokens=24, method="lookup", k=3).stats
+    assert other.drafted_in == {"answer": other.drafted} and sum(other.accepted_in.values()) == other.accepted
