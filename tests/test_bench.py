@@ -234,3 +234,35 @@ def test_the_peer_lookup_rows_can_be_chosen_or_left_out(tiny_dir, tmp_path):
     assert r.exit_code == 2 and "--k-lcp-lookup" in r.output
     r = run_cli([*base, "--k-lcp-lookup", "3", "--no-peers"])  # refused, not ignored
     assert r.exit_code == 2 and "--no-peers" in r.output
+
+
+def test_a_reasoning_models_rows_count_acceptance_inside_and_outside_the_reasoning(tmp_path):
+    from test_thinking import OPENS, THINK_TOKENS
+    from tinymodel import write_tiny_model
+
+    from localspec import load
+    from localspec.bench.render import render_table
+
+    for name, noise in (("t.gguf", 0.0), ("d.gguf", 0.35)):
+        write_tiny_model(tmp_path / name, seed=0, noise=noise, user_tokens=THINK_TOKENS, chat_template=OPENS)
+    ask = BenchPrompt("chat", messages=[{"role": "user", "content": "in the end, in the end, in the"}], name="chat#1")
+    methods = [MethodSpec("plain"), MethodSpec("lookup", 3), MethodSpec("draft", 4)]
+    with load(tmp_path / "t.gguf", tmp_path / "d.gguf", n_ctx=1024, history=False) as pair:
+        report = run_bench(pair, [ask, QUICK[0]], methods, reps=2, max_tokens=24, checksums=False)
+    assert report.mismatches == 0
+    for row in report.rows:
+        if row.prompt == "copy#1":  # a raw prompt opens no reasoning: the split stays out of the row
+            assert row.acceptance_in is None
+            continue
+        split = row.acceptance_in
+        assert split is not None and "reasoning" in split, row.label
+        totals = row.round_stats
+        assert sum(n["drafted"] for n in split.values()) == totals["drafted"]
+        assert sum(n["accepted"] for n in split.values()) == totals["accepted"]
+        if row.method == "draft":
+            assert split["reasoning"]["drafted"] > 0
+    table = render_table(report)
+    draft = next(r for r in report.rows if r.method == "draft" and r.prompt == "chat#1")
+    inside = draft.acceptance_in["reasoning"]
+    assert f"accepted reasoning {inside['accepted']}/{inside['drafted']}" in table
+    assert "inside its reasoning and in its answer apart" in table

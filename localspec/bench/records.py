@@ -81,6 +81,10 @@ class Row:
     #: Under a constraint: the share of the generated tokens drafted for free because the grammar forced
     #: them (a drafting row's; plain decoding drafts nothing); None for the peers and where there were none.
     forced_share: Optional[float] = None
+    #: From a reasoning model: drafted and accepted tokens inside its reasoning and in its answer, apart
+    #: (``{"reasoning": {"drafted": n, "accepted": n}, "answer": {...}}``, over all repetitions; see
+    #: ``GenerationStats.drafted_in``); None for the peers and for replies without reasoning.
+    acceptance_in: Optional[dict[str, dict[str, int]]] = None
 
     @property
     def label(self) -> str:

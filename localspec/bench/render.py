@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..methods import PLAIN, REGISTRY
+from ..reasoning import REASONING
 from .exactness import TIE_MARGIN
 from .peers import PEER_METHODS, PEER_PLAIN
 from .records import BenchReport, RelatedReport, Row
@@ -58,6 +59,9 @@ def _preamble(report: BenchReport, peers: bool) -> list[str]:
                    "it: localspec's by llguidance, lcp's by its own GBNF of the same schema, whose tokens are not "
                    "compared (the two may lay out whitespace differently); 'forced drafts': the share of the "
                    "tokens drafted for free because the grammar forced them.")
+    if any(r.acceptance_in is not None for r in report.rows):
+        out.append("From a reasoning model: 'accepted reasoning a/d, answer a/d' counts the drafted tokens accepted "
+                   "inside its reasoning and in its answer apart (a round counts where it began).")
     if peers:
         out.append("lcp = llama-cpp-python's own Llama (plain, and its prompt-lookup draft), same file and threads; "
                    "'vs lcp' is the headline speedup, 'vs plain' is against localspec's plain path.")
@@ -83,6 +87,9 @@ def _row(row: Row, name: str, peers: bool) -> str:
         verdict += f" @{int(row.divergence['token'])} (margin {row.divergence['margin']:.3f})"
     if row.forced_share is not None:
         verdict += f"  forced drafts {row.forced_share:.0%}"
+    if row.acceptance_in is not None and getattr(REGISTRY.find(row.method), "build", None):
+        verdict += "  accepted " + ", ".join(f"{phase} {n['accepted']}/{n['drafted']}" for phase, n in
+                                             sorted(row.acceptance_in.items(), key=lambda kv: kv[0] != REASONING))
     if row.auto_rounds:
         verdict += "  [" + " ".join(f"{m}:{n}" for m, n in row.auto_rounds.items() if n) + "]"
     return (f"{name:<15} {row.temperature:>4.1f} {row.label:<15} "

@@ -10,6 +10,7 @@ from ..constraint import Constraint
 from ..costs import CostProfile, predicted_round_seconds, predicted_speedup
 from ..events import SOURCE_GRAMMAR
 from ..methods import PLAIN, REGISTRY
+from ..reasoning import REASONING
 from .exactness import worst_verdict
 from .intervals import Interval, ratio_interval
 from .peers import PEER_METHODS, PEER_PLAIN
@@ -75,6 +76,7 @@ def summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], pro
             speedup_interval=_bounds(ratio_interval(speedups)) if method != PLAIN.name else None,
             speedup_peer_interval=_bounds(ratio_interval(vs_peer)) if method != PEER_PLAIN else None,
             forced_share=forced_share(group),
+            acceptance_in=acceptance_in(group),
         ))
         _against_fastest_peer(rows[-1], group, by_key)
     return rows
@@ -85,6 +87,17 @@ def forced_share(group: list[Run]) -> Optional[float]:
     forced = sum(r.stats.get("accepted_by", {}).get(SOURCE_GRAMMAR, 0) for r in group)
     generated = sum(r.stats["generated_tokens"] for r in group)
     return forced / generated if forced and generated else None
+
+
+def acceptance_in(group: list[Run]) -> Optional[dict[str, dict[str, int]]]:
+    """Drafted and accepted tokens inside the reasoning and in the answer, over a row's repetitions (None where
+    no round began inside a reasoning, as from a model that does not reason, or a peer's row)."""
+    phases: dict[str, dict[str, int]] = {}
+    for run in group:
+        for key, count in (("drafted_in", "drafted"), ("accepted_in", "accepted")):
+            for phase, n in run.stats.get(key, {}).items():
+                phases.setdefault(phase, {"drafted": 0, "accepted": 0})[count] += n
+    return phases if REASONING in phases else None
 
 
 def by_row(runs: list[Run]) -> dict[tuple, list[Run]]:
