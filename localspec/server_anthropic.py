@@ -2,12 +2,13 @@
 Anthropic's error object.
 
 A body is checked here for what only Anthropic's shape has (content blocks, ``tool_use`` and
-``tool_result`` pairs, ``tool_choice``, ``thinking``), then written as the chat request it means and
-checked again by ``server_requests.parse_request``, so options, tools and their bounds are the same as for
-chat completions. Fields that change nothing on a local model (``metadata``, ``cache_control``,
-``service_tier``, ``container`` and any field the API adds later) are accepted and ignored; a field
-localspec reads with a wrong type, an unknown content block type, an image, or a ``tool_result`` that
-answers no ``tool_use`` is a 400 naming the field.
+``tool_result`` pairs, ``tool_choice``, ``thinking``, ``output_config.format``), then written as the chat
+request it means and checked again by ``server_requests.parse_request``, so options, tools, structured
+output (``output_config.format``, or the beta's ``output_format``, as ``response_format``) and their bounds
+are the same as for chat completions. Fields that change nothing on a local model (``metadata``,
+``cache_control``, ``service_tier``, ``container``, ``output_config.effort`` and any field the API adds
+later) are accepted and ignored; a field localspec reads with a wrong type, an unknown content block type,
+an image, or a ``tool_result`` that answers no ``tool_use`` is a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from .server_requests import OWN_FIELDS, ChatRequest, Limits, parse_request
 
 #: The Messages API's name for chat completions' fields, for error messages.
 FIELD_NAMES = {"stop": "stop_sequences", "think_budget": "thinking.budget_tokens", "think": "thinking",
-               "parallel_tool_calls": "tool_choice.disable_parallel_tool_use"}
+               "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
+               "response_format": "output_config.format"}
 
 
 class _Loose(BaseModel):
@@ -60,6 +62,8 @@ class MessagesBody(CountBody):
     top_k: Optional[int] = None
     stream: Optional[bool] = None
     metadata: Optional[dict[str, Any]] = None
+    output_config: Optional[dict[str, Any]] = None  # its format is read; effort and task_budget change nothing here
+    output_format: Optional[dict[str, Any]] = None  # the structured-outputs beta's name for output_config.format
 
 
 #: How Claude Code's per-request billing block begins (its ``cch=`` hash differs on every request).
@@ -102,6 +106,7 @@ def parse_messages(body: Any, defaults: GenerationOptions, limits: Limits, count
         given = {"max_tokens": req.max_tokens, "stop": req.stop_sequences, "temperature": req.temperature,
                  "top_p": req.top_p, "top_k": req.top_k, "stream": req.stream}
         chat.update({k: v for k, v in given.items() if v is not None})
+        chat.update(_output_format(req.output_config, req.output_format))
     return parse_request(chat, True, defaults, limits)
 
 
@@ -252,6 +257,23 @@ def _tool_choice(choice: dict[str, Any]) -> dict[str, Any]:
             raise ApiError(400, "tool_choice.disable_parallel_tool_use must be true or false.", param="tool_choice")
         out["parallel_tool_calls"] = not single
     return out
+
+
+def _output_format(config: Optional[dict[str, Any]], beta: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """``output_config.format`` (or the beta's ``output_format``) as the ``response_format`` chat completions
+    constrains its output with: a JSON Schema the answer follows."""
+    given = [(where, fmt) for where, fmt in (("output_config.format", (config or {}).get("format")),
+                                             ("output_format", beta)) if fmt is not None]
+    if not given:
+        return {}
+    if len(given) > 1:
+        raise ApiError(400, "output_format and output_config.format both give the output's format; give it once, "
+                       "as output_config.format (output_format is its older beta name).", param="output_format")
+    where, fmt = given[0]
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise ApiError(400, f"{where} must be {{\"type\": \"json_schema\", \"schema\": {{...}}}} with the JSON Schema "
+                       "as an object.", param=where)
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}}
 
 
 def _thinking(thinking: dict[str, Any]) -> dict[str, Any]:

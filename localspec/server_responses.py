@@ -212,5 +212,8 @@ def _format(text: dict[str, Any]) -> dict[str, Any]:
                        code="invalid_value")
     if fmt["type"] == "json_object":
         return {"response_format": {"type": "json_object"}}
+    if not isinstance(fmt.get("schema"), dict):
+        raise ApiError(400, "'text.format' of type json_schema needs its 'schema', the JSON Schema as an object.",
+                       param="text.format", code="invalid_value")
     schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
     return {"response_format": {"type": "json_schema", "json_schema": schema}}

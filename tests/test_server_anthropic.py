@@ -5,22 +5,27 @@ from __future__ import annotations
 
 import json
 import socket
+from typing import Literal
 
 import anthropic
 import jsonschema
 import openai
+import pydantic
 import pytest
 from serverproc import ServeProcess
 from test_tools import SCHEMAS, TEMPLATE, WEATHER
 from tinymodel import write_tiny_model
 
 import localspec
+from localspec.constraint import Constraint
 from localspec.server_anthropic import error_response
 from localspec.server_http import ApiError
 from localspec.tools import CLOSE, OPEN
 
 MESSAGES = [{"role": "user", "content": "in the end, in the end, what is the weather in the end"}]
 TOOLS = [{"name": "get_weather", "description": "The forecast", "input_schema": WEATHER}]
+PET = {"type": "object", "properties": {"animal": {"enum": ["cat", "dog", "bird"]}, "ok": {"type": "boolean"}},
+       "required": ["animal", "ok"], "additionalProperties": False}
 ORDER = ["message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta",
          "message_stop"]
 
@@ -159,6 +164,13 @@ def test_chat_completions_messages_and_responses_give_one_greedy_text(server, pa
     ({"max_tokens": 8, "messages": MESSAGES, "temperature": -1}, "temperature"),
     ({"max_tokens": 8, "messages": MESSAGES, "thinking": {"type": "enabled", "budget_tokens": "lots"}},
      "budget_tokens"),
+    ({"max_tokens": 8, "messages": MESSAGES, "output_config": {"format": {"type": "yaml"}}},
+     "output_config.format must be"),
+    ({"max_tokens": 8, "messages": MESSAGES, "output_config": {"format": {"type": "json_schema"}}},
+     "output_config.format must be"),
+    ({"max_tokens": 8, "messages": MESSAGES, "output_format": {"type": "json_schema", "schema": PET},
+      "output_config": {"format": {"type": "json_schema", "schema": PET}}}, "give it once"),
+    ({"max_tokens": 8, "messages": MESSAGES, "output_config": "json"}, "output_config"),
 ])
 def test_malformed_bodies_are_anthropic_400s_naming_the_field(server, body, needle):
     status, reply, _ = server.post("/v1/messages", json.dumps({"model": "x", **body}).encode())
@@ -289,3 +301,48 @@ def test_keep_billing_header_leaves_the_system_prompt_as_sent():
     kept = parse_messages(body, GenerationOptions(), Limits(("m",), keep_billing_header=True))
     assert dropped.messages[0]["content"] == "Be brief."
     assert kept.messages[0]["content"].startswith("x-anthropic-billing-header: cch=1;")
+
+
+class Pet(pydantic.BaseModel):
+    animal: Literal["cat", "dog", "bird"]
+    ok: bool
+
+
+def test_output_config_format_is_chat_completions_structured_output(server, client, pair):
+    want = pair.chat(MESSAGES, max_tokens=120, grammar=Constraint.json_schema(PET))
+    assert want.finish_reason == "stop"
+    fmt = {"type": "json_schema", "schema": PET}
+    r = client.messages.create(model="x", max_tokens=120, messages=MESSAGES, output_config={"format": fmt})
+    assert r.content[0].text == want.text and r.stop_reason == "end_turn"
+    jsonschema.validate(json.loads(r.content[0].text), PET)
+    oai = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=60)
+    chat = oai.chat.completions.create(model="t", messages=MESSAGES, max_tokens=120, response_format={
+        "type": "json_schema", "json_schema": {"name": "pet", "schema": PET}})
+    assert chat.choices[0].message.content == want.text  # one constraint, whichever door
+    with client.messages.stream(model="x", max_tokens=120, messages=MESSAGES, output_config={"format": fmt}) as stream:
+        assert stream.get_final_message().content[0].text == want.text
+    effort = client.messages.create(model="x", max_tokens=120, messages=MESSAGES,
+                                    output_config={"format": fmt, "effort": "high"})
+    assert effort.content[0].text == want.text  # effort changes nothing here
+    beta = client.beta.messages.create(model="x", max_tokens=120, messages=MESSAGES,
+                                       betas=["structured-outputs-2025-11-13"], extra_body={"output_format": fmt})
+    assert beta.content[0].text == want.text  # the beta's older field
+    parsed = client.messages.parse(model="x", max_tokens=120, messages=MESSAGES, output_format=Pet)
+    assert isinstance(parsed.parsed_output, Pet)  # the SDK's own schema from a model, parsed back
+
+
+def test_a_schema_the_engine_cannot_take_is_the_400_chat_completions_gives(server, client, pair):
+    bad = {"type": "nonsense"}
+    oai = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=60)
+    with pytest.raises(openai.BadRequestError, match="cannot be compiled") as chat:
+        oai.chat.completions.create(model="t", messages=MESSAGES, max_tokens=8, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": bad}})
+    for stream in (False, True):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            r = client.messages.create(model="x", max_tokens=8, messages=MESSAGES, stream=stream,
+                                       output_config={"format": {"type": "json_schema", "schema": bad}})
+            list(r) if stream else None
+        error = caught.value.body["error"]
+        assert error["type"] == "invalid_request_error" and error["message"] == chat.value.body["message"]
+    assert client.messages.create(model="x", max_tokens=8, messages=MESSAGES).content[0].text == \
+        pair.chat(MESSAGES, max_tokens=8).text  # and it serves on

@@ -106,6 +106,17 @@ def test_text_format_json_schema_is_the_structured_output(client):
     r = client.responses.create(model="t", input=TEXT, max_output_tokens=60, text={"format": {
         "type": "json_schema", "name": "count", "schema": schema, "strict": True}})
     jsonschema.validate(json.loads(r.output_text), schema)
+    streamed = client.responses.create(model="t", input=TEXT, max_output_tokens=60, stream=True, text={"format": {
+        "type": "json_schema", "name": "count", "schema": schema, "strict": True}})
+    assert [e for e in streamed if e.type == "response.completed"][0].response.output_text == r.output_text
+    bad = {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}
+    with pytest.raises(openai.BadRequestError, match="cannot be compiled") as chat:
+        openai.OpenAI(base_url=client.base_url, api_key="x", max_retries=0).chat.completions.create(
+            model="t", messages=MESSAGES, max_tokens=8, response_format={"type": "json_schema", "json_schema": {
+                "name": "x", "schema": bad["schema"]}})
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="t", input=TEXT, max_output_tokens=8, text={"format": bad})
+    assert caught.value.body["message"] == chat.value.body["message"]  # the 400 chat completions gives
 
 
 @pytest.mark.parametrize("body,param,needle", [
@@ -115,6 +126,7 @@ def test_text_format_json_schema_is_the_structured_output(client):
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input", "text only"),
     ({"max_output_tokens": "9"}, "max_output_tokens", "integer"),
     ({"text": {"format": {"type": "yaml"}}}, "text.format", "text.format"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format", "needs its 'schema'"),
     ({"model": "gpt-5"}, "model", "does not exist"),
     ({"input": None}, "input", "input"),
 ])
