@@ -33,7 +33,7 @@ import functools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional, Sequence
+from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -82,12 +82,18 @@ def _library_error(exc: LocalspecError, chat: bool) -> ApiError:
     return ApiError(500, str(exc), type="server_error")
 
 
+#: Work on the pair other than a generation, run on the worker for an admitted request (counting its tokens).
+Task = Callable[[Pair, ChatRequest], Any]
+
+
 @dataclass(eq=False)  # compared (and hashed) by identity: the server keeps a set of them
 class Job:
-    """One admitted request: its stream's events come back through ``events``."""
+    """One admitted request: its stream's events come back through ``events`` (a task's: its value, or an
+    error)."""
 
     request: ChatRequest
     loop: asyncio.AbstractEventLoop
+    task: Optional[Task] = None  # run instead of a generation; "done" carries what it returns
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     future: Optional[concurrent.futures.Future] = None  # its place on the worker, while it waits or runs
@@ -154,15 +160,20 @@ class Server:
         """(running, waiting): the generation on the worker (0 or 1) and the requests queued behind it."""
         return min(len(self.jobs), 1), max(0, len(self.jobs) - 1)
 
-    def admit(self, request: ChatRequest) -> Job:
-        """Queue a generation on the worker (called on the event loop's thread)."""
+    def admit(self, request: ChatRequest, task: Optional[Task] = None) -> Job:
+        """Queue a generation on the worker, or ``task`` (which uses the pair too), behind the same limit
+        (called on the event loop's thread).
+
+        Raises:
+            ApiError: 503 when the server is stopping or the queue is full.
+        """
         if self.stopping:
             raise ApiError(503, "The server is shutting down.", type="server_error", code="server_stopping")
         if len(self.jobs) > self.max_queue:
             raise ApiError(503, f"The server is busy: one generation is running and {self.max_queue} are "
                            "waiting; try again shortly.", type="server_error", code="server_busy",
                            headers={"Retry-After": "5"})
-        job = Job(request, asyncio.get_running_loop())
+        job = Job(request, asyncio.get_running_loop(), task)
         self.jobs.add(job)
         job.future = self.worker.submit(self.generate, job)
         return job
@@ -173,7 +184,7 @@ class Server:
         if job.stream is not None:
             job.stream.cancel()  # a prompt being processed stops within milliseconds
         elif self._unqueue(job):
-            self.counts["cancelled"] += 1
+            self._count(job, "cancelled")
 
     def _unqueue(self, job: Job) -> bool:
         """Take a job that has not started off the worker's queue; False if it started (or was taken)."""
@@ -193,19 +204,43 @@ class Server:
             if job.stream is not None:
                 job.stream.cancel()
             if self._unqueue(job):
-                self.counts["cancelled"] += 1
+                self._count(job, "cancelled")
             job.events.put_nowait(("error", stopping))  # its client hears now, not after the worker
+
+    def _count(self, job: Job, outcome: str) -> None:
+        """Count a generation's outcome (a task is not a generation)."""
+        if job.task is None:
+            self.counts[outcome] += 1
 
     def generate(self, job: Job) -> None:
         """Run one job on the worker thread, sending events back to the loop."""
         try:
-            self._generate(job)
+            if job.task is not None:
+                self._run_task(job)
+            else:
+                self._generate(job)
         finally:
             job.loop.call_soon_threadsafe(self.jobs.discard, job)  # admission ends when the worker is done
 
     def _cancelled(self, job: Job) -> None:
-        self.counts["cancelled"] += 1
+        self._count(job, "cancelled")
         job.put("done", None)
+
+    def _run_task(self, job: Job) -> None:
+        assert job.task is not None
+        if job.cancelled.is_set():  # its client left, or the server is stopping, while it waited
+            job.put("done", None)
+            return
+        try:
+            value = job.task(self.pair, job.request)
+        except ApiError as exc:
+            job.put("error", exc)
+        except LocalspecError as exc:
+            job.put("error", _library_error(exc, job.request.chat))
+        except Exception as exc:  # a bug: answer 500 and keep serving
+            job.put("error", ApiError(500, f"The request failed: {exc!r}.", type="server_error"))
+        else:
+            job.put("done", value)
 
     def _generate(self, job: Job) -> None:
         if job.cancelled.is_set():  # its client left, or the server is stopping, while it waited

@@ -3,7 +3,8 @@
 ``POST /v1/messages`` (also ``?beta=true``), ``POST /v1/messages/count_tokens`` and ``POST /v1/responses``
 translate their bodies into the server's request type (``server_anthropic``, ``server_responses``), admit
 it on the same worker and queue as chat completions, behind the same guards, and answer in their own shapes
-(``server_anthropic_replies``, ``server_responses_replies``, relayed by ``server_relay``).
+(``server_anthropic_replies``, ``server_responses_replies``, relayed by ``server_relay``). A count of a
+prompt's tokens is admitted to the same queue too: it uses the models, which only the worker touches.
 
 ``AnthropicHeaders`` lets Anthropic's clients through the guards: their ``x-api-key`` header counts as the
 bearer key, and a refusal on a Messages path comes back as Anthropic's error object.
@@ -56,13 +57,20 @@ def register(app: FastAPI, server: Any, next_event: NextEvent) -> None:
     async def count_tokens(request: Request) -> Any:
         try:
             req = await _parsed(request, lambda body: parse_messages(body, server.defaults, server.limits, True))
-            if server.stopping:
-                raise ApiError(503, "The server is shutting down.", type="server_error", code="server_stopping")
-            count = server.worker.submit(_count, server.pair, req)  # the models are the worker's to use
-            n = await asyncio.wrap_future(count)
+            # The models are the worker's to use: counting waits its turn as a generation does, within the queue's
+            # limit, and leaves the queue when its client goes away.
+            job = server.admit(req, _count)
         except ApiError as exc:
             return error_response(exc)
-        return {"input_tokens": n}
+        try:
+            kind, value = await next_event(server, job, request)
+        finally:
+            server.abandon(job)  # its client left (or the count is done, and this does nothing)
+        if kind == "error":
+            return error_response(value)
+        if value is None:  # cancelled: nobody is listening
+            return JSONResponse({}, status_code=499)
+        return {"input_tokens": value}
 
     @app.post("/v1/responses")
     async def responses(request: Request) -> Any:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
+import time
 from typing import Literal
 
 import anthropic
@@ -184,11 +186,14 @@ def test_the_guards_hold_on_the_new_routes_and_answer_in_each_apis_shape(server,
         assert status == 415 and reply["type"] == "error" and reply["error"]["type"] == "invalid_request_error"
         status, reply, _ = server.post(path, b"{}", headers={"Origin": "https://evil.example"})
         assert status == 403 and reply["error"]["type"] == "permission_error"
+        head = f"POST {path} HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n".encode()
+        rebound = server.raw(head + b"Host: evil.example\r\n\r\n{}")  # a page that points its name here
+        assert rebound[0] == 403 and json.loads(rebound[1])["error"]["type"] == "permission_error"
+        big = server.raw(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         "Content-Length: 99999999\r\n\r\n".encode())
+        assert big[0] == 413 and json.loads(big[1])["error"]["type"] == "request_too_large"
     status, reply, _ = server.post("/v1/responses", b"{}", headers={"Content-Type": "text/plain"})
     assert status == 415 and reply["error"]["code"] == "unsupported_media_type"  # OpenAI's shape there
-    big = server.raw(b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 99999999\r\n\r\n")
-    assert big[0] == 413 and json.loads(big[1])["error"]["type"] == "request_too_large"
     want = pair.chat(MESSAGES, max_tokens=8).text
     cut = anthropic.Anthropic(base_url=server.base, api_key="x", max_retries=0)
     with cut.messages.stream(model="x", max_tokens=200, messages=MESSAGES) as stream:
@@ -214,10 +219,13 @@ def test_the_api_key_comes_as_x_api_key_or_bearer(pair, tmp_path):
         for kind in ("api_key", "auth_token"):
             ok = anthropic.Anthropic(base_url=s.base, max_retries=0, **{kind: "k3y"})
             assert ok.messages.create(model="x", max_tokens=4, messages=MESSAGES).usage.output_tokens == 4
-        with pytest.raises(anthropic.AuthenticationError) as caught:
-            anthropic.Anthropic(base_url=s.base, api_key="wrong", max_retries=0).messages.create(
-                model="x", max_tokens=4, messages=MESSAGES)
-        assert caught.value.body["error"]["type"] == "authentication_error"
+            assert ok.messages.count_tokens(model="x", messages=MESSAGES).input_tokens > 0
+        wrong = anthropic.Anthropic(base_url=s.base, api_key="wrong", max_retries=0)
+        for call in (lambda: wrong.messages.create(model="x", max_tokens=4, messages=MESSAGES),
+                     lambda: wrong.messages.count_tokens(model="x", messages=MESSAGES)):
+            with pytest.raises(anthropic.AuthenticationError) as caught:
+                call()
+            assert caught.value.body["error"]["type"] == "authentication_error"
     finally:
         s.close()
 
@@ -346,3 +354,41 @@ def test_a_schema_the_engine_cannot_take_is_the_400_chat_completions_gives(serve
         assert error["type"] == "invalid_request_error" and error["message"] == chat.value.body["message"]
     assert client.messages.create(model="x", max_tokens=8, messages=MESSAGES).content[0].text == \
         pair.chat(MESSAGES, max_tokens=8).text  # and it serves on
+
+
+def test_count_tokens_waits_in_the_queue_and_is_refused_with_it(pair, tmp_path):
+    s = ServeProcess(["-t", str(pair.target.path), "-d", "none", "--ctx", "1024", "--max-queue", "0", "-m", "plain"],
+                     tmp_path)
+    try:
+        busy = anthropic.Anthropic(base_url=s.base, api_key="x", max_retries=0, timeout=60)
+        with busy.messages.stream(model="x", max_tokens=1000, messages=MESSAGES) as running:
+            next(iter(running))  # generating now, with nobody allowed to wait behind it
+            with pytest.raises(anthropic.APIStatusError) as caught:
+                busy.messages.count_tokens(model="x", messages=MESSAGES)
+        assert caught.value.status_code == 529 and caught.value.body["error"]["type"] == "overloaded_error"
+        deadline = time.monotonic() + 30
+        while s.get("/health")["running"] and time.monotonic() < deadline:
+            time.sleep(0.05)  # the generation left stops at its next token
+        assert busy.messages.count_tokens(model="x", messages=MESSAGES).input_tokens == \
+            len(pair.chat(MESSAGES, max_tokens=1).prompt_tokens)
+        assert s.get("/health")["generations"]["completed"] == 0  # a count is not a generation
+    finally:
+        s.close()
+
+
+def test_counting_a_100k_token_prompt_keeps_the_server_answering(server, client, pair):
+    long = [{"role": "user", "content": "in the end, the cat sat on the mat. " * 12_000}]
+    want = len(pair.target.tokenize(pair.format_chat(long), add_special=False))
+    assert want > 100_000  # far over the context: a count is not a generation
+    counted: list[int] = []
+    worker = threading.Thread(target=lambda: counted.append(client.messages.count_tokens(
+        model="x", messages=long).input_tokens))
+    worker.start()
+    slowest = 0.0
+    while worker.is_alive():
+        start = time.monotonic()
+        assert server.get("/health")["status"] == "ok"
+        slowest = max(slowest, time.monotonic() - start)
+        time.sleep(0.02)
+    worker.join()
+    assert counted == [want] and slowest < 1.0
