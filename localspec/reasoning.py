@@ -42,6 +42,7 @@ class ReasoningFormat:
         close: what the model is made to write to end its reasoning early (a budget, thinking off).
         separator: what follows ``close`` before a constrained answer (the template's own spacing).
         signs: texts a chat template that writes this format has in it.
+        keeps: control texts that pass into the answer as they are (a harmony tool call's header).
     """
 
     name: str
@@ -53,13 +54,15 @@ class ReasoningFormat:
     close: str = ""
     separator: str = ""
     signs: tuple[str, ...] = ()
+    keeps: tuple[str, ...] = ()
 
 
 THINK = ReasoningFormat("think", opens=("<think>",), closes=("</think>",), close="\n</think>", separator="\n\n",
                         signs=("<think>", "</think>"))
 HARMONY = ReasoningFormat("harmony", opens=("<|channel|>analysis<|message|>",), closes=("<|end|>",),
                           answers=("<|channel|>final<|message|>",), drops=("<|start|>assistant",), reopens=True,
-                          close="<|end|><|start|>assistant<|channel|>final<|message|>", signs=("<|channel|>",))
+                          close="<|end|><|start|>assistant<|channel|>final<|message|>", signs=("<|channel|>",),
+                          keeps=("<|channel|>", "<|constrain|>", "<|message|>"))
 #: Magistral's (from 2509 on): its own control tokens around the reasoning.
 BRACKETS = ReasoningFormat("brackets", opens=("[THINK]",), closes=("[/THINK]",), close="[/THINK]",
                            signs=("[THINK]",))

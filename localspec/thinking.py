@@ -37,6 +37,7 @@ class ModelReasoning:
         marks: marker tokens the detokenizer leaves out (harmony's control tokens), and their text.
         open_token: the one token that opens reasoning at the start of a reply, if there is one.
         ends: token sequences after which the answer begins.
+        closes: token sequences that close the reasoning (for a channel format, where the next message begins).
         close: the tokens that close reasoning early.
         separator: the tokens between the close and a constrained answer.
     """
@@ -46,6 +47,7 @@ class ModelReasoning:
     marks: Mapping[int, str]
     open_token: Optional[int]
     ends: tuple[tuple[int, ...], ...]
+    closes: tuple[tuple[int, ...], ...]
     close: tuple[int, ...]
     separator: tuple[int, ...]
 
@@ -60,11 +62,13 @@ class ModelReasoning:
         return self.marks.get(token, text)
 
     def gate(self, inner: Optional[GrammarState], end_token: int, inside: bool, budget: Optional[int],
-             close: Optional[Sequence[int]] = None) -> ReasoningGate:
+             close: Optional[Sequence[int]] = None,
+             ends: Optional[Sequence[Sequence[int]]] = None) -> ReasoningGate:
         """The grammar state for a reply with this reasoning, ``budget`` and answer grammar ``inner`` (``close``:
-        other tokens to close the reasoning with)."""
-        return ReasoningGate(inner, end_token, inside=inside, open_token=self.open_token, ends=self.ends,
-                             close=self.close if close is None else close, separator=self.separator, budget=budget)
+        other tokens to close the reasoning with; ``ends``: other sequences after which the answer begins)."""
+        return ReasoningGate(inner, end_token, inside=inside, open_token=self.open_token,
+                             ends=self.ends if ends is None else ends, close=self.close if close is None else close,
+                             separator=self.separator, budget=budget)
 
     def switched(self, messages: Sequence[Mapping[str, Any]],
                  think: Optional[bool]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -126,11 +130,13 @@ def model_reasoning(target: Model) -> Optional[ModelReasoning]:
     def ids(text: str) -> tuple[int, ...]:
         return tuple(target.tokenize(text, add_special=False, parse_special=True))
 
-    marks = {t: target.special_text(t) for m in (*fmt.opens, *fmt.closes, *fmt.answers, *fmt.drops, fmt.close)
-             for t in ids(m) if not target.token_bytes(t) and target.special_text(t)}
+    texts = (*fmt.opens, *fmt.closes, *fmt.answers, *fmt.drops, *fmt.keeps, fmt.close)
+    marks = {t: target.special_text(t) for m in texts for t in ids(m)
+             if not target.token_bytes(t) and target.special_text(t)}
     opened = ids(fmt.opens[0])
     return ModelReasoning(fmt, template, marks, opened[0] if len(opened) == 1 and not fmt.reopens else None,
-                          tuple(ids(m) for m in (fmt.answers or fmt.closes)), ids(fmt.close), ids(fmt.separator))
+                          tuple(ids(m) for m in (fmt.answers or fmt.closes)), tuple(ids(m) for m in fmt.closes),
+                          ids(fmt.close), ids(fmt.separator))
 
 
 
@@ -149,5 +155,12 @@ def reply_reading(target: Model, opts: GenerationOptions, prompt_tokens: Sequenc
     # nothing written yet, a budget of 0 goes straight to that channel
     channels = reasoning.fmt.reopens
     close = reasoning.ends[0] if channels and not inside and budget == 0 else None
+    if channels and inner is not None and opts.grammar is not None and opts.grammar.kind == "tools":
+        # a harmony call is a message of its own: its grammar holds from the end of the analysis channel (or
+        # from a final channel's start); with nothing written yet, a budget of 0 goes straight to the call
+        ends = (*reasoning.closes, *reasoning.ends)
+        at_once = not inside and budget == 0
+        return (reasoning.gate(inner, target.eos, not at_once, budget, reasoning.closes[0], ends),
+                TokenReader(reasoning, inside))
     gate = reasoning.gate(inner, target.eos, inside or channels, budget, close) if gated else None
     return gate, TokenReader(reasoning, inside)

@@ -1,7 +1,13 @@
 """A reply's tool calls, read back as it streams: ``CallReader``, and ``ToolCall`` in OpenAI's shape.
 
-The format is the one ``localspec.tools`` constrains calls to (Qwen2.5's and the other Hermes-style
-templates'): ``<tool_call>``, a newline, ``{"name": ..., "arguments": ...}``, a newline, ``</tool_call>``.
+The formats are the ones ``localspec.tools`` constrains calls to:
+
+* Qwen2.5's and the other Hermes-style templates': ``<tool_call>``, a newline, ``{"name": ..., "arguments":
+  ...}``, a newline, ``</tool_call>``;
+* GPT-OSS's harmony messages: ``<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>``, then
+  the arguments' JSON (the ``<|call|>`` that ends the reply is not text). The recipient may also come
+  before the channel, where the message header begins the reply's answer (``to=functions.NAME<|channel|>
+  commentary json<|message|>``: the reasoning reader drops the ``<|start|>assistant`` before it).
 """
 
 from __future__ import annotations
@@ -12,10 +18,16 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .tools import CLOSE, OPEN
+from .tools import CLOSE, HARMONY_OPENS, HARMONY_TO, OPEN
 
 #: How a call starts once inside the tokens: its name, then its arguments (separators as the grammar writes).
 _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\S)')
+#: The rest of a harmony call's header, after ``to=functions.``: the name, the channel where the recipient came
+#: first, the content type (``<|constrain|>json`` or ``json``), then ``<|message|>``.
+_HARMONY_HEADER = re.compile(r"([A-Za-z0-9_.:-]+)(?:<\|channel\|>(?:commentary|analysis))?\s*(?:<\|constrain\|>)?"
+                             r"\s*[A-Za-z0-9_-]*\s*<\|message\|>")
+#: The longest header a harmony call has before its ``<|message|>`` (longer: not a call).
+_HARMONY_LONGEST = 160
 
 
 @dataclass(frozen=True)
@@ -52,11 +64,11 @@ class CallReader:
     """Reads a reply as it streams: its text content, and the tool calls in it.
 
     Feed it text with ``feed`` and end with ``close``; each returns what it
-    could tell so far. Text that might still turn out to be the start of
-    ``<tool_call>`` is held back until it can be told; a call's arguments end
-    where their JSON value closes. A call cut off by max_tokens is kept with
-    the arguments it has (``cut`` then says so), unless it was cut before its
-    name.
+    could tell so far. Text that might still turn out to be the start of a
+    call (``<tool_call>``, or a harmony call's header) is held back until it
+    can be told; a call's arguments end where their JSON value closes. A call
+    cut off by max_tokens is kept with the arguments it has (``cut`` then says
+    so), unless it was cut before its name.
     """
 
     calls: list[ToolCall] = field(default_factory=list)
@@ -64,6 +76,7 @@ class CallReader:
     cut: bool = False  # the reply ended inside a call (max_tokens, or a stop string)
     _buf: str = ""
     _in_call: bool = False
+    _opening: str = OPEN  # how the open call began: OPEN, or a harmony header's start
     _gap: str = ""  # the whitespace before the open call's <tool_call>, given back if it is no call
     _name: Optional[str] = None  # the open call's name, once its header is read
     _id: str = ""  # and its id
@@ -93,22 +106,39 @@ class CallReader:
             if (self._buf, self._in_call, self._name, self._closing) == before:
                 return out
 
+    def _fresh(self) -> bool:
+        """Nothing of the reply has been read as content or calls yet (a harmony header may begin it)."""
+        return not self.content and not self.calls
+
+    def _first_opening(self) -> tuple[int, str]:
+        """Where the first call in the buffer begins and the text it begins with; (-1, "") where none does."""
+        hits = [(at, m) for m in (OPEN, *HARMONY_OPENS) if (at := self._buf.find(m)) >= 0]
+        start = len(self._buf) - len(self._buf.lstrip())
+        if self._fresh() and self._buf.startswith(HARMONY_TO, start):
+            hits.append((start, HARMONY_TO))
+        return min(hits, default=(-1, ""))
+
     def _read_content(self, out: list[CallEvent], final: bool) -> None:
-        at = self._buf.find(OPEN)
+        at, opening = self._first_opening()
         if at >= 0:
             text = self._buf[:at]
             self._say(out, text.rstrip())
             self._gap = text[len(text.rstrip()):]
-            self._buf, self._in_call = self._buf[at + len(OPEN):], True
+            self._opening = opening
+            self._buf, self._in_call = self._buf[at + len(opening):], True
             return
         if self._after_call:  # the newlines between calls are nobody's content
             self._buf = self._buf.lstrip()
             self._after_call = not self._buf
-        cut = len(self._buf) - (0 if final else _held(self._buf))
+        cut = len(self._buf) - (0 if final else _held(self._buf, self._fresh()))
         self._say(out, self._buf[:cut])
         self._buf = self._buf[cut:]
 
     def _read_call(self, out: list[CallEvent], final: bool) -> None:
+        if self._closing and self._opening != OPEN:  # a harmony call ends with its arguments (<|call|> is no text)
+            self._in_call = self._closing = False
+            self._after_call = True
+            return
         if self._closing:
             end = self._buf.find(CLOSE)
             if end >= 0 or final:
@@ -129,7 +159,10 @@ class CallReader:
             self._name, self._args, self._closing = None, [], True
 
     def _read_header(self, out: list[CallEvent], final: bool) -> bool:
-        """Read ``{"name": ..., "arguments": `` once it is all there; whether it was."""
+        """Read the call's header (``{"name": ..., "arguments": ``, or a harmony call's name, channel and type)
+        once it is all there; whether it was."""
+        if self._opening != OPEN:
+            return self._read_harmony_header(out, final)
         header = _HEADER.match(self._buf)
         if header is None:
             end = self._buf.find(CLOSE)
@@ -143,11 +176,29 @@ class CallReader:
             elif final:  # a call cut off before its name (max_tokens): nothing to give
                 self._buf, self._in_call, self.cut = "", False, True
             return False
-        self._name, self._id = _unquote(header.group(1)), "call_" + uuid.uuid4().hex[:24]
-        self._buf = self._buf[header.end():]
+        self._start_call(out, _unquote(header.group(1)), header.end())
+        return True
+
+    def _read_harmony_header(self, out: list[CallEvent], final: bool) -> bool:
+        header = _HARMONY_HEADER.match(self._buf)
+        if header is None:
+            if "<|message|>" in self._buf or "\n" in self._buf or len(self._buf) > _HARMONY_LONGEST \
+                    or (final and not self._buf):
+                # not a call after all (only where no grammar held it): the text it was
+                self._say(out, self._gap + self._opening + self._buf)
+                self._buf, self._in_call = "", False
+            elif final:  # a call cut off in its header (max_tokens): nothing to give
+                self._buf, self._in_call, self.cut = "", False, True
+            return False
+        self._start_call(out, header.group(1), header.end())
+        return True
+
+    def _start_call(self, out: list[CallEvent], name: str, header_end: int) -> None:
+        """A call's header has been read (to ``header_end`` in the buffer): its arguments come next."""
+        self._name, self._id = name, "call_" + uuid.uuid4().hex[:24]
+        self._buf = self._buf[header_end:]
         self._depth, self._string, self._escape, self._scalar = 0, False, False, False
         out.append(CallEvent("call", self._name, len(self.calls), self._id))
-        return True
 
     def _arguments_end(self) -> int:
         """How much of the buffer is still the call's arguments: up to where their JSON value closes (tracked
@@ -196,11 +247,15 @@ def _unquote(text: str) -> str:
         return text
 
 
-def _held(text: str) -> int:
-    """How many characters at the end of ``text`` could begin ``<tool_call>``, with the whitespace before them."""
-    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if OPEN.startswith(text[-n:]):
-            return n + len(text[:-n]) - len(text[:-n].rstrip())
+def _held(text: str, fresh: bool = False) -> int:
+    """How many characters at the end of ``text`` could begin a call, with the whitespace before them (``fresh``:
+    nothing was read before ``text``, where a harmony header's ``to=functions.`` may begin a call)."""
+    if fresh and HARMONY_TO.startswith(text.lstrip()):
+        return len(text)
+    n = max((n for m in (OPEN, *HARMONY_OPENS) for n in range(1, min(len(m) - 1, len(text)) + 1)
+             if m.startswith(text[-n:])), default=0)
+    if n:
+        return n + len(text[:-n]) - len(text[:-n].rstrip())
     return len(text) - len(text.rstrip())
 
 

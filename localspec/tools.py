@@ -1,17 +1,24 @@
 """Tool calls: the tools a chat offers, the grammar their calls follow, and a reply's options under them.
 
 The chat template in the GGUF decides how tools are shown to the model. How
-the model writes a call is the template's format too; localspec knows the one
-Qwen2.5 (and the other Hermes-style templates) use: each call is a JSON object
-``{"name": ..., "arguments": {...}}`` on its own line between the
-``<tool_call>`` and ``</tool_call>`` tokens. A template that does not write
-calls that way is refused with tools rather than guessed at. ``tool_calls``
-reads the calls back out of a reply, as it streams.
+the model writes a call is the template's format too; localspec knows two:
+
+* Qwen2.5's (and the other Hermes-style templates'): each call is a JSON object
+  ``{"name": ..., "arguments": {...}}`` on its own line between the
+  ``<tool_call>`` and ``</tool_call>`` tokens;
+* GPT-OSS's harmony messages: after the analysis channel, one call per reply,
+  ``<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json
+  <|message|>{...}<|call|>``.
+
+A template that writes neither is refused with tools rather than guessed at.
+``tool_calls`` reads the calls back out of a reply, as it streams.
 
 The calls are constrained: under ``tool_choice`` "required" or a function's
-name the whole reply is calls; under "auto" the reply is free until the model
-writes ``<tool_call>``, and from there the grammar holds (llama.cpp's lazy
-grammar). Either way a call's arguments follow its function's parameter schema.
+name the whole reply is calls (after a reasoning model's reasoning); under
+"auto" a Hermes reply is free until the model writes ``<tool_call>``, and from
+there the grammar holds (llama.cpp's lazy grammar), while a harmony reply is
+free throughout (its calls are read as the model writes them). Where a grammar
+holds, a call's arguments follow its function's parameter schema.
 """
 
 from __future__ import annotations
@@ -30,6 +37,13 @@ if TYPE_CHECKING:  # a type only: importing the backend loads llama.cpp, which `
 
 #: The tokens around one call in the Hermes format (Qwen2.5's template writes them).
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+#: A harmony call's recipient, and the headers a call on a channel begins with (the name follows).
+HARMONY_TO = "to=functions."
+HARMONY_OPENS = ("<|channel|>commentary " + HARMONY_TO, "<|channel|>analysis " + HARMONY_TO)
+#: The control tokens a harmony call is written with, each one token of the vocabulary.
+HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "<|call|>")
+#: The call formats: Hermes-style ``<tool_call>`` JSON, and GPT-OSS's harmony messages.
+HERMES, HARMONY = "hermes", "harmony"
 #: The tool_choice words; any other choice names a function.
 CHOICES = ("none", "auto", "required")
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
@@ -152,16 +166,33 @@ class ToolUse:
         defs: dict[str, Any] = {}
         return {"anyOf": [_call_schema(t, f"tool{i}", defs) for i, t in callable_], "$defs": defs}
 
-    def constraint(self) -> Optional[Constraint]:
-        """The grammar the reply follows (None under choice "none": the reply is free text)."""
-        if self.choice == "none":
+    def constraint(self, fmt: str = HERMES) -> Optional[Constraint]:
+        """The grammar the reply follows, its calls written in ``fmt`` (``HERMES`` or ``HARMONY``); None where
+        the reply is free: under choice "none", and a harmony reply under "auto"."""
+        if self.choice == "none" or (fmt == HARMONY and self.choice == "auto"):
             return None
+        if fmt == HARMONY:
+            return Constraint("tools", self._harmony_grammar())
         calls = {**self.calls_schema(), "x-guidance": JSON_LAYOUT}
         more = ' ("\\n" call)*' if self.parallel else ""
         grammar = (f'start: call{more} "\\n"?\n'  # the newline a model may write before it ends
                    f'call: {OPEN} "\\n" body "\\n" {CLOSE}\n'
                    f"body: %json {json.dumps(calls)}\n")
         return Constraint("tools", grammar, trigger=OPEN if self.choice == "auto" else None)
+
+
+    def _harmony_grammar(self) -> str:
+        """One harmony call of a function the choice allows: its message's header (the ``<|start|>assistant``
+        before it only where the reply has written nothing yet), its arguments' JSON, and ``<|call|>``."""
+        callable_ = [t for t in self.tools if self.choice in CHOICES or t.name == self.choice]
+        rules = [f'start: (<|start|> "assistant")? <|channel|> {json.dumps("commentary " + HARMONY_TO)} '
+                 f'({" | ".join(f"call{i}" for i in range(len(callable_)))}) <|call|>']
+        for i, tool in enumerate(callable_):
+            params = json.loads(tool.parameters)
+            schema = {**params, "x-guidance": JSON_LAYOUT} if isinstance(params, dict) else params
+            rules += [f'call{i}: {json.dumps(tool.name)} " " <|constrain|> "json" <|message|> args{i}',
+                      f"args{i}: %json {json.dumps(schema)}"]
+        return "\n".join(rules) + "\n"
 
 
 def _call_schema(tool: Tool, key: str, defs: dict[str, Any]) -> dict[str, Any]:
@@ -230,19 +261,29 @@ def may_call(use: Optional[ToolUse]) -> bool:
     return use is not None and use.choice != "none"
 
 
+def call_format(template: str) -> Optional[str]:
+    """The format a chat template writes calls in: ``HERMES``, ``HARMONY``, or None for one localspec does not read
+    (Qwen3-Coder's and GLM's templates write ``<tool_call>`` around XML-like calls)."""
+    if OPEN in template and re.search(r'\\?"name\\?"', template) and "arguments" in template \
+            and "<function=" not in template:
+        return HERMES
+    if "<|call|>" in template and "<|channel|>" in template and "functions." in template:
+        return HARMONY
+    return None
+
+
 def check_template(template: str, model: str) -> None:
-    """Refuse tools for a chat template that does not write calls in the format localspec reads.
+    """Refuse tools for a chat template that does not write calls in a format localspec reads.
 
     Raises:
-        ToolsUnsupportedError: the template never writes ``<tool_call>`` with a JSON ``"name"`` and
-            ``arguments`` (Qwen3-Coder's and GLM's templates write ``<tool_call>`` around XML-like calls instead).
+        ToolsUnsupportedError: the template writes neither ``<tool_call>`` with a JSON ``"name"`` and
+            ``arguments`` nor harmony's calls (see ``call_format``).
     """
-    hermes = OPEN in template and re.search(r'\\?"name\\?"', template) and "arguments" in template
-    if not hermes or "<function=" in template:
+    if call_format(template) is None:
         raise ToolsUnsupportedError(f"The chat template of {model} does not write tool calls as <tool_call> JSON "
-                                    "(the format of Qwen2.5 and other Hermes-style templates, the one localspec "
-                                    "reads), so localspec cannot offer it tools; leave out 'tools', or use a model "
-                                    "whose template writes them.")
+                                    "(the format of Qwen2.5 and other Hermes-style templates) or as GPT-OSS's "
+                                    "harmony calls, the formats localspec reads, so localspec cannot offer it "
+                                    "tools; leave out 'tools', or use a model whose template writes them.")
 
 
 def reply_options(use: ToolUse, opts: GenerationOptions, target: Model) -> tuple[GenerationOptions, bool]:
@@ -254,6 +295,8 @@ def reply_options(use: ToolUse, opts: GenerationOptions, target: Model) -> tuple
         ConfigError: ``opts`` already has a grammar.
     """
     name, template = target.path.name, target.chat_template() or ""
+    if call_format(template) == HARMONY:
+        return _harmony_options(use, opts, target)
     marks, single = _call_marks(target)
     if use.choice == "none":  # shown the tools, the model must not call one (whatever else biases it)
         if OPEN not in template or not single:
@@ -270,6 +313,23 @@ def reply_options(use: ToolUse, opts: GenerationOptions, target: Model) -> tuple
     return opts.replace(grammar=use.constraint()), True
 
 
+def _harmony_options(use: ToolUse, opts: GenerationOptions, target: Model) -> tuple[GenerationOptions, bool]:
+    """``reply_options`` for a template that writes harmony calls: shown the tools (unless the choice is "none"),
+    free under "auto", one call's grammar under "required" or a function's name."""
+    if use.choice == "none":
+        return opts, False
+    missing = [m for m in HARMONY_TOKENS if len(target.tokenize(m, add_special=False)) != 1]
+    if missing:
+        raise ToolsUnsupportedError(f"{target.path.name} has no single {missing[0]} token, which its template's "
+                                    "tool calls need, so localspec cannot read its calls; leave out 'tools', or "
+                                    "use a model whose vocabulary has it.")
+    if opts.grammar is not None:
+        raise ConfigError(f"A reply that may call tools follows the calls' grammar, so it cannot also follow "
+                          f"{opts.grammar.describe()}; leave one out (or give tool_choice 'none').")
+    grammar = use.constraint(HARMONY)
+    return (opts.replace(grammar=grammar) if grammar is not None else opts), True
+
+
 def _call_marks(target: Model) -> tuple[list[list[int]], bool]:
     """The tokens of ``<tool_call>`` and ``</tool_call>``, and whether each is one token printing as itself."""
     marks = [target.tokenize(m, add_special=False) for m in (OPEN, CLOSE)]
@@ -279,11 +339,10 @@ def _call_marks(target: Model) -> tuple[list[list[int]], bool]:
 
 def can_call(target: Model) -> bool:
     """Whether ``target`` may be offered tools: its template and vocabulary write calls as localspec reads them."""
-    try:
-        check_template(target.chat_template() or "", target.path.name)
-    except ConfigError:
-        return False
-    return _call_marks(target)[1]
+    fmt = call_format(target.chat_template() or "")
+    if fmt == HARMONY:
+        return all(len(target.tokenize(m, add_special=False)) == 1 for m in HARMONY_TOKENS)
+    return fmt == HERMES and _call_marks(target)[1]
 
 
 def template_messages(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
