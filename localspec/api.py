@@ -42,7 +42,7 @@ from .prompt_cache import PromptCache
 from .prompts import chat_text, chat_with_tools, check_length, infill_tokens
 from .results import Result, Stream
 from .thinking import reply_reading
-from .tools import ToolUse, may_call, tool_use
+from .tools import ToolUse, may_call, offered, tool_use
 from .vocabulary import common_prefix as prefix_length
 
 
@@ -392,7 +392,7 @@ class Pair:
         tokens = self.target.tokenize(text, add_special=False)
         marks = self._boundaries(messages, tokens, lambda m: chat_with_tools(self.target, m, use, asked,
                                                                             template_vars)[0])
-        return self._start(tokens, text, opts, calls=may_call(use), boundaries=marks)
+        return self._start(tokens, text, opts, calls=offered(use) if may_call(use) else None, boundaries=marks)
 
     def _boundaries(self, messages: Sequence[Mapping[str, Any]], tokens: list[int],
                     render: Callable[[Sequence[Mapping[str, Any]]], str]) -> list[int]:
@@ -449,7 +449,7 @@ class Pair:
         return self._start(tokens, prefix + suffix, opts)
 
     def _start(self, prompt_tokens: list[int], prompt_text: Optional[str], opts: GenerationOptions,
-               calls: bool = False, boundaries: Sequence[int] = ()) -> Stream:
+               calls: Optional[frozenset[str]] = None, boundaries: Sequence[int] = ()) -> Stream:
         check_prompt(self.target, len(prompt_tokens))  # before any work, calibration included
         processing = Processing.from_options(opts, self.target.n_vocab)
         self.choose_threads()  # once per machine (cached); plain decoding runs at the fastest count too

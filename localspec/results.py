@@ -94,7 +94,8 @@ class Stream:
     """
 
     def __init__(self, generation: Generation, prompt_tokens: list[int],
-                 on_end: Optional[Callable[[Generation], None]] = None, calls: bool = False):
+                 on_end: Optional[Callable[[Generation], None]] = None,
+                 calls: Optional[frozenset[str]] = None):
         self._g = generation
         self._reasoning: list[str] = []
         self._reasoning_tokens = 0  # tokens fed before the answer's first text
@@ -136,9 +137,9 @@ class Stream:
         text, finish = "".join(self._text), self._g.finish_reason
         content: Optional[str] = text
         calls = None
-        if self._calls:
+        if self._calls is not None:
             if self._read is None or self._read[0] != text:  # read once per text: the calls' ids stay
-                self._read = (text, read_calls(text))
+                self._read = (text, read_calls(text, self._calls))
             reader = self._read[1]
             calls, content = reader.calls, "".join(reader.content)
             content = content or None if calls else content

@@ -60,8 +60,7 @@ from .results import Stream
 from .server_access import LOOPBACK_NAMES
 from .server_http import ApiError, Guard
 from .server_requests import ChatRequest, Limits, parse_body, parse_request
-from .tool_calls import CallReader
-from .tools import may_call
+from .tool_calls import call_reader
 
 #: The largest request body by default, in bytes (a full 32k-token context of text is about 130 kB).
 MAX_BODY = 4 * 1024 * 1024
@@ -418,7 +417,7 @@ async def _stream(server: Server, job: Job, request: Request) -> Any:
     if first[0] == "error":
         return first[1].response()
     chunks = replies.Chunks(server.name, job.request)
-    reader = CallReader() if may_call(job.request.tools) else None
+    reader = call_reader(job.request.tools)
 
     async def events() -> AsyncIterator[str]:
         try:

@@ -12,8 +12,7 @@ from .results import Result
 from .server_http import ApiError
 from .server_replies import stats
 from .server_requests import ChatRequest
-from .tool_calls import CallEvent, CallReader, ToolCall
-from .tools import may_call
+from .tool_calls import CallEvent, ToolCall, call_reader
 
 #: Anthropic's error type for each status the server answers with.
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -72,7 +71,7 @@ class MessageReply:
     def __init__(self, model: str, request: ChatRequest):
         self.model, self.request = model, request
         self.id = "msg_" + uuid.uuid4().hex[:24]
-        self._reader = CallReader() if may_call(request.tools) else None
+        self._reader = call_reader(request.tools)
         self._open: Optional[str] = None  # the kind of the content block open now, if one is
         self._index = -1  # its index
 

@@ -29,8 +29,8 @@ from .server_http import ApiError, ASGIApp, Message, Receive, Scope, Send
 from .server_replies import stats
 from .server_requests import ChatRequest, Limits, parse_body
 from .thinking import model_reasoning
-from .tool_calls import CallReader
-from .tools import can_call, may_call
+from .tool_calls import CallReader, call_reader
+from .tools import can_call
 
 
 class Server(Protocol):
@@ -234,7 +234,7 @@ async def _answer(server: Server, next_event: NextEvent, request: Request, chat:
         job = server.admit(req)
     except ApiError as exc:
         return error(exc)
-    reply = Reply(server.name, chat, started, CallReader() if may_call(req.tools) else None)
+    reply = Reply(server.name, chat, started, call_reader(req.tools))
     return await (_stream(server, job, request, next_event, reply) if req.stream else
                   _whole(server, job, request, next_event, reply))
 

@@ -14,8 +14,7 @@ from .server_http import ApiError
 from .server_replies import stats
 from .server_requests import ChatRequest
 from .server_responses import ResponsesBody
-from .tool_calls import CallEvent, CallReader, ToolCall
-from .tools import may_call
+from .tool_calls import CallEvent, ToolCall, call_reader
 
 
 def _id(prefix: str) -> str:
@@ -51,7 +50,7 @@ class ResponseReply:
     def __init__(self, model: str, request: ChatRequest, body: ResponsesBody):
         self.model, self.request, self.body = model, request, body
         self.id, self.created = _id("resp_"), int(time.time())
-        self._reader = CallReader() if may_call(request.tools) else None
+        self._reader = call_reader(request.tools)
         self._seq = 0
         self._output: list[dict[str, Any]] = []  # the items done so far
         self._open: Optional[dict[str, Any]] = None  # the item being streamed: its fields and text so far

@@ -8,6 +8,11 @@ The formats are the ones ``localspec.tools`` constrains calls to:
   the arguments' JSON (the ``<|call|>`` that ends the reply is not text). The recipient may also come
   before the channel, where the message header begins the reply's answer (``to=functions.NAME<|channel|>
   commentary json<|message|>``: the reasoning reader drops the ``<|start|>assistant`` before it).
+
+Where no grammar holds a call (``tool_choice`` "auto"), a Hermes-style model may also write its call as a
+Markdown block instead (Qwen2.5-Coder does, under long agent prompts): a reply whose first thing is a
+```` ```json ```` (or bare ```` ``` ````) block holding ``{"name": ..., "arguments": {...}}``, with the name of a
+tool offered, is read as that call.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .tools import CLOSE, HARMONY_OPENS, HARMONY_TO, OPEN
+from .tools import CLOSE, HARMONY_OPENS, HARMONY_TO, OPEN, ToolUse, may_call, offered
 
 #: How a call starts once inside the tokens: its name, then its arguments (separators as the grammar writes).
 _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\S)')
@@ -28,6 +34,12 @@ _HARMONY_HEADER = re.compile(r"([A-Za-z0-9_.:-]+)(?:<\|channel\|>(?:commentary|a
                              r"\s*[A-Za-z0-9_-]*\s*<\|message\|>")
 #: The longest header a harmony call has before its ``<|message|>`` (longer: not a call).
 _HARMONY_LONGEST = 160
+#: A Markdown code block's fence, which also ends a call written as one.
+FENCE = "```"
+#: The first line of a code block that may hold a call: its fence and no language, or JSON.
+_FENCE_LINE = re.compile(r"```[ \t]*(?:json)?[ \t]*\n", re.IGNORECASE)
+#: A fenced call's header with whitespace taken out, as far as its arguments' opening brace.
+_FENCED_CANON = ('{"name":"', '","arguments":{')
 
 
 @dataclass(frozen=True)
@@ -74,9 +86,11 @@ class CallReader:
     calls: list[ToolCall] = field(default_factory=list)
     content: list[str] = field(default_factory=list)
     cut: bool = False  # the reply ended inside a call (max_tokens, or a stop string)
+    fenced: frozenset[str] = frozenset()  # the tools a call written as a ```json block may name
     _buf: str = ""
     _in_call: bool = False
-    _opening: str = OPEN  # how the open call began: OPEN, or a harmony header's start
+    _opening: str = OPEN  # how the open call began: OPEN, a harmony header's start, or a code block's first line
+    _close: str = CLOSE  # what ends it after its arguments: CLOSE, FENCE, or nothing (harmony: <|call|>)
     _gap: str = ""  # the whitespace before the open call's <tool_call>, given back if it is no call
     _name: Optional[str] = None  # the open call's name, once its header is read
     _id: str = ""  # and its id
@@ -119,12 +133,21 @@ class CallReader:
         return min(hits, default=(-1, ""))
 
     def _read_content(self, out: list[CallEvent], final: bool) -> None:
+        if self.fenced and not self.content:  # a call written as a code block can only come first
+            fence = _fenced_call(self._buf, self.fenced, final)
+            if fence is None:  # it may still be one: wait for more
+                return
+            if fence > 0:
+                lead = len(self._buf) - len(self._buf.lstrip())
+                self._gap, self._opening, self._close = self._buf[:lead], self._buf[lead:fence], FENCE
+                self._buf, self._in_call = self._buf[fence:], True
+                return
         at, opening = self._first_opening()
         if at >= 0:
             text = self._buf[:at]
             self._say(out, text.rstrip())
             self._gap = text[len(text.rstrip()):]
-            self._opening = opening
+            self._opening, self._close = opening, CLOSE if opening == OPEN else ""
             self._buf, self._in_call = self._buf[at + len(opening):], True
             return
         if self._after_call:  # the newlines between calls are nobody's content
@@ -135,14 +158,14 @@ class CallReader:
         self._buf = self._buf[cut:]
 
     def _read_call(self, out: list[CallEvent], final: bool) -> None:
-        if self._closing and self._opening != OPEN:  # a harmony call ends with its arguments (<|call|> is no text)
+        if self._closing and not self._close:  # a harmony call ends with its arguments (<|call|> is no text)
             self._in_call = self._closing = False
             self._after_call = True
             return
         if self._closing:
-            end = self._buf.find(CLOSE)
+            end = self._buf.find(self._close)
             if end >= 0 or final:
-                self._buf = self._buf[end + len(CLOSE):] if end >= 0 else ""
+                self._buf = self._buf[end + len(self._close):] if end >= 0 else ""
                 self._in_call = self._closing = False
                 self._after_call = True
             return
@@ -161,17 +184,17 @@ class CallReader:
     def _read_header(self, out: list[CallEvent], final: bool) -> bool:
         """Read the call's header (``{"name": ..., "arguments": ``, or a harmony call's name, channel and type)
         once it is all there; whether it was."""
-        if self._opening != OPEN:
+        if not self._close:
             return self._read_harmony_header(out, final)
         header = _HEADER.match(self._buf)
         if header is None:
-            end = self._buf.find(CLOSE)
+            end = self._buf.find(self._close)
             start = self._buf.lstrip()
             if end >= 0 or (start and not start.startswith("{")) or (final and not start):
                 # not a call after all (only where no grammar held it, as a <tool_call> spelt in pieces under
                 # "auto"): the text it was, to its </tool_call> if it has one
-                upto = end + len(CLOSE) if end >= 0 else len(self._buf)
-                self._say(out, self._gap + OPEN + self._buf[:upto])
+                upto = end + len(self._close) if end >= 0 else len(self._buf)
+                self._say(out, self._gap + self._opening + self._buf[:upto])
                 self._buf, self._in_call = self._buf[upto:], False
             elif final:  # a call cut off before its name (max_tokens): nothing to give
                 self._buf, self._in_call, self.cut = "", False, True
@@ -259,9 +282,43 @@ def _held(text: str, fresh: bool = False) -> int:
     return len(text) - len(text.rstrip())
 
 
-def read_calls(text: str) -> CallReader:
-    """A whole reply, read: its ``content`` pieces, its ``calls``, and whether it was ``cut`` inside one."""
-    reader = CallReader()
+def _fenced_call(text: str, names: Collection[str], final: bool) -> Optional[int]:
+    """Whether ``text``, a reply's start, is a call written as a code block: where its JSON object begins
+    (after the block's first line) if it is one naming a tool of ``names``, 0 if it is not, None if it may
+    still be (more text will tell; never once ``final``)."""
+    body = text.lstrip()
+    lead = len(text) - len(body)
+    line = _FENCE_LINE.match(body)
+    if line is None:  # no code block's first line yet: one may come only while the text is still short of it
+        maybe = "\n" not in body and len(body) < 16 and (body.startswith(FENCE) or FENCE.startswith(body))
+        return None if maybe and not final else 0
+    rest = body[line.end():]
+    header = _HEADER.match(rest)
+    if header is not None and rest[header.end()] == "{":
+        return lead + line.end() if _unquote(header.group(1)) in names else 0
+    squeezed = "".join(rest.split())  # names and JSON keys hold no whitespace; what is left is the header's shape
+    opening, middle = _FENCED_CANON
+    if len(squeezed) <= len(opening):
+        maybe = opening.startswith(squeezed)
+    elif not squeezed.startswith(opening):
+        maybe = False
+    else:
+        name, quote, after = squeezed[len(opening):].partition('"')
+        maybe = (any(n.startswith(name) for n in names) if not quote
+                 else name in names and middle.startswith('"' + after))
+    return None if maybe and not final else 0
+
+
+def call_reader(use: Optional[ToolUse]) -> Optional[CallReader]:
+    """The reader of a reply's calls under ``use``: None where the reply may hold none (no tools offered, or
+    tool_choice "none")."""
+    return CallReader(fenced=offered(use)) if may_call(use) else None
+
+
+def read_calls(text: str, fenced: Collection[str] = frozenset()) -> CallReader:
+    """A whole reply, read: its ``content`` pieces, its ``calls``, and whether it was ``cut`` inside one
+    (``fenced``: the tools a call written as a code block may name)."""
+    reader = CallReader(fenced=frozenset(fenced))
     reader.feed(text)
     reader.close()
     return reader

@@ -261,6 +261,11 @@ def may_call(use: Optional[ToolUse]) -> bool:
     return use is not None and use.choice != "none"
 
 
+def offered(use: Optional[ToolUse]) -> frozenset[str]:
+    """The names of the tools ``use`` offers (none where it is None)."""
+    return frozenset(t.name for t in use.tools) if use is not None else frozenset()
+
+
 def call_format(template: str) -> Optional[str]:
     """The format a chat template writes calls in: ``HERMES``, ``HARMONY``, or None for one localspec does not read
     (Qwen3-Coder's and GLM's templates write ``<tool_call>`` around XML-like calls)."""

@@ -91,3 +91,23 @@ def test_codex_style_function_call_and_its_output(oai):
     assert events[-1].type == "response.completed"
     assert events[-1].response.output_text == _after_the_call(oai, call.call_id, call.arguments, [
         {"role": "system", "content": "You are a helpful assistant."}])
+
+
+READ_TOOL = {"name": "Read", "description": "Read a file from the local filesystem.",
+             "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}},
+                              "required": ["file_path"]}}
+FENCE_SYSTEM = ("You are a coding agent. To call a tool, reply with only a ```json block holding "
+                '{"name": ..., "arguments": ...}.')
+
+
+def test_a_call_the_model_writes_as_a_json_block_is_a_tool_use_whole_and_streamed(claude):
+    """Qwen2.5-Coder writes its call as a Markdown block rather than in <tool_call> tags here (as it does under
+    Claude Code's long system prompt): both ways it reaches the client as a tool_use block."""
+    ask = dict(model="qwen", max_tokens=80, tools=[READ_TOOL], system=FENCE_SYSTEM,
+               messages=[{"role": "user", "content": "Read the file calc.py."}])
+    whole = claude.messages.create(**ask)
+    with claude.messages.stream(**ask) as stream:
+        streamed = stream.get_final_message()
+    for m in (whole, streamed):
+        assert m.stop_reason == "tool_use", m.content
+        assert [(b.type, b.name, b.input) for b in m.content] == [("tool_use", "Read", {"file_path": "calc.py"})]

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Optional
 import click
 
 from ..options import GenerationOptions
-from ..tool_calls import CallReader
-from ..tools import ToolUse, may_call
+from ..tool_calls import call_reader
+from ..tools import ToolUse
 from .shared import ModelArgs, friendly_errors, generation_options, model_options
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str
                 pass
             click.echo(json.dumps(stream.result.to_dict(), ensure_ascii=False))
             return
-        reader = CallReader() if may_call(tools) else None
+        reader = call_reader(tools)
         shown = 0
         for ev in stream:  # with tools, the reply's content as it comes (its calls are printed whole below)
             if ev.reasoning:  # a reasoning model's thinking goes to stderr, dimmed: stdout is the answer
