@@ -10,9 +10,9 @@ The formats are the ones ``localspec.tools`` constrains calls to:
   commentary json<|message|>``: the reasoning reader drops the ``<|start|>assistant`` before it).
 
 Where no grammar holds a call (``tool_choice`` "auto"), a Hermes-style model may also write its call as a
-Markdown block instead (Qwen2.5-Coder does, under long agent prompts): a reply whose first thing is a
-```` ```json ```` (or bare ```` ``` ````) block holding ``{"name": ..., "arguments": {...}}``, with the name of a
-tool offered, is read as that call.
+Markdown block, or as the bare object, instead (Qwen2.5-Coder does, under long agent prompts): a reply whose
+first thing is ``{"name": ..., "arguments": {...}}`` with the name of a tool offered, in a ```` ```json ````
+(or bare ```` ``` ````) block or without one, is read as that call.
 """
 
 from __future__ import annotations
@@ -137,9 +137,11 @@ class CallReader:
             fence = _fenced_call(self._buf, self.fenced, final)
             if fence is None:  # it may still be one: wait for more
                 return
-            if fence > 0:
+            if fence >= 0:
                 lead = len(self._buf) - len(self._buf.lstrip())
-                self._gap, self._opening, self._close = self._buf[:lead], self._buf[lead:fence], FENCE
+                block = self._buf.startswith(FENCE, lead)  # else the bare object, which its own brace ends
+                self._gap, self._opening = self._buf[:lead], self._buf[lead:fence]
+                self._close = FENCE if block else "}"
                 self._buf, self._in_call = self._buf[fence:], True
                 return
         at, opening = self._first_opening()
@@ -283,19 +285,21 @@ def _held(text: str, fresh: bool = False) -> int:
 
 
 def _fenced_call(text: str, names: Collection[str], final: bool) -> Optional[int]:
-    """Whether ``text``, a reply's start, is a call written as a code block: where its JSON object begins
-    (after the block's first line) if it is one naming a tool of ``names``, 0 if it is not, None if it may
-    still be (more text will tell; never once ``final``)."""
+    """Whether ``text``, a reply's start, is a call written as a code block or a bare object: where its JSON
+    object begins (after the block's first line) if it is one naming a tool of ``names``, -1 if it is not,
+    None if it may still be (more text will tell; never once ``final``)."""
     body = text.lstrip()
     lead = len(text) - len(body)
     line = _FENCE_LINE.match(body)
-    if line is None:  # no code block's first line yet: one may come only while the text is still short of it
+    start = line.end() if line is not None else 0
+    if line is None and not body.startswith("{"):
+        # no code block's first line yet: one may come only while the text is still short of it
         maybe = "\n" not in body and len(body) < 16 and (body.startswith(FENCE) or FENCE.startswith(body))
-        return None if maybe and not final else 0
-    rest = body[line.end():]
+        return None if maybe and not final else -1
+    rest = body[start:]
     header = _HEADER.match(rest)
     if header is not None and rest[header.end()] == "{":
-        return lead + line.end() if _unquote(header.group(1)) in names else 0
+        return lead + start if _unquote(header.group(1)) in names else -1
     squeezed = "".join(rest.split())  # names and JSON keys hold no whitespace; what is left is the header's shape
     opening, middle = _FENCED_CANON
     if len(squeezed) <= len(opening):
@@ -306,7 +310,7 @@ def _fenced_call(text: str, names: Collection[str], final: bool) -> Optional[int
         name, quote, after = squeezed[len(opening):].partition('"')
         maybe = (any(n.startswith(name) for n in names) if not quote
                  else name in names and middle.startswith('"' + after))
-    return None if maybe and not final else 0
+    return None if maybe and not final else -1
 
 
 def call_reader(use: Optional[ToolUse]) -> Optional[CallReader]:

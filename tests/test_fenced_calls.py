@@ -1,5 +1,5 @@
-"""A tool call written as a ```json block, as Qwen2.5-Coder writes one under a long agent prompt: read as the
-call where the block comes first and names a tool offered, and as text otherwise, whole and however the
+"""A tool call written as a ```json block or a bare object, as Qwen2.5-Coder writes one under a long agent
+prompt: read as the call where it comes first and names a tool offered, and as text otherwise, whole and however the
 text is cut; served as Anthropic's tool_use."""
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ CASES = [
     # two calls, then what the model says after them
     (BLOCK + "\n" + BLOCK.replace("Read", "Bash").replace(READ, '{"command": "ls"}') + "\nDone.", "Done.",
      [("Read", READ), ("Bash", '{"command": "ls"}')]),
+    # the bare object, without a block, and text after it
+    (f'{{"name": "Read", "arguments": {READ}}}', "", [("Read", READ)]),
+    (f' {{\n  "name": "Read",\n  "arguments": {READ}\n}}\nReading it.', "Reading it.", [("Read", READ)]),
     # nested arguments, and a fence inside a string of them
     ('```json\n{"name": "Bash", "arguments": {"command": "echo ```", "env": {"A": [1, 2]}}}\n```', "",
      [("Bash", '{"command": "echo ```", "env": {"A": [1, 2]}}')]),
@@ -36,6 +39,8 @@ CASES = [
     ('```json\n{"name": "Read", "arguments": "calc.py"}\n```', '```json\n{"name": "Read", "arguments": "calc.py"}\n```',
      []),
     ('```json\n{"name": "Read", "file": 1}\n```', '```json\n{"name": "Read", "file": 1}\n```', []),
+    ('{"name": "Write", "arguments": {}}', '{"name": "Write", "arguments": {}}', []),
+    ('{"city": "Paris"}', '{"city": "Paris"}', []),
     ("``", "``", []),
     ("", "", []),
 ]
