@@ -24,6 +24,10 @@ ROLES = ("user", "assistant", "system", "developer")
 #: Chat request fields -> the Responses fields they came from, for errors.
 PARAMS = {"max_tokens": "max_output_tokens", "response_format": "text.format", "reasoning_effort": "reasoning.effort",
           "messages": "input"}
+#: Tools that run on OpenAI's servers, which a local model cannot call: left out of what the model is offered
+#: (Codex sends web_search with every request).
+HOSTED = frozenset({"web_search", "web_search_preview", "file_search", "code_interpreter", "image_generation",
+                    "computer_use_preview", "mcp", "tool_search"})
 #: The text parts a message item may have.
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
 
@@ -76,9 +80,10 @@ def parse_responses(body: Any, defaults: GenerationOptions, limits: Limits) -> t
     chat: dict[str, Any] = {"messages": _instructions(req.instructions) + _input(req.input)}
     if req.model is not None:
         chat["model"] = req.model
-    if req.tools:
-        chat["tools"] = [_tool(t, i) for i, t in enumerate(req.tools)]
-    if req.tool_choice is not None:
+    tools = _tools(req.tools or [])
+    if tools:
+        chat["tools"] = tools
+    if req.tool_choice is not None and (tools or req.tool_choice != "auto"):
         chat["tool_choice"] = _tool_choice(req.tool_choice)
     if req.text is not None:
         chat.update(_format(req.text))
@@ -184,11 +189,33 @@ def _function_output(item: dict[str, Any], where: str, calls: set[str]) -> dict[
     return {"role": "tool", "tool_call_id": ident, "content": output}
 
 
-def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
-    if tool.get("type") != "function":
-        raise ApiError(400, f"tools[{i}] has type {tool.get('type')!r}; localspec offers function tools only "
-                       "(hosted tools such as web search run on OpenAI's servers).", param="tools",
-                       code="unsupported_parameter")
+def _tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The function tools offered, as chat's: a namespace's functions among them under their own names, the
+    hosted tools left out."""
+    out = []
+    for i, tool in enumerate(tools):
+        kind = tool.get("type")
+        if kind in HOSTED:
+            continue
+        if kind == "namespace" and isinstance(tool.get("tools"), list):
+            out += [_tool(t, f"{i}].tools[{j}") for j, t in enumerate(tool["tools"])]
+        else:
+            out.append(_tool(tool, i))
+    return out
+
+
+def namespaces(tools: Optional[list[dict[str, Any]]]) -> dict[str, str]:
+    """Each function offered inside a namespace tool, and the namespace's name (for its calls' ``namespace``)."""
+    return {t["name"]: space["name"] for space in tools or []
+            if isinstance(space, dict) and space.get("type") == "namespace" and isinstance(space.get("name"), str)
+            for t in space.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)}
+
+
+def _tool(tool: dict[str, Any], i: Union[int, str]) -> dict[str, Any]:
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        raise ApiError(400, f"tools[{i}] has type {kind!r}; localspec offers function tools (alone or in a "
+                       "namespace); leave it out.", param="tools", code="unsupported_parameter")
     fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
     return {"type": "function", "function": fn}
 

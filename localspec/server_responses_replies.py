@@ -13,7 +13,7 @@ from .results import Result
 from .server_http import ApiError
 from .server_replies import stats
 from .server_requests import ChatRequest
-from .server_responses import ResponsesBody
+from .server_responses import ResponsesBody, namespaces
 from .tool_calls import CallEvent, ToolCall, call_reader
 
 
@@ -35,9 +35,12 @@ def message_item(ident: str, text: str, status: str = "completed") -> dict[str, 
     return {"type": "message", "id": ident, "status": status, "role": "assistant", "content": content}
 
 
-def call_item(ident: str, call: ToolCall, status: str = "completed") -> dict[str, Any]:
-    return {"type": "function_call", "id": ident, "call_id": call.id, "name": call.name,
+def call_item(ident: str, call: ToolCall, status: str = "completed",
+              namespace: Optional[str] = None) -> dict[str, Any]:
+    """A function_call item; ``namespace``: the namespace tool the function was offered in, if one."""
+    item = {"type": "function_call", "id": ident, "call_id": call.id, "name": call.name,
             "arguments": call.arguments, "status": status}
+    return {**item, "namespace": namespace} if namespace else item
 
 
 def reasoning_item(ident: str, text: str) -> dict[str, Any]:
@@ -51,6 +54,7 @@ class ResponseReply:
         self.model, self.request, self.body = model, request, body
         self.id, self.created = _id("resp_"), int(time.time())
         self._reader = call_reader(request.tools)
+        self._spaces = namespaces(body.tools)  # a namespaced function's namespace, given back in its calls
         self._seq = 0
         self._output: list[dict[str, Any]] = []  # the items done so far
         self._open: Optional[dict[str, Any]] = None  # the item being streamed: its fields and text so far
@@ -78,7 +82,7 @@ class ResponseReply:
         text = r.content if r.tool_calls is not None else r.text
         if text or not r.tool_calls:
             output.append(message_item(_id("msg_"), text or ""))
-        output += [call_item(_id("fc_"), c) for c in r.tool_calls or []]
+        output += [call_item(_id("fc_"), c, namespace=self._spaces.get(c.name)) for c in r.tool_calls or []]
         return self.response(_status(r), output, r)
 
     def start(self, input_tokens: int) -> list[str]:
@@ -153,7 +157,8 @@ class ResponseReply:
         if item["type"] == "message":
             return message_item(item["id"], item["text"], status)
         if item["type"] == "function_call":
-            return call_item(item["id"], ToolCall(item["call_id"], item["name"], item["text"]), status)
+            return call_item(item["id"], ToolCall(item["call_id"], item["name"], item["text"]), status,
+                             self._spaces.get(item["name"]))
         return reasoning_item(item["id"], item["text"])
 
     def _done(self) -> list[str]:

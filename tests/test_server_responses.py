@@ -121,7 +121,9 @@ def test_text_format_json_schema_is_the_structured_output(client):
 
 @pytest.mark.parametrize("body,param,needle", [
     ({"previous_response_id": "resp_1"}, "previous_response_id", "keeps no responses"),
-    ({"tools": [{"type": "web_search"}]}, "tools", "'web_search'"),
+    ({"tools": [{"type": "custom", "name": "apply_patch"}]}, "tools", "'custom'"),
+    ({"tools": [{"type": "namespace", "name": "ns", "tools": [{"type": "custom", "name": "x"}]}]}, "tools",
+     "tools[0].tools[0] has type 'custom'"),
     ({"input": [{"type": "computer_call", "call_id": "c"}]}, "input", "unknown item type 'computer_call'"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input", "text only"),
     ({"max_output_tokens": "9"}, "max_output_tokens", "integer"),
@@ -198,3 +200,27 @@ def test_a_request_shaped_as_codexs_streams_to_response_completed(server):
     data = [json.loads(line[6:]) for line in events.splitlines() if line.startswith("data: ")]
     assert status == 200 and all("type" in d and "sequence_number" in d for d in data)
     assert data[-1]["type"] == "response.completed" and data[-1]["response"]["status"] in ("completed", "incomplete")
+
+
+def test_codexs_namespaced_functions_are_offered_and_its_hosted_tools_left_out(client):
+    """Codex sends its sub-agent functions in a namespace tool and web_search with every request: the
+    namespace's functions are offered under their names, a call of one comes back with its namespace, whole
+    and streamed, and the hosted tool is left out rather than refusing the request."""
+    space = {"type": "namespace", "name": "weather_v1", "description": "Weather tools",
+             "tools": [{"type": "function", "name": "get_weather", "description": "The forecast",
+                        "parameters": WEATHER}]}
+    ask = dict(model="t", input=TEXT, tools=[space, {"type": "web_search", "external_web_access": False}],
+               tool_choice="required", parallel_tool_calls=False, max_output_tokens=160)
+    whole = client.responses.create(**ask)
+    (call,) = [item for item in whole.output if item.type == "function_call"]
+    assert (call.name, call.namespace) == ("get_weather", "weather_v1")
+    jsonschema.validate(json.loads(call.arguments), SCHEMAS["get_weather"])
+    events = list(client.responses.create(**ask, stream=True))
+    done = [e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"]
+    assert [(c.name, c.namespace, c.arguments) for c in done] == [("get_weather", "weather_v1", call.arguments)]
+    final = events[-1].response
+    assert [(c.name, c.namespace) for c in final.output if c.type == "function_call"] == [("get_weather",
+                                                                                          "weather_v1")]
+    alone = client.responses.create(model="t", input=TEXT, max_output_tokens=8, tool_choice="auto",
+                                    tools=[{"type": "web_search"}])  # only hosted tools: a plain reply
+    assert alone.status in ("completed", "incomplete") and alone.output_text
