@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from .settings import CUDA_CMAKE_ARGS, SDIST_NAME
+from .settings import CUDA_CMAKE_ARGS, REPO, SDIST_NAME
 
 
 def _first(patterns: tuple[str, ...], roots: list[Path]) -> Optional[Path]:
@@ -72,6 +72,24 @@ def preload_cuda_libs(lib_dirs: list[str]) -> list[str]:
     return loaded
 
 
+def build_cmake_args(hints: dict[str, Any]) -> str:
+    """CMAKE_ARGS for the CUDA build: the settings' flags, the toolkit hints, and, as install.sh does, llama.cpp's
+    "common" library skipped (llama_cpp never loads it; it is half the C++ compile)."""
+    lean = f"-DCMAKE_PROJECT_llama.cpp_INCLUDE={REPO / 'scripts' / 'llama_cpp_lean.cmake'}"
+    return " ".join([CUDA_CMAKE_ARGS, lean, *hints["cmake_args"]])
+
+
+def preload_folder(root: Path) -> Path:
+    """A folder holding a ``sitecustomize`` that imports llama_cpp at interpreter start, for the check's
+    subprocesses (pytest, the CLI): with some numpy builds (2.5 with scipy-openblas 0.3.34 was seen) imported
+    first, the CUDA build's llama.cpp crashes loading a model's vocabulary, so its libraries must load before
+    numpy's. The check's own process imports no numpy before it imports llama_cpp."""
+    folder = root / "preload"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text("import llama_cpp  # noqa: F401  (before numpy: see gpucheck.build)\n")
+    return folder
+
+
 def build_command(src: Path, site: Path) -> list[str]:
     """pip building the unpacked sdist with the image's scikit-build-core, CMake and nvcc, nothing fetched.
 
@@ -114,7 +132,7 @@ def build_llama(sdist: Path, site: Path, hints: dict[str, Any], log: Path, timeo
     """Build and install llama-cpp-python with CUDA into ``site``; the log's tail goes to ``log``."""
     resumed = (site.parent / "build").is_dir()
     src = unpack_sdist(sdist, site.parent)
-    cmake_args = " ".join([CUDA_CMAKE_ARGS, *hints["cmake_args"]])
+    cmake_args = build_cmake_args(hints)
     env = dict(os.environ, CMAKE_ARGS=cmake_args, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 1))
     cmd = build_command(src, site)
     full = site.parent / "build-full.log"

@@ -9,8 +9,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .settings import REPO
 
 
@@ -41,6 +39,8 @@ def round_overhead(target: Any, drafter: Any, k: int, params: Any, rounds: int) 
     Runs ``engine.speculative_round`` as a generation does, appending each
     round's tokens (end-of-generation tokens too: random weights may pick one).
     """
+    import numpy as np
+
     from localspec.engine import speculative_round
 
     models = (target, *(drafter.models if drafter is not None else ()))
@@ -70,6 +70,8 @@ def round_overhead(target: Any, drafter: Any, k: int, params: Any, rounds: int) 
 
 def logits_copy_seconds(target: Any, kmax: int, reps: int = 20) -> list[float]:
     """Median seconds to copy n rows of logits out of llama.cpp's buffer, n = 1..kmax+1."""
+    import numpy as np
+
     base = target.tokenize("The quick brown fox jumps over the lazy dog. ", add_special=False)
     probe = (base * (kmax + 2))[: kmax + 2]
     target.reset()

@@ -10,8 +10,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .settings import QK_K
 
 
@@ -96,6 +94,7 @@ def write_f16(model: dict[str, Any], dims: dict[str, int], path: Path, seed: int
     streamed, so a 3 GB file never sits in memory whole.
     """
     import gguf
+    import numpy as np
 
     texts, types = vocabulary(model["tokenizer"], dims["n_vocab"])
     tensors = tensor_list(model, dims)

@@ -16,16 +16,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import numpy as np
-
-from .build import build_command, build_llama, cuda_hints, preload_cuda_libs
+from .build import build_cmake_args, build_command, build_llama, cuda_hints, preload_cuda_libs, preload_folder
 from .carry import prepare_carry
 from .costs import calibrate, cli_calibrate, load_pair, overheads
 from .exactness import offload_probe, run_tests
 from .models import make_models
 from .settings import (
     CARRY,
-    CUDA_CMAKE_ARGS,
     DEFAULT_SITE,
     DEFAULT_WORK,
     DRY_RUN_SCALE,
@@ -54,7 +51,7 @@ def machine_info() -> dict[str, Any]:
     nvcc = _command_output(["nvcc", "--version"])
     return {"gpu": smi, "nvidia_smi": _command_output(["nvidia-smi"]), "nvcc": nvcc.splitlines()[-1] if nvcc else None,
             "cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
-            "numpy": np.__version__}
+            "numpy": importlib.metadata.version("numpy")}
 
 
 def llama_info() -> dict[str, Any]:
@@ -133,7 +130,7 @@ def build_step(rep: Report, args: argparse.Namespace, hints: dict[str, Any], sec
         return
     src = args.site.parent / SDIST_NAME.removesuffix(".tar.gz")
     rep.step("build", lambda: {"skipped": True, "would_run": shlex.join(build_command(src, args.site)),
-                               "cmake_args": " ".join([CUDA_CMAKE_ARGS, *hints["cmake_args"]]),
+                               "cmake_args": build_cmake_args(hints),
                                "sdist_present": sdist.is_file()})
 
 
@@ -175,6 +172,7 @@ def check(args: argparse.Namespace, work: Path) -> bool:
     hints = cuda_hints(work if args.dry_run else args.site.parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(entries + [os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     if not args.dry_run:
+        env["PYTHONPATH"] = os.pathsep.join([str(preload_folder(work)), env["PYTHONPATH"]])
         env["LD_LIBRARY_PATH"] = os.pathsep.join(hints["lib_dirs"] + [os.environ.get("LD_LIBRARY_PATH", "")])
     rep = Report(args.out, "dry-run" if args.dry_run else "device")
     rep.data.update(scale=args.scale, kmax=args.kmax, device_command=device_command())

@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 
 def _field_value(field: Any) -> Any:
+    import numpy as np
+
     value = field.contents()
     return value.item() if isinstance(value, np.generic) else value
 
