@@ -25,10 +25,15 @@ that runs the same target and drafting method there.
   which also matches earlier requests' outputs: the counterpart of the history
   drafter), and ``num_speculative_tokens``. vLLM serves the original
   (unquantized) Hugging Face repositories best, so the GGUF's source
-  repository is named when its header or the catalog says which it is. The
-  command is checked against vLLM's own argument parser and
-  ``SpeculativeConfig`` where vLLM is installed (a GPU machine); it has not
-  been served here.
+  repository is named when its header or the catalog says which it is. Where
+  vLLM is installed, ``tests/test_export_vllm.py`` has vLLM parse each command
+  as ``vllm serve`` does and build its engine configuration from it, the
+  ``SpeculativeConfig`` included, each repository given only a
+  ``config.json`` (on vLLM's CPU platform: with vLLM 0.33 the whole engine
+  configuration, with 0.34 up to the ``SpeculativeConfig``, as its CPU
+  platform then asks for Triton for CPUs). No command has been served by
+  vLLM, which loads the weights only then. Suffix decoding needs the
+  ``arctic-inference`` package besides vLLM.
 """
 
 from __future__ import annotations
@@ -163,7 +168,7 @@ def vllm(target: Served, draft: Optional[Served], method: str, k: int, ngram: tu
         config["prompt_lookup_min"], config["prompt_lookup_max"] = ngram
     else:
         notes.append("suffix decoding also matches earlier requests' outputs, as localspec's history does; "
-                     "on vLLM's V1 model runner it needs `pip install arctic-inference`")
+                     "vLLM needs the arctic-inference package for it (`pip install arctic-inference`)")
     argv = ["vllm", "serve", model, "--host", host, "--port", str(port), "--max-model-len", str(ctx),
             "--speculative-config", json.dumps(config, separators=(",", ":"))]
     return Export("vllm", method, k, argv, notes)
