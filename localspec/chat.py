@@ -285,6 +285,66 @@ def _fit(line: str, stdout: TextIO) -> str:
                          break_on_hyphens=False)
 
 
+class ThinkingBlock:
+    """A reply's reasoning on screen: dimmed as it streams, folded to one line once the answer begins.
+
+    On a colour terminal the block's rows are erased when it closes and a one-line summary takes their
+    place; elsewhere (a pipe, NO_COLOR) the whole reasoning stays, followed by a blank line.
+    """
+
+    def __init__(self, stdout: TextIO, colour: bool):
+        self.stdout, self.colour = stdout, colour
+        self.text = ""  # the reasoning shown so far
+        self.open = False
+
+    def add(self, piece: str) -> None:
+        if not self.open:
+            self._echo(self._dim(HEADER))
+            self.open = True
+        self.text += piece
+        self._echo(self._dim(piece))
+
+    def close(self) -> None:
+        """End the block (idempotent): fold it on a colour terminal, else leave it and a blank line."""
+        if not self.open:
+            return
+        self.open = False
+        if not self.colour:
+            self._echo("\n\n")
+            return
+        width = max(shutil.get_terminal_size((80, 24)).columns, 20)
+        rows = _rows(HEADER + self.text, width)
+        # back to the block's first row (the cursor is on its last), then erase to the end of the screen
+        self._echo("\r" + (f"\x1b[{rows - 1}A" if rows > 1 else "") + "\x1b[J")
+        self._echo(self._dim(_fold(self.text, len(self.text.split()), width)) + "\n")
+
+    def _dim(self, text: str) -> str:
+        return click.style(text, dim=True) if self.colour else text
+
+    def _echo(self, text: str) -> None:
+        click.echo(text, nl=False, file=self.stdout, color=self.colour)
+
+
+HEADER = "thinking: "
+
+
+def _rows(text: str, width: int) -> int:
+    """The terminal rows ``text`` takes when printed from column 0 at ``width`` columns (one cell a character)."""
+    return sum(max(1, -(-len(line) // width)) for line in text.split("\n"))
+
+
+def _fold(reasoning: str, words: int, width: int) -> str:
+    """One line that stands for a folded reasoning block: its opening words and its length."""
+    head, tail = "thought: " + " ".join(reasoning.split()), f" ({words} words)"
+    room = width - 1  # the last column would wrap on some terminals
+    if len(head) + len(tail) <= room:
+        return head + tail
+    keep = room - len(tail) - 3
+    if keep <= len("thought: "):  # too narrow for the count: the opening words alone
+        return head if len(head) <= room else head[: room - 3] + "..."
+    return head[:keep].rstrip() + "..." + tail
+
+
 def run_chat(session: ChatSession, show_drafts: bool, stdout: Optional[TextIO] = None,
              reader: Optional[Reader] = None) -> None:
     """The terminal loop: read a message, run a command or stream a reply, print a summary."""
@@ -303,19 +363,13 @@ def run_chat(session: ChatSession, show_drafts: bool, stdout: Optional[TextIO] =
     if show_drafts and colour:
         say("colours: " + " ".join(click.style(name, fg=c) for name, c in palette.items()), dim=True)
 
-    thinking = [False]  # whether the reasoning block is open on screen
+    block = ThinkingBlock(stdout, colour)  # a reasoning model's thinking, before the answer
 
     def on_event(ev: TokenEvent) -> None:
-        if ev.reasoning:  # a reasoning model's thinking: dimmed, in a block of its own before the answer
-            if not thinking[0]:
-                click.echo(click.style("thinking: ", dim=True) if colour else "thinking: ", nl=False, file=stdout,
-                           color=colour)
-                thinking[0] = True
-            click.echo(click.style(ev.reasoning, dim=True) if colour else ev.reasoning, nl=False, file=stdout,
-                       color=colour)
-        if ev.text and thinking[0]:
-            click.echo("\n", file=stdout)
-            thinking[0] = False
+        if ev.reasoning:
+            block.add(ev.reasoning)
+        if ev.text:
+            block.close()
         fg = None
         if show_drafts and colour:
             fg = palette.get(ev.drafter if ev.source == SOURCE_DRAFT else ev.source)
@@ -344,7 +398,7 @@ def run_chat(session: ChatSession, show_drafts: bool, stdout: Optional[TextIO] =
             if leave:
                 return
             continue
-        thinking[0] = False
+        block = ThinkingBlock(stdout, colour)
         try:
             result, interrupted = session.reply(text, on_event)
         except LocalspecError as exc:

@@ -174,6 +174,9 @@ NARRATIVE = [
      "'we' narrating the work"),
     (r"\b(?:the\s+lead|CEO)\b", "the development team"),
     (r"(?<![\w./-])shared/", "the development environment"),
+    (r"\bdevice\s+(?:run|call|machine)s?\b", "the development environment's GPU tool"),
+    (r"\$OUT\b|\bcarry\s*=", "the development environment's GPU tool"),
+    (r"\bwork\s+items?\b", "a unit of the development work"),
 ]
 #: The subset that can only be narrative in code too (there 'session' and 'helper' are ordinary words).
 CODE_NARRATIVE = [
@@ -184,6 +187,9 @@ CODE_NARRATIVE = [
     (r"\btoday(?:'s)?\b(?!\()", "'today'"),
     (r"\b(?:the|a)\s+(?:device|run|search|fetch)\s+tool\b", "the development tools"),
     (r"\bwe\s+(?:found|tried|measured|noticed|decided|learned)\b", "'we' narrating the work"),
+    (r"\bdevice\s+(?:run|call|machine)s?\b", "the development environment's GPU tool"),
+    (r"\$OUT\b|\bcarry\s*=", "the development environment's GPU tool"),
+    (r"\bwork\s+items?\b", "a unit of the development work"),
 ]
 
 
@@ -227,6 +233,8 @@ def test_code_speaks_of_the_software():
     ("both of today's curves", True), ("a check written for the session", True),
     ("the chat session", False), ("a second session, a sub-agent", False), ("tests/helpers.py", False),
     ("`datetime.date.today()`", False), ("the server's worker thread", False), ("issue a request", False),
+    ("the device run carries it", True), ('--out "$OUT"', True), ("as the work item asks", True),
+    ("on a CUDA device, the run", False), ("the device's memory runs out", False),
 ])
 def test_narrative_patterns(text: str, found: bool):
     assert bool(list(narrative(text, NARRATIVE))) is found

@@ -8,6 +8,8 @@ import json
 import jsonschema
 import pytest
 from helpers import same_distribution, token_counts
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tinymodel import write_tiny_model
 
 import localspec
@@ -275,7 +277,7 @@ def test_a_reasoning_block_then_tool_calls_under_every_method(tmp_path):
         assert pair.chat(ASK, method="draft", k=4, **free).tokens == auto.tokens
 
 
-def test_chat_in_a_terminal_dims_the_thinking_block_and_toggles_it(think_dir, tmp_path):
+def test_chat_in_a_terminal_dims_the_thinking_block_folds_it_and_toggles_it(think_dir, tmp_path):
     pexpect = pytest.importorskip("pexpect")
     from clirun import spawn_localspec
 
@@ -285,6 +287,8 @@ def test_chat_in_a_terminal_dims_the_thinking_block_and_toggles_it(think_dir, tm
         child.expect(">>>")
         child.send("hello\r")
         child.expect(r"\x1b\[2mthinking: ")  # dimmed
+        child.expect(r"\x1b\[J")  # the answer began: the block's rows are erased...
+        child.expect(r"\x1b\[2mthought: [^\r\n]*\(\d+ words\)")  # ...and one dimmed line stands for them
         child.expect(r"\[\d+ tokens")
         child.expect(">>>")
         child.send("/think\r")
@@ -354,3 +358,26 @@ def test_the_stats_count_drafting_inside_and_outside_the_reasoning_apart(opens, 
     assert plain.drafted == 0 and set(plain.drafted_in) == {"reasoning", "answer"} and not plain.accepted_in
     other = tiny_pair.generate("in the end, in the end, in the", max_tokens=24, method="lookup", k=3).stats
     assert other.drafted_in == {"answer": other.drafted} and sum(other.accepted_in.values()) == other.accepted
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(st.characters(blacklist_categories=("Cs",)), max_size=400), st.integers(20, 200))
+def test_a_folded_block_is_one_line_that_fits_the_terminal(reasoning, width):
+    from localspec.chat import _fold, _rows
+
+    line = _fold(reasoning, len(reasoning.split()), width)
+    assert "\n" not in line and line.startswith("thought: ") and _rows(line, width) == 1
+
+
+def test_off_a_colour_terminal_the_whole_reasoning_stays():
+    import io
+
+    from localspec.chat import ThinkingBlock
+
+    out = io.StringIO()
+    block = ThinkingBlock(out, colour=False)
+    block.add("first, ")
+    block.add("then")
+    block.close()
+    block.close()  # closing twice writes nothing more
+    assert out.getvalue() == "thinking: first, then\n\n"
