@@ -2,7 +2,7 @@
 """The prepared GPU check: CUDA build, real-shaped random models, costs and exactness on the GPU.
 
 The steps live in ``benchmarks/gpucheck/`` (see its docstring for the modes); this file is the
-command the README and the device run call.
+command to run.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The prepared GPU check (benchmarks/gpu_check.py): its CPU dry run takes every step the device run takes."""
+"""The prepared GPU check (benchmarks/gpu_check.py): its CPU dry run takes every step the GPU run takes."""
 
 from __future__ import annotations
 
@@ -36,18 +36,17 @@ def dry_run(tmp_path_factory):
     return r, json.loads((out / "gpu_check.json").read_text()), out
 
 
-def test_the_dry_run_passes_every_step_and_prints_the_device_run(dry_run):
+def test_the_dry_run_passes_every_step_and_prints_the_gpu_command(dry_run):
     r, report, out = dry_run
     assert r.returncode == 0, r.stderr[-3000:]
     assert set(report["steps"]) == STEPS and all(s["ok"] for s in report["steps"].values()), report["steps"]
     assert report["mode"] == "dry-run" and report["build"]["skipped"]
     assert "-DCMAKE_CUDA_ARCHITECTURES=90" in report["build"]["cmake_args"]
     assert "--no-build-isolation --no-index" in report["build"]["would_run"]
-    command = re.search(r'run\(command=(".*"), carry=(\[.*\]), timeout_s=(\d+)\)', r.stdout)
-    assert command, r.stdout[-2000:]
-    assert len(json.loads(command.group(1))) <= 2000 and len(json.loads(command.group(2))) <= 8
-    assert int(command.group(3)) <= 600 and "--build" in command.group(1)
-    assert report["device_command"] in r.stdout
+    instruction = re.search(r"^On the GPU machine .*\.gpu_offline/.*: (.*)$", r.stdout, re.MULTILINE)
+    assert instruction, r.stdout[-2000:]
+    assert "--build --out" in instruction.group(1) and instruction.group(1) == report["gpu_command"]
+    assert "--prepare-offline" in r.stdout
     assert {p.name for p in out.iterdir()} <= {"gpu_check.json", "junit.xml", "pytest.log"}  # models stay out
 
 
@@ -115,14 +114,14 @@ def test_the_trimmed_sdist_keeps_the_sources_and_drops_what_no_build_reads(tmp_p
             info = tarfile.TarInfo(name)
             info.size = 3
             tar.addfile(info, io.BytesIO(b"abc"))
-    counts = gpu_check("carry").trim_sdist(src, dst)
+    counts = gpu_check("offline").trim_sdist(src, dst)
     with tarfile.open(dst) as tar:
         kept = set(tar.getnames())
     assert kept == {names[0], names[5], names[6]} and counts["dropped"] == 4
 
 
-def test_the_device_run_carries_an_ignored_folder():
-    assert ".gpu_carry/" in (REPO / ".gitignore").read_text().splitlines()
+def test_the_offline_bundle_is_an_ignored_folder():
+    assert ".gpu_offline/" in (REPO / ".gitignore").read_text().splitlines()
 
 
 @pytest.mark.real

@@ -1,4 +1,4 @@
-"""The CUDA build of llama-cpp-python on the device, into a folder of its own."""
+"""The CUDA build of llama-cpp-python on the GPU machine, into a folder of its own."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _first(patterns: tuple[str, ...], roots: list[Path]) -> Optional[Path]:
 
 
 def cuda_hints(root: Path) -> dict[str, Any]:
-    """What CMake's FindCUDAToolkit misses in a CUDA toolkit assembled from pip wheels, as on these images.
+    """What CMake's FindCUDAToolkit misses in a CUDA toolkit assembled from pip wheels (as some PyTorch setups have).
 
     cuBLAS (which ggml-cuda links) is then not in the toolkit but in the Python
     packages' ``nvidia/`` folders (PyTorch's dependency); the driver library is
@@ -91,7 +91,7 @@ def preload_folder(root: Path) -> Path:
 
 
 def build_command(src: Path, site: Path) -> list[str]:
-    """pip building the unpacked sdist with the image's scikit-build-core, CMake and nvcc, nothing fetched.
+    """pip building the unpacked sdist with the environment's scikit-build-core, CMake and nvcc, nothing fetched.
 
     The CMake build folder is fixed (next to ``site``), so a build stopped by a
     time limit resumes where it stopped when the command is run again.
@@ -103,8 +103,8 @@ def build_command(src: Path, site: Path) -> list[str]:
 def unpack_sdist(sdist: Path, dest: Path) -> Path:
     """The sdist's source folder under ``dest``, unpacked once (the same path every run, for the build folder)."""
     if not sdist.is_file():
-        raise FileNotFoundError(f"{sdist} is missing: run `python benchmarks/gpu_check.py --prepare-carry` here "
-                                "and name .gpu_carry in the run's carry")
+        raise FileNotFoundError(f"{sdist} is missing: run `python benchmarks/gpu_check.py --prepare-offline` on a "
+                                f"machine with the network and copy {sdist.parent.name}/ beside the checkout")
     src = dest / SDIST_NAME.removesuffix(".tar.gz")
     if not (src / "pyproject.toml").is_file():
         with tarfile.open(sdist) as tar:

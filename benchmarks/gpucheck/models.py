@@ -148,7 +148,7 @@ def tensor_types(path: Path) -> dict[str, int]:
 def make_models(spec: dict[str, Any], scale: float, work: Path) -> dict[str, Any]:
     """Write and quantize the target and the draft; returns their shapes, sizes and times.
 
-    Models an earlier run left in ``work`` at the same scale are used again (a second device call).
+    Models an earlier run left in ``work`` at the same scale are used again (a second run).
     """
     record = work / "models.json"
     if record.is_file():

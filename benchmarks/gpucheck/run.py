@@ -1,4 +1,4 @@
-"""One run, step by step, into gpu_check.json; the device command; the command line."""
+"""One run of the GPU check, step by step, into gpu_check.json; the command line."""
 
 from __future__ import annotations
 
@@ -17,17 +17,17 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from .build import build_cmake_args, build_command, build_llama, cuda_hints, preload_cuda_libs, preload_folder
-from .carry import prepare_carry
 from .costs import calibrate, cli_calibrate, load_pair, overheads
 from .exactness import offload_probe, run_tests
 from .models import make_models
+from .offline import prepare_offline
 from .settings import (
-    CARRY,
     DEFAULT_SITE,
     DEFAULT_WORK,
     DRY_RUN_SCALE,
     DRY_RUN_TESTS,
     EXACTNESS_TESTS,
+    OFFLINE,
     REAL_MODELS,
     REPO,
     SDIST_NAME,
@@ -102,28 +102,23 @@ class Report:
         return all(s["ok"] for s in self.data["steps"].values())
 
 
-DEVICE_COMMAND = ('export PYTHONUNBUFFERED=1; set -o pipefail; '
-                  'python3 benchmarks/gpu_check.py --build --out "$OUT" 2>&1 | tee "$OUT/run.log"')
-DEVICE_CARRY = [".gpu_carry"]
-DEVICE_TIMEOUT_S = 600
+GPU_COMMAND = "python3 benchmarks/gpu_check.py --build --out DIR"
 
 
-def device_command() -> str:
-    """The GPU run as one call: the shell command, the git-ignored folder copied beside the checkout
-    (``.gpu_carry``) and the time limit in seconds."""
-    return (f"run(command={json.dumps(DEVICE_COMMAND)}, carry={json.dumps(DEVICE_CARRY)}, "
-            f"timeout_s={DEVICE_TIMEOUT_S})")
+def gpu_instruction() -> str:
+    """What to run on the GPU machine, once the offline bundle is beside the checkout there."""
+    return f"On the GPU machine (no network needed), with this checkout and {OFFLINE.name}/ copied there: {GPU_COMMAND}"
 
 
 def python_path(args: argparse.Namespace) -> list[str]:
-    """Where this run imports from: the built llama_cpp and the carried packages first on the device."""
-    paths = [] if args.dry_run else [str(args.site), str(CARRY / "site")]
+    """Where this run imports from: on the GPU machine the built llama_cpp and the offline bundle's packages first."""
+    paths = [] if args.dry_run else [str(args.site), str(OFFLINE / "site")]
     return paths + [str(REPO)]
 
 
 def build_step(rep: Report, args: argparse.Namespace, hints: dict[str, Any], seconds: float) -> None:
-    """The build (``--build`` on the device), or what it would run."""
-    sdist = CARRY / SDIST_NAME
+    """The build (``--build``), or what it would run."""
+    sdist = OFFLINE / SDIST_NAME
     if args.build:
         rep.step("build", lambda: build_llama(sdist, args.site, hints, args.out / "build.log", seconds))
         importlib.invalidate_caches()
@@ -135,7 +130,7 @@ def build_step(rep: Report, args: argparse.Namespace, hints: dict[str, Any], sec
 
 
 def library_step(rep: Report, args: argparse.Namespace, hints: dict[str, Any]) -> Optional[int]:
-    """Import llama_cpp (the new build on the device); the GPU layers to use, or None to stop here."""
+    """Import llama_cpp (the new build, after ``--build``); the GPU layers to use, or None to stop here."""
     def load() -> dict[str, Any]:
         preloaded = [] if args.dry_run else preload_cuda_libs(hints["lib_dirs"])
         return dict(llama_info(), preloaded=preloaded, cuda_hints=hints)
@@ -174,8 +169,8 @@ def check(args: argparse.Namespace, work: Path) -> bool:
     if not args.dry_run:
         env["PYTHONPATH"] = os.pathsep.join([str(preload_folder(work)), env["PYTHONPATH"]])
         env["LD_LIBRARY_PATH"] = os.pathsep.join(hints["lib_dirs"] + [os.environ.get("LD_LIBRARY_PATH", "")])
-    rep = Report(args.out, "dry-run" if args.dry_run else "device")
-    rep.data.update(scale=args.scale, kmax=args.kmax, device_command=device_command())
+    rep = Report(args.out, "dry-run" if args.dry_run else "gpu")
+    rep.data.update(scale=args.scale, kmax=args.kmax, gpu_command=GPU_COMMAND)
     rep.step("machine", machine_info)
     build_step(rep, args, hints, left(120))
     ngl = library_step(rep, args, hints)
@@ -197,11 +192,11 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                                  epilog="\n".join(__doc__.splitlines()[2:]))
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--write-spec", action="store_true", help=f"write {SPEC.name} from the real pair's headers")
-    mode.add_argument("--prepare-carry", action="store_true", help="fill .gpu_carry/ for the device run")
-    mode.add_argument("--device-command", action="store_true", help="print the device run and exit")
+    mode.add_argument("--prepare-offline", action="store_true",
+                      help=f"fill {OFFLINE.name}/ (needs the network) for a GPU machine without network")
     ap.add_argument("--out", type=Path, help="folder for gpu_check.json and the logs")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny scale, no build, a few tests (CI)")
-    ap.add_argument("--build", action="store_true", help="build llama-cpp-python with CUDA first (device)")
+    ap.add_argument("--build", action="store_true", help="build llama-cpp-python with CUDA first (on the GPU machine)")
     ap.add_argument("--scale", type=float, default=None,
                     help=f"model size: 1 = the real shapes (default), less = fewer layers, narrower "
                          f"(dry run: {DRY_RUN_SCALE})")
@@ -214,14 +209,14 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                     help=f"where the build installs (default {DEFAULT_SITE})")
     ap.add_argument("--work", type=Path, default=None,
                     help=f"folder for the models (default {DEFAULT_WORK}; dry run: a temporary one)")
-    ap.add_argument("--sdist", type=Path, default=None, help="llama-cpp-python sdist for --prepare-carry "
+    ap.add_argument("--sdist", type=Path, default=None, help="llama-cpp-python sdist for --prepare-offline "
                     "(default: ~/.cache/localspec/sdist, downloaded with pip once)")
     ap.add_argument("--target", type=Path, default=REAL_MODELS / "target.gguf", help="real target for --write-spec")
     ap.add_argument("--draft", type=Path, default=REAL_MODELS / "draft.gguf", help="real draft for --write-spec")
     args = ap.parse_args(argv)
-    checking = not (args.write_spec or args.prepare_carry or args.device_command)
+    checking = not (args.write_spec or args.prepare_offline)
     if checking and args.out is None:
-        ap.error("--out DIR is required for the check (or give --write-spec, --prepare-carry or --device-command)")
+        ap.error("--out DIR is required for the check (or give --write-spec or --prepare-offline)")
     if args.scale is not None and not 0 < args.scale <= 1:
         ap.error(f"--scale must be in (0, 1] (1 = the real shapes), got {args.scale}")
     if not 1 <= args.kmax <= 64:
@@ -240,19 +235,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         spec = write_spec(args.target, args.draft, SPEC)
         print(f"wrote {SPEC} ({SPEC.stat().st_size} bytes; {', '.join(spec['models'])})")
         return 0
-    if args.prepare_carry:
-        info = prepare_carry(args.sdist)
+    if args.prepare_offline:
+        info = prepare_offline(args.sdist)
         print(json.dumps(info, indent=1))
-        print(f"{CARRY} holds {info['total_bytes'] / 2**20:.1f} MiB; the device run carries it:\n{device_command()}")
-        return 0
-    if args.device_command:
-        print(device_command())
+        print(f"{OFFLINE} holds {info['total_bytes'] / 2**20:.1f} MiB.\n{gpu_instruction()}")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.dry_run:
         args.site.mkdir(parents=True, exist_ok=True)  # on sys.path from the start, filled by the build
     temp = tempfile.TemporaryDirectory(prefix="gpu_check-") if args.dry_run and not args.work else None
-    work = Path(temp.name) if temp else (args.work or DEFAULT_WORK)  # on the device: kept for a second call
+    work = Path(temp.name) if temp else (args.work or DEFAULT_WORK)  # kept for a second run
     work.mkdir(parents=True, exist_ok=True)
     try:
         ok = check(args, work)
@@ -262,7 +254,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"gpu_check: {'all steps passed' if ok else 'FAILED (see the steps in gpu_check.json)'}; "
           f"results in {args.out / 'gpu_check.json'}")
     if args.dry_run:
-        print(f"On a GPU machine, after `python benchmarks/gpu_check.py --prepare-carry` here:\n{device_command()}")
+        print(f"Next, on a machine with the network: python benchmarks/gpu_check.py --prepare-offline\n"
+              f"{gpu_instruction()}")
     return 0 if ok else 1
 
 

@@ -7,13 +7,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "benchmarks" / "qwen_shapes.json"
 LLAMA_VERSION = "0.3.36"
-CARRY = REPO / ".gpu_carry"
+OFFLINE = REPO / ".gpu_offline"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_VERSION}.tar.gz"
 DEFAULT_SITE = Path("/tmp/localspec-gpu/site")
 DEFAULT_WORK = Path("/tmp/localspec-gpu/work")
 REAL_MODELS = Path.home() / ".cache" / "localspec" / "test-models"
-#: The H200 is compute capability 9.0. The CPU part is built portable, as scripts/install.sh does (a native
-#: build enables ggml's AMX kernels, which crash in VMs without AMX state); mtmd (LLAVA) is not needed.
+#: Compute capability 9.0 by default, that of the H100 and H200 (set another here for another GPU). The CPU
+#: part is built portable, as scripts/install.sh does (a native build enables ggml's AMX kernels, which crash
+#: in VMs without AMX state); mtmd (LLAVA) is not needed.
 CUDA_CMAKE_ARGS = ("-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON "
                    "-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON")
 #: Paths in the sdist that no build step reads (under its top folder): git packs, docs, vocab test files,
@@ -21,8 +22,9 @@ CUDA_CMAKE_ARGS = ("-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=O
 SDIST_TRIM = (".git/", "vendor/llama.cpp/.git", "vendor/llama.cpp/docs/", "vendor/llama.cpp/models/",
               "vendor/llama.cpp/benches/", "vendor/llama.cpp/tools/ui/", "vendor/llama.cpp/tools/server/",
               "vendor/llama.cpp/media/", "vendor/llama.cpp/.github/")
-#: Pure-Python packages localspec, llama_cpp and the model writer need that the device image lacks.
-CARRY_PACKAGES = ("gguf", "platformdirs", "tomli_w", "prompt_toolkit", "wcwidth", "diskcache")
+#: Pure-Python packages localspec, llama_cpp and the model writer need that the GPU machine's Python may
+#: lack: the offline bundle holds copies of them.
+OFFLINE_PACKAGES = ("gguf", "platformdirs", "tomli_w", "prompt_toolkit", "wcwidth", "diskcache")
 #: Greedy identical to plain, sampled distribution kept, KV truncation right: the tiny-model tests for them.
 EXACTNESS_TESTS = (
     "tests/test_engine_tiny.py", "tests/test_acceptance.py", "tests/test_auto.py",

@@ -1,4 +1,4 @@
-"""The shape spec: the real pair's metadata and tensor shapes, written once here and read on the device."""
+"""The shape spec: the real pair's metadata and tensor shapes, written once from the real files, read by every run."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""What travels to the device: the trimmed llama-cpp-python sdist and the pure-Python packages it lacks."""
+"""The offline bundle for a GPU machine without network: the trimmed llama-cpp-python sdist and the
+pure-Python packages the check imports."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import tarfile
 from pathlib import Path
 from typing import Any, Optional
 
-from .settings import CARRY, CARRY_PACKAGES, LLAMA_VERSION, SDIST_NAME, SDIST_TRIM
+from .settings import LLAMA_VERSION, OFFLINE, OFFLINE_PACKAGES, SDIST_NAME, SDIST_TRIM
 
 
 def trim_sdist(src: Path, dst: Path) -> dict[str, int]:
@@ -37,7 +38,7 @@ def copy_packages(names: tuple[str, ...], dest: Path) -> dict[str, str]:
         for f in dist.files or []:
             parts = Path(f).parts
             if parts[0] == ".." or "__pycache__" in parts or f.suffix in (".so", ".pyd"):
-                continue  # scripts outside site-packages, bytecode; a compiled file would not run there
+                continue  # scripts outside site-packages, bytecode; a compiled file may not run on the GPU machine
             target = dest / f
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(root / f, target)
@@ -55,11 +56,11 @@ def find_sdist(cache: Path) -> Path:
     return path
 
 
-def prepare_carry(sdist: Optional[Path], dest: Path = CARRY) -> dict[str, Any]:
-    """Fill ``dest`` (git-ignored, named in the device run's ``carry``) and return what is in it."""
+def prepare_offline(sdist: Optional[Path], dest: Path = OFFLINE) -> dict[str, Any]:
+    """Fill ``dest`` (git-ignored; copy it beside the checkout on the GPU machine) and return what is in it."""
     src = sdist or find_sdist(Path.home() / ".cache" / "localspec" / "sdist")
     shutil.rmtree(dest, ignore_errors=True)
     info: dict[str, Any] = trim_sdist(src, dest / SDIST_NAME)
-    info["packages"] = copy_packages(CARRY_PACKAGES, dest / "site")
+    info["packages"] = copy_packages(OFFLINE_PACKAGES, dest / "site")
     info["total_bytes"] = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
     return info
