@@ -11,6 +11,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# macOS has shasum where Linux has sha256sum; both print the digest first
+sha256() { if command -v sha256sum >/dev/null 2>&1; then sha256sum "$@"; else shasum -a 256 "$@"; fi; }
+
 LLAMA_VERSION=0.3.36  # keep in step with pyproject.toml
 PYTHON=${PYTHON:-python3}
 [[ -x .venv/bin/python ]] && PYTHON=.venv/bin/python
@@ -19,7 +22,7 @@ if [[ -z "${CMAKE_ARGS:-}" && "$(uname -s)" == Linux && "$(uname -m)" == x86_64 
   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
 fi
 CMAKE_ARGS="${CMAKE_ARGS:-}"
-key=$(printf '%s|%s|%s' "$LLAMA_VERSION" "$(uname -sm)" "$CMAKE_ARGS" | sha256sum | cut -c1-16)
+key=$(printf '%s|%s|%s' "$LLAMA_VERSION" "$(uname -sm)" "$CMAKE_ARGS" | sha256 | cut -c1-16)
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/localspec/llama-server/$key"
 if [[ -x "$cache/llama-server" ]]; then
   echo "$cache/llama-server"

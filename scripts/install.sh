@@ -12,6 +12,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# macOS has shasum where Linux has sha256sum; both print the digest first
+sha256() { if command -v sha256sum >/dev/null 2>&1; then sha256sum "$@"; else shasum -a 256 "$@"; fi; }
+
 LLAMA_VERSION=0.3.36  # keep in step with pyproject.toml
 PYTHON=${PYTHON:-python3}
 extras=
@@ -31,7 +34,7 @@ export CMAKE_ARGS="${CMAKE_ARGS:-}"
 # Skip llama.cpp's "common" library, which the Python package never loads (see the file); the cache key
 # below names the file's content rather than this checkout's path, so clones share the built wheel.
 lean=scripts/llama_cpp_lean.cmake
-key_args="$CMAKE_ARGS|$(sha256sum "$lean" | cut -c1-16)"
+key_args="$CMAKE_ARGS|$(sha256 "$lean" | cut -c1-16)"
 export CMAKE_ARGS="$CMAKE_ARGS -DCMAKE_PROJECT_llama.cpp_INCLUDE=$PWD/$lean"
 # Compile on every core whichever generator CMake picks (Make alone would compile one file at a time).
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)}"
@@ -45,7 +48,7 @@ if [[ -n "$fetch_models" ]]; then
   fetch_pid=$!
 fi
 
-key=$(printf '%s|%s|%s|%s' "$LLAMA_VERSION" "$(uname -sm)" "$(.venv/bin/python -c 'import sys; print(sys.version_info[:2])')" "$key_args" | sha256sum | cut -c1-16)
+key=$(printf '%s|%s|%s|%s' "$LLAMA_VERSION" "$(uname -sm)" "$(.venv/bin/python -c 'import sys; print(sys.version_info[:2])')" "$key_args" | sha256 | cut -c1-16)
 wheels="${XDG_CACHE_HOME:-$HOME/.cache}/localspec/wheels/$key"
 if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   echo "building llama-cpp-python $LLAMA_VERSION (a few minutes; CMAKE_ARGS=$CMAKE_ARGS)" >&2
