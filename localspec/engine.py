@@ -325,6 +325,9 @@ class Generation:
         self.tail_text = ""
         #: With a ``reader``: the reasoning text it held back, set when generation ends.
         self.tail_reasoning = ""
+        #: Prompt tokens the caches give (not processed again), known once the prompt's processing has
+        #: looked in them; None before (``stats.cached_prompt_tokens`` reads 0 until then).
+        self.cached_prompt_tokens: Optional[int] = None
         self.reader = reader
         self._phase = ANSWER  # where the current round began: inside the reasoning or not
         self.matcher = matcher
@@ -466,11 +469,12 @@ class Generation:
         last = len(prompt) - 1
         live = min(target.common_prefix(prompt), last)
         if cache is None:
-            stats.cached_prompt_tokens = live
+            stats.cached_prompt_tokens = self.cached_prompt_tokens = live
             return target.sync(prompt, abort=self._cancel)
         restored = min(cache.restore(target, prompt[:last]), last) > live
         target.truncate(min(target.common_prefix(prompt), last), replay=False)
         stats.cached_prompt_tokens = start = min(target.n_past, last)  # what a recurrent state could keep
+        self.cached_prompt_tokens = start
         stats.restored_prompt_tokens = max(0, start - live) if restored else 0
         t0, saving = time.perf_counter(), 0.0
         # An attention cache's state at the end of the generation serves every prefix of it: it is saved

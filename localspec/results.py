@@ -132,6 +132,12 @@ class Stream:
         return len(self._prompt_tokens)
 
     @property
+    def cached_prompt_tokens(self) -> Optional[int]:
+        """How many prompt tokens the caches give (not processed again): known once the prompt's processing has
+        looked in them, well before it ends; None until then."""
+        return self._g.cached_prompt_tokens
+
+    @property
     def result(self) -> Result:
         """The generation so far (final once iteration has ended)."""
         text, finish = "".join(self._text), self._g.finish_reason

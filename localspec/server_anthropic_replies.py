@@ -39,11 +39,16 @@ def stop_reason(r: Result) -> tuple[str, Optional[str]]:
     return STOP_REASONS.get(r.finish_reason or "stop", "end_turn"), None
 
 
-def usage(r: Result) -> dict[str, int]:
-    """Anthropic's usage: the prompt tokens processed, those the prompt cache gave, the tokens generated."""
-    cached = r.stats.cached_prompt_tokens
-    return {"input_tokens": len(r.prompt_tokens) - cached, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": cached, "output_tokens": len(r.tokens)}
+def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict[str, int]:
+    """Anthropic's usage, as its API counts: ``input_tokens`` the prompt tokens processed, the prompt's other
+    tokens (those the prompt cache gave) in ``cache_read_input_tokens``, and the tokens generated."""
+    return {"input_tokens": prompt_tokens - cached_tokens, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached_tokens, "output_tokens": output_tokens}
+
+
+def result_usage(r: Result) -> dict[str, int]:
+    """A generation's usage (``usage``)."""
+    return usage(len(r.prompt_tokens), r.stats.cached_prompt_tokens, len(r.tokens))
 
 
 def _input(call: ToolCall) -> Any:
@@ -86,12 +91,12 @@ class MessageReply:
             blocks.append({"type": "tool_use", "id": tool_id(call.id), "name": call.name, "input": _input(call)})
         reason, sequence = stop_reason(r)
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": blocks,
-                "stop_reason": reason, "stop_sequence": sequence, "usage": usage(r), **stats(r)}
+                "stop_reason": reason, "stop_sequence": sequence, "usage": result_usage(r), **stats(r)}
 
-    def start(self, input_tokens: int) -> list[str]:
+    def start(self, prompt_tokens: int, cached_tokens: int) -> list[str]:
         message: dict[str, Any] = {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
                                    "content": [], "stop_reason": None, "stop_sequence": None,
-                                   "usage": {"input_tokens": input_tokens, "output_tokens": 0}}
+                                   "usage": usage(prompt_tokens, cached_tokens, 0)}
         return [event("message_start", {"message": message}), self.ping()[0]]
 
     def ping(self) -> list[str]:
@@ -111,7 +116,7 @@ class MessageReply:
         out += self._close()
         reason, sequence = stop_reason(r)
         out.append(event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                           "usage": usage(r), **stats(r)}))
+                                           "usage": result_usage(r), **stats(r)}))
         return out + [event("message_stop", {})]
 
     def error(self, error: ApiError) -> list[str]:

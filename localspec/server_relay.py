@@ -27,7 +27,7 @@ FIRST_SECONDS = 0.5
 class Reply(Protocol):
     """One API's reply to one request: events as strings of server-sent events, or a whole object."""
 
-    def start(self, input_tokens: int) -> list[str]: ...
+    def start(self, prompt_tokens: int, cached_tokens: int) -> list[str]: ...
 
     def reasoning(self, text: str) -> list[str]: ...
 
@@ -96,10 +96,12 @@ async def answer(server: Admits, job: Any, request: Request, reply: Reply, strea
 
 
 async def _first(events: Events, stream: bool) -> Optional[tuple[str, Any]]:
-    """The first event; for a stream, None once the prompt is known but its processing takes a while."""
+    """The first event; for a stream, None once the prompt and the part of it the caches give are known but
+    processing the rest takes a while."""
     while True:
         event = await events.get(FIRST_SECONDS if stream else None)
-        if event is not None or events.job.stream is not None:
+        started = events.job.stream
+        if event is not None or (started is not None and started.cached_prompt_tokens is not None):
             return event
 
 
@@ -121,7 +123,8 @@ async def _whole(events: Events, event: Optional[tuple[str, Any]], reply: Reply,
 async def _events(events: Events, event: Optional[tuple[str, Any]], reply: Reply) -> AsyncIterator[str]:
     try:
         stream = events.job.stream
-        for piece in reply.start(stream.prompt_tokens if stream is not None else 0):
+        known = (stream.prompt_tokens, stream.cached_prompt_tokens or 0) if stream is not None else (0, 0)
+        for piece in reply.start(*known):
             yield piece
         while True:
             if event is None:

@@ -85,7 +85,7 @@ class ResponseReply:
         output += [call_item(_id("fc_"), c, namespace=self._spaces.get(c.name)) for c in r.tool_calls or []]
         return self.response(_status(r), output, r)
 
-    def start(self, input_tokens: int) -> list[str]:
+    def start(self, prompt_tokens: int, cached_tokens: int) -> list[str]:
         return [self._event("response.created", response=self.response("in_progress", [])),
                 self._event("response.in_progress", response=self.response("in_progress", []))]
 

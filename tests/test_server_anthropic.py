@@ -71,10 +71,18 @@ def test_a_streamed_message_has_anthropics_event_order_and_the_same_text(client,
     events = list(client.messages.create(model="x", max_tokens=30, messages=MESSAGES, stream=True))
     kinds = [e.type for e in events if e.type != "ping"]
     assert kinds[:2] == ORDER[:2] and kinds[-3:] == ORDER[-3:] and set(kinds[2:-3]) == {"content_block_delta"}
-    assert events[0].message.usage.input_tokens == len(want.prompt_tokens)  # known before the first token
     assert "".join(e.delta.text for e in events if e.type == "content_block_delta") == want.text
     final = next(e for e in events if e.type == "message_delta")
     assert final.usage.output_tokens == len(want.tokens) and final.delta.stop_reason in ("max_tokens", "end_turn")
+    for again in (False, True):  # again: the prompt cache gives all of the prompt but its last token
+        if again:
+            events = list(client.messages.create(model="x", max_tokens=30, messages=MESSAGES, stream=True))
+        start = events[0].message.usage  # known before the first token
+        end = next(e for e in events if e.type == "message_delta").usage
+        # Anthropic's count: input_tokens are the tokens processed, the cached ones in cache_read_input_tokens
+        assert start.input_tokens + start.cache_read_input_tokens == len(want.prompt_tokens)
+        assert (start.input_tokens, start.cache_read_input_tokens) == (end.input_tokens, end.cache_read_input_tokens)
+    assert end.cache_read_input_tokens == len(want.prompt_tokens) - 1 and end.input_tokens == 1
     with client.messages.stream(model="x", max_tokens=30, messages=MESSAGES) as stream:
         assert stream.get_final_message().content[0].text == want.text
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from types import SimpleNamespace
+from typing import Optional
 
 from localspec import server_relay
 from localspec.options import GenerationOptions
@@ -26,8 +27,9 @@ class FakeServer:
         self.abandoned += 1
 
 
-def _job(prompt_tokens: int = 7):
-    return SimpleNamespace(events=asyncio.Queue(), stream=SimpleNamespace(prompt_tokens=prompt_tokens))
+def _job(prompt_tokens: int = 7, cached: Optional[int] = 3):
+    return SimpleNamespace(events=asyncio.Queue(), stream=SimpleNamespace(prompt_tokens=prompt_tokens,
+                                                                          cached_prompt_tokens=cached))
 
 
 async def _next(server, job, request):
@@ -62,7 +64,8 @@ def test_a_slow_first_token_gets_message_start_at_once_then_pings(monkeypatch):
 
     pieces = asyncio.run(run())
     names = [p.split("\n", 1)[0].removeprefix("event: ") for p in pieces]
-    assert names[0] == "message_start" and '"input_tokens": 7' in pieces[0]
+    assert names[0] == "message_start"  # Anthropic's count: the prompt less what the cache gave, given apart
+    assert '"input_tokens": 4' in pieces[0] and '"cache_read_input_tokens": 3' in pieces[0]
     assert names.count("ping") >= 3 and names[-1] == "error"
 
 
@@ -74,3 +77,27 @@ def test_an_error_before_the_stream_is_an_error_response():
 
     response = asyncio.run(run())
     assert response.status_code == 400 and b"prompt is too long" in response.body
+
+
+def test_message_start_waits_for_the_part_of_the_prompt_the_cache_gives(monkeypatch):
+    """Anthropic counts cached tokens apart from input_tokens: message_start gives both, as message_delta does."""
+    monkeypatch.setattr(server_relay, "FIRST_SECONDS", 0.01)
+
+    async def run() -> list[str]:
+        server, job = FakeServer(), _job(7, cached=None)
+
+        async def later() -> None:
+            await asyncio.sleep(0.1)  # the prompt cache being looked in
+            job.stream.cached_prompt_tokens = 5
+            await asyncio.sleep(0.1)
+            job.events.put_nowait(("error", ApiError(500, "boom", type="server_error")))
+
+        task = asyncio.ensure_future(later())
+        response = await server_relay.answer(server, job, None, _reply(), True, error_response, _next)
+        pieces = await _collect(response)
+        await task
+        return pieces
+
+    start = asyncio.run(run())[0]
+    assert start.startswith("event: message_start")
+    assert '"input_tokens": 2' in start and '"cache_read_input_tokens": 5' in start
