@@ -3,7 +3,10 @@
 Each block runs in a fresh sandbox, as a reader would run it on a machine that has localspec:
 
 * the working folder is a new temporary one holding tiny random GGUF models ``target.gguf`` and
-  ``draft.gguf`` (same vocabulary, ChatML template);
+  ``draft.gguf`` (same vocabulary, a ChatML template that offers tools and writes Hermes-style
+  ``<tool_call>`` calls as Qwen2.5's does, ``<tool_call>`` and ``</tool_call>`` single tokens), so the tool-call
+  examples run as they would on Qwen2.5-Coder; their weights are altered so that a string closes and a turn
+  ends soon (``close_strings_and_turns``), and a call fits an example's ``max_tokens``;
 * ``LOCALSPEC_HOME`` is a new folder whose ``models.toml`` maps the built-in pair names
   ``qwen2.5-coder-1.5b`` and ``qwen2.5-coder-7b`` to those files (a user's entry overrides the built-in one);
 * ``OLLAMA_MODELS`` is a fake Ollama store holding ``qwen2.5-coder:7b`` and ``qwen2.5-coder:0.5b`` (the
@@ -17,7 +20,12 @@ Markers, on the line directly above a block's opening fence:
   stopped); the reason is required and is the test's skip reason;
 * ``<!-- docs-test: server -->``: run against ``localspec serve qwen2.5-coder-1.5b`` on the tiny pair,
   started once for this module on a free port; every ``127.0.0.1:8000`` and ``localhost:8000`` in the
-  block is replaced with its address.
+  block is replaced with its address;
+* ``<!-- docs-test: expect (REGEX) -->``, or ``server expect (REGEX)``: the block's stdout must also
+  match REGEX (``re.search``), for the shape of what it prints (a tool call's name, a field), never a
+  model's words: the tiny models write random text;
+* ``<!-- docs-test: file (NAME) -->``, above a block of any language: the block is a file the page's
+  later examples read; it is written as NAME into their working folder.
 
 One test per block, named ``page.md:LINE`` (the opening fence's line). ``DOCS_EXAMPLES_DIR`` points the
 runner at another folder of pages.
@@ -47,6 +55,8 @@ RUN = ("bash", "python")
 AMBIGUOUS = ("sh", "shell", "zsh", "py", "python3", "shell-session")
 MARKER = re.compile(r"<!--\s*docs-test:?(.*?)-->")
 SKIP = re.compile(r"skip\s*\((.*)\)")
+RUNS = re.compile(r"(server)?\s*(?:expect\s*\((.+)\))?")  # server, expect (REGEX), or both
+FILE = re.compile(r"file\s*\(([\w.-]+)\)")
 #: The built-in pair names the sandbox's models.toml maps to the tiny pair, and the fake Ollama models.
 PAIRS = ("qwen2.5-coder-1.5b", "qwen2.5-coder-7b")
 OLLAMA = (("qwen2.5-coder", "7b", "target.gguf"), ("qwen2.5-coder", "0.5b", "draft.gguf"))
@@ -63,6 +73,8 @@ class Example:
     code: str
     marker: Optional[str]  # "server", "skip", or None
     reason: str = ""
+    expect: str = ""  # a pattern its stdout must match
+    files: tuple[tuple[str, str], ...] = ()  # (name, content) of the page's file blocks above it
 
     @property
     def id(self) -> str:
@@ -79,13 +91,18 @@ def marker_above(lines: list[str], fence_line: int) -> Optional[re.Match[str]]:
 
 
 def parse_marker(text: str) -> tuple[Optional[str], str]:
-    """``(kind, reason)`` of a marker's text, kind None when it is no known marker."""
+    """``(kind, argument)`` of a marker's text, kind None when it is no known marker: ``("skip", reason)``,
+    ``("file", name)``, ``("server", pattern)`` or ``("run", pattern)`` (pattern "" when none)."""
     text = text.strip()
-    if text == "server":
-        return "server", ""
     m = SKIP.fullmatch(text)
     if m or re.fullmatch(r"skip\b.*", text):
         return "skip", m.group(1).strip() if m else ""
+    m = FILE.fullmatch(text)
+    if m:
+        return "file", m.group(1)
+    m = RUNS.fullmatch(text)
+    if m and text:
+        return ("server" if m.group(1) else "run"), (m.group(2) or "").strip()
     return None, ""
 
 
@@ -93,12 +110,20 @@ def examples() -> Iterator[Example]:
     for page in pages():
         text = page.read_text(encoding="utf-8")
         lines = text.splitlines()
+        files: dict[str, str] = {}
         for block in fenced_blocks(text):
+            m = marker_above(lines, block.line)
+            kind, arg = parse_marker(m.group(1)) if m else (None, "")
+            if kind == "file":
+                files[arg] = block.code
+                continue
             if block.info not in RUN:
                 continue
-            m = marker_above(lines, block.line)
-            kind, reason = parse_marker(m.group(1)) if m else (None, "")
-            yield Example(page.name, block.line, block.info, block.code, kind, reason)
+            if kind == "skip":
+                yield Example(page.name, block.line, block.info, block.code, "skip", reason=arg)
+            else:
+                yield Example(page.name, block.line, block.info, block.code, "server" if kind == "server" else None,
+                              expect=arg, files=tuple(files.items()))
 
 
 def marker_problems(page: Path) -> list[str]:
@@ -109,15 +134,22 @@ def marker_problems(page: Path) -> list[str]:
     for no, line in prose_lines(text):  # a marker shown in code (a span or a block) is no marker
         for m in MARKER.finditer(line):
             where = f"{page.name}:{no}: {m.group(0)}"
-            kind, reason = parse_marker(m.group(1))
+            kind, arg = parse_marker(m.group(1))
             if kind is None:
-                problems.append(f"{where}: unknown marker (known: 'docs-test: skip (reason)', 'docs-test: server')")
-            elif kind == "skip" and not reason:
+                problems.append(f"{where}: unknown marker (known: 'docs-test: skip (reason)', 'docs-test: server', "
+                                "'docs-test: expect (REGEX)', 'docs-test: server expect (REGEX)', "
+                                "'docs-test: file (NAME)')")
+            elif kind == "skip" and not arg:
                 problems.append(f"{where}: a skip needs its reason in the parentheses")
+            elif kind in ("server", "run") and arg:
+                try:
+                    re.compile(arg)
+                except re.error as exc:
+                    problems.append(f"{where}: the expected pattern does not compile: {exc}")
             block = above.get(no)
             if block is None:
                 problems.append(f"{where}: not directly above a code block's opening fence")
-            elif block.info not in RUN:
+            elif block.info not in RUN and kind != "file":
                 problems.append(f"{where}: above a ```{block.info or '(no language)'} block, which is not run")
     for b in fenced_blocks(text):
         if b.info in AMBIGUOUS:
@@ -140,12 +172,57 @@ def params() -> list:
 # -- the sandbox ---------------------------------------------------------------------------------------
 
 
+#: A Hermes-style template as Qwen2.5's: the tools in a system turn, calls and their answers in the
+#: conversation, so the examples' tools are offered and their calls read back as on Qwen2.5-Coder.
+TOOL_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nYou may call these functions:\n"
+    "{%- for t in tools %}\n{{ t | tojson }}{%- endfor %}\n"
+    'Call one as <tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call><|im_end|>\n{% endif %}'
+    "{%- for m in messages %}"
+    "{%- if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{%- elif m.tool_calls %}<|im_start|>assistant"
+    "{%- for c in m.tool_calls %}\n<tool_call>\n"
+    '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}\n</tool_call>'
+    "{%- endfor %}<|im_end|>\n"
+    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def close_strings_and_turns(path: Path) -> None:
+    """Make a tiny model end its strings and its turns: a random model writes a JSON string until
+    ``max_tokens`` cuts it off (an example's call would come back cut, and unreadable), and after a call
+    it starts another rather than ending its turn. Every token's embedding gets a large constant first
+    component, which the final norm keeps, and the output rows of ``"`` and ``<|im_end|>`` a large weight
+    on it; so a string the grammar opens closes at once, and a turn ends after its calls. Free text is
+    mostly ``"`` then: only the shape of what the examples print is checked, never the words."""
+    import gguf
+    from tinymodel import token_id
+
+    from localspec.tools import CLOSE, OPEN
+
+    reader = gguf.GGUFReader(path, "r+")
+    tensors = {t.name: t.data for t in reader.tensors}
+    tensors["token_embd.weight"][:, 0] = 10.0
+    tensors["output.weight"][token_id('"', [OPEN, CLOSE]), 0] = 5.0
+    tensors["output.weight"][token_id("<|im_end|>", [OPEN, CLOSE]), 0] = 4.0
+    del tensors, reader  # the memory map writes through
+
+
 @pytest.fixture(scope="module")
-def models(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny pair the sandboxes' models.toml and Ollama store point at."""
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny pair the sandboxes' models.toml and Ollama store point at: the suite's target and draft
+    (the draft the target with noise), with the tool template and its two tokens, and strings and turns
+    that end (``close_strings_and_turns``)."""
+    from tinymodel import write_tiny_model
+
+    from localspec.tools import CLOSE, OPEN
+
     d = tmp_path_factory.mktemp("docs-models")
-    for name in ("target.gguf", "draft.gguf"):
-        shutil.copy(tiny_dir / name, d / name)
+    for name, noise in (("target.gguf", 0.0), ("draft.gguf", 0.35)):
+        write_tiny_model(d / name, seed=0, noise=noise, user_tokens=[OPEN, CLOSE], chat_template=TOOL_TEMPLATE)
+        close_strings_and_turns(d / name)
     return d
 
 
@@ -216,12 +293,14 @@ def tail(text: str, n: int = TAIL) -> str:
 @pytest.mark.parametrize("example", params())
 def test_example(example: Example, models: Path, ollama_store: Path, tmp_path: Path,
                  request: pytest.FixtureRequest):
-    """The block runs to exit status 0 in its sandbox."""
+    """The block runs to exit status 0 in its sandbox, and prints what its expect pattern says."""
     code = example.code
     if example.marker == "server":
         server = request.getfixturevalue("docs_server")
         code = ADDRESSES.sub(f"127.0.0.1:{server.port}", code)
     work, env = sandbox(tmp_path, models, ollama_store)
+    for name, content in example.files:
+        (work / name).write_text(content, encoding="utf-8")
     script = tmp_path / "block" / ("example.py" if example.lang == "python" else "example.sh")
     script.parent.mkdir()  # python puts the script's folder first on sys.path: nothing else in it
     script.write_text(code, encoding="utf-8")
@@ -241,6 +320,9 @@ def test_example(example: Example, models: Path, ollama_store: Path, tmp_path: P
         pytest.fail(f"{example.id}: the {example.lang} block exited with {r.returncode}\n"
                     f"--- stderr, last lines ---\n{tail(r.stderr)}\n"
                     f"--- stdout, last lines ---\n{tail(r.stdout, 10)}{server_log}", pytrace=False)
+    if example.expect and not re.search(example.expect, r.stdout):
+        pytest.fail(f"{example.id}: the {example.lang} block's stdout does not match {example.expect!r}\n"
+                    f"--- stdout, last lines ---\n{tail(r.stdout)}", pytrace=False)
 
 
 @pytest.mark.parametrize("page", pages(), ids=lambda p: p.name)
@@ -261,9 +343,30 @@ def test_marker_rules(tmp_path: Path):
         "<!-- docs-test: server -->", "```text", "output", "```",
         "```sh", "ls", "```",
         "Write `<!-- docs-test: skip (reason) -->` above it.", "```markdown", "<!-- docs-test: nonsense -->", "```",
+        "<!-- docs-test: file (tools.json) -->", "```json", "[]", "```",
+        "<!-- docs-test: server expect (\"name\": \"f\") -->", "```bash", "true", "```",
+        "<!-- docs-test: expect ([) -->", "```bash", "true", "```",
+        "<!-- docs-test: server expect -->", "```bash", "true", "```",
     ]) + "\n")
     problems = marker_problems(page)
     assert [p.split(": ", 1)[0] for p in problems] == [
-        "page.md:5", "page.md:9", "page.md:13", "page.md:17", "page.md:22", "page.md:26"], problems
+        "page.md:5", "page.md:9", "page.md:13", "page.md:17", "page.md:22", "page.md:41", "page.md:45",
+        "page.md:26"], problems
     assert "unknown marker" in problems[2] and "not directly above" in problems[3] and "not run" in problems[4]
+    assert "does not compile" in problems[5] and "unknown marker" in problems[6]
     assert parse_marker(" skip (needs a GPU) ") == ("skip", "needs a GPU") and parse_marker("server") == ("server", "")
+    assert parse_marker("server expect (tool_calls) ") == ("server", "tool_calls")
+    assert parse_marker("expect (a (b) c)") == ("run", "a (b) c") and parse_marker("file (tools.json)") == (
+        "file", "tools.json")
+    assert parse_marker("") == (None, "") and parse_marker("file (a/b)") == (None, "")
+
+
+def test_file_blocks_reach_the_later_examples_of_their_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    (tmp_path / "page.md").write_text("\n".join([
+        "```bash", "true", "```",
+        "<!-- docs-test: file (tools.json) -->", "```json", "[1]", "```",
+        "<!-- docs-test: expect (\\[1\\]) -->", "```bash", "cat tools.json", "```",
+    ]) + "\n")
+    monkeypatch.setattr(sys.modules[__name__], "DOCS", tmp_path)
+    first, second = examples()
+    assert first.files == () and second.files == (("tools.json", "[1]\n"),) and second.expect == r"\[1\]"
