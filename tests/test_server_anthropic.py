@@ -11,9 +11,11 @@ from typing import Literal
 
 import anthropic
 import jsonschema
+import ollama
 import openai
 import pydantic
 import pytest
+import requests
 from serverproc import ServeProcess
 from test_tools import SCHEMAS, TEMPLATE, WEATHER
 from tinymodel import write_tiny_model
@@ -21,6 +23,7 @@ from tinymodel import write_tiny_model
 import localspec
 from localspec.constraint import Constraint
 from localspec.server_anthropic import error_response
+from localspec.server_anthropic_replies import error_body
 from localspec.server_http import ApiError
 from localspec.tools import CLOSE, OPEN
 
@@ -148,8 +151,30 @@ def test_the_beta_path_takes_cache_control_thinking_and_metadata(client, pair):
     assert drafted.model_extra["localspec"]["method"] == "draft" and "timings" in drafted.model_extra
 
 
+@pytest.fixture(scope="module")
+def method_server(pair, tmp_path_factory):
+    """A server whose default method is the one asked for: Ollama's API has no field that picks a method, so
+    an Ollama client gets the server's (``-m``)."""
+    running: dict[tuple, ServeProcess] = {}
+
+    def get(method: str, k) -> ServeProcess:
+        if (method, k) not in running:
+            for s in running.values():
+                s.close()
+            running.clear()
+            running[method, k] = ServeProcess(["-t", str(pair.target.path), "-d", str(pair.draft.path), "--ctx", "1024",
+                                               "--no-history", "-m", method, *(["-k", str(k)] if k else [])],
+                                              tmp_path_factory.mktemp(f"serve-{method}"))
+        return running[method, k]
+
+    yield get
+    for s in running.values():
+        s.close()
+
+
 @pytest.mark.parametrize("method,k", [("plain", None), ("lookup", 3), ("draft", 4), ("auto", None)])
-def test_chat_completions_messages_and_responses_give_one_greedy_text(server, pair, method, k):
+def test_chat_completions_messages_responses_and_ollama_chat_give_one_greedy_text(server, pair, method_server,
+                                                                                   method, k):
     want = pair.chat(MESSAGES, max_tokens=32, method=method, k=k).text
     extra = {"method": method, **({"k": k} if k else {})}
     oai = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=60)
@@ -160,6 +185,12 @@ def test_chat_completions_messages_and_responses_give_one_greedy_text(server, pa
     assert chat.choices[0].message.content == resp.output_text == msg.content[0].text == want
     assert chat.model_extra["localspec"]["method"] == resp.model_extra["localspec"]["method"] == \
         msg.model_extra["localspec"]["method"] == method
+    by_method = method_server(method, k)
+    ol = ollama.Client(host=by_method.base, timeout=60).chat("t", messages=MESSAGES, options={"num_predict": 32})
+    assert ol.message.content == want and ol.eval_count == msg.usage.output_tokens
+    raw = requests.post(f"{by_method.base}/api/chat", json={"model": "t", "messages": MESSAGES, "stream": False,
+                                                            "options": {"num_predict": 32}}, timeout=60).json()
+    assert raw["message"]["content"] == want and raw["localspec"]["method"] == method  # it ran under that method
 
 
 @pytest.mark.parametrize("body,needle", [
@@ -400,3 +431,116 @@ def test_counting_a_100k_token_prompt_keeps_the_server_answering(server, client,
         time.sleep(0.02)
     worker.join()
     assert counted == [want] and slowest < 1.0
+
+
+TWO_TOOLS = [*TOOLS, {"name": "get_time", "input_schema": SCHEMAS["get_time"]}]
+CHAT_TWO_TOOLS = [{"type": "function", "function": {"name": t["name"], "parameters": t["input_schema"],
+                                                    **({"description": t["description"]} if "description" in t
+                                                       else {})}} for t in TWO_TOOLS]
+
+
+def test_tool_choice_of_type_tool_calls_that_tool_as_chat_completions_does(client, pair):
+    for name in ("get_time", "get_weather"):
+        r = client.messages.create(model="x", max_tokens=160, messages=MESSAGES, tools=TWO_TOOLS,
+                                   tool_choice={"type": "tool", "name": name, "disable_parallel_tool_use": True})
+        uses = [b for b in r.content if b.type == "tool_use"]
+        assert r.stop_reason == "tool_use" and uses and {u.name for u in uses} == {name}
+        for use in uses:
+            jsonschema.validate(use.input, SCHEMAS[name])
+        want = pair.chat(MESSAGES, max_tokens=160, tools=CHAT_TWO_TOOLS,
+                         tool_choice={"type": "function", "function": {"name": name}}, parallel_tool_calls=False)
+        assert [u.input for u in uses] == [json.loads(c.arguments) for c in want.tool_calls]
+    with pytest.raises(anthropic.BadRequestError, match="names the tool"):
+        client.messages.create(model="x", max_tokens=8, messages=MESSAGES, tools=TWO_TOOLS,
+                               tool_choice={"type": "tool"})
+
+
+def test_a_tool_result_with_is_error_reaches_the_model_as_an_error(client, pair):
+    use = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Atlantis", "days": 1}}
+
+    def history(result: dict) -> list:
+        return [*MESSAGES, {"role": "assistant", "content": [use]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", **result}]}]
+
+    failed = history({"content": [{"type": "text", "text": "no such city"}], "is_error": True})
+    r = client.messages.create(model="x", max_tokens=20, messages=failed, tools=TOOLS, tool_choice={"type": "none"})
+    call = {"id": "toolu_1", "type": "function", "function": {"name": "get_weather",
+                                                              "arguments": json.dumps(use["input"])}}
+    library = pair.chat([*MESSAGES, {"role": "assistant", "content": "", "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": "toolu_1", "content": "Error: no such city"}],
+                        max_tokens=20, tools=CHAT_TWO_TOOLS[:1], tool_choice="none")
+    assert r.content[0].text == library.text
+    counted = [client.messages.count_tokens(model="x", messages=history(result), tools=TOOLS).input_tokens
+               for result in ({"content": "no such city", "is_error": True}, {"content": "no such city"})]
+    assert counted[0] > counted[1]  # the error is said in the prompt
+    with pytest.raises(anthropic.BadRequestError, match="is_error must be true or false"):
+        client.messages.create(model="x", max_tokens=8, messages=history({"content": "x", "is_error": "yes"}))
+
+
+def test_not_found_and_api_errors_have_anthropics_shape(server):
+    ant = anthropic.Anthropic(base_url=server.base, api_key="x", max_retries=0)
+    with pytest.raises(anthropic.NotFoundError) as caught:
+        ant.messages.batches.list()  # /v1/messages/batches: not served here
+    assert caught.value.status_code == 404 and caught.value.body["type"] == "error"
+    assert caught.value.body["error"]["type"] == "not_found_error" and caught.value.body["error"]["message"]
+    for status, kind in ((500, "api_error"), (502, "api_error"), (529, "overloaded_error"), (404, "not_found_error")):
+        assert error_body(status, "m") == {"type": "error", "error": {"type": kind, "message": "m"}}
+    r = error_response(ApiError(500, "The request failed: boom.", type="server_error"))
+    assert r.status_code == 500 and json.loads(r.body)["error"] == {"type": "api_error",
+                                                                    "message": "The request failed: boom."}
+
+
+def test_an_unexpected_failure_on_a_messages_path_is_an_api_error_object():
+    """What any route answers with OpenAI's shape (a failure, a refusal by the guards) comes back as Anthropic's."""
+    import asyncio
+
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    from localspec.server_apis import AnthropicHeaders
+
+    app = FastAPI()
+
+    @app.post("/v1/messages")
+    async def failing() -> JSONResponse:
+        return JSONResponse({"error": {"message": "The request failed: boom.", "type": "server_error"}},
+                            status_code=500)
+
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/messages", "raw_path": b"/v1/messages",
+             "query_string": b"beta=true", "headers": [(b"content-type", b"application/json")], "http_version": "1.1",
+             "scheme": "http", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1), "root_path": "",
+             "app": app}
+    asyncio.run(AnthropicHeaders(app)(scope, receive, send))
+    body = json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
+    assert sent[0]["status"] == 500 and body == {"type": "error", "error": {
+        "type": "api_error", "message": "The request failed: boom."}}
+
+
+def test_the_servers_sampling_defaults_apply_to_messages_that_leave_them_out(pair, tmp_path):
+    """The anthropic client has no temperature, top_p or top_k arguments: serve's own defaults apply."""
+    sampled = ["--temperature", "1.3", "--top-k", "60", "--top-p", "0.95", "--seed", "11", "--repeat-penalty", "1.1"]
+    s = ServeProcess(["-t", str(pair.target.path), "-d", "none", "--ctx", "1024", "--no-history", "-m", "plain",
+                      *sampled], tmp_path)
+    try:
+        ant = anthropic.Anthropic(base_url=s.base, api_key="x", max_retries=0, timeout=60)
+        r = ant.messages.create(model="x", max_tokens=24, messages=MESSAGES)
+        chat = openai.OpenAI(base_url=s.url, api_key="x", max_retries=0, timeout=60).chat.completions.create(
+            model="t", messages=MESSAGES, max_tokens=24, temperature=1.3, top_p=0.95, seed=11,
+            extra_body={"top_k": 60, "repeat_penalty": 1.1})
+        assert r.content[0].text == chat.choices[0].message.content  # the defaults, as if sent
+        greedy = ant.messages.create(model="x", max_tokens=24, messages=MESSAGES, extra_body={"temperature": 0})
+        # the temperature sent, the rest of the defaults kept: greedy, with the server's repeat penalty
+        assert greedy.content[0].text == pair.chat(MESSAGES, max_tokens=24, repeat_penalty=1.1).text
+        assert greedy.content[0].text != r.content[0].text
+        with ant.messages.stream(model="x", max_tokens=24, messages=MESSAGES) as stream:
+            assert stream.get_final_message().content[0].text == r.content[0].text
+    finally:
+        s.close()
