@@ -7,6 +7,7 @@ The examples in docs/*.md are run by tests/test_docs_examples.py.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
 import re
@@ -67,6 +68,38 @@ def test_every_results_file_is_in_the_results_index():
     missing = [p.name for p in (REPO / "benchmarks" / "results").glob("*.md")
                if p.name != "README.md" and p.name not in linked]
     assert not missing, f"benchmarks/results/README.md does not link {', '.join(sorted(missing))}"
+
+
+def as_home_page(readme: str) -> str:
+    """README.md as the site's home page words it: its links made relative to docs/ (``docs/x.md`` is
+    ``x.md``, the results folder the site's ``results/``)."""
+    readme = readme.replace("](benchmarks/results/README.md)", "](results/index.md)")
+    return readme.replace("](benchmarks/results/", "](results/").replace("](docs/", "](")
+
+
+def without_markers(page: str) -> str:
+    """A docs page without its docs-test marker lines, which the examples' runner reads and no reader sees."""
+    return "".join(ln for ln in page.splitlines(keepends=True) if not re.fullmatch(r"<!--\s*docs-test\b.*-->\s*", ln))
+
+
+def test_the_home_page_is_the_readme():
+    """docs/index.md is README.md with its links pointing within the site and the examples' markers: a
+    change to one that is not made to the other fails here. (Two files rather than one generated from the
+    other, so each reads right where it is shown, GitHub's links from the repository's root and the site's
+    from docs/, and the docs' examples runner finds the home page's blocks as it finds every page's.)"""
+    readme = as_home_page((REPO / "README.md").read_text(encoding="utf-8")).splitlines()
+    home = without_markers((REPO / "docs" / "index.md").read_text(encoding="utf-8")).splitlines()
+    diff = list(difflib.unified_diff(readme, home, "README.md (links as the site's)", "docs/index.md", lineterm="",
+                                     n=1))
+    assert not diff, "README.md and docs/index.md differ; make the same change to both:\n" + "\n".join(diff[:60])
+
+
+def test_home_page_comparison_rules():
+    assert as_home_page("[install](docs/install.md), [runs](benchmarks/results/README.md), "
+                        "[one](benchmarks/results/2026-12-03-x.md#a)") == \
+        "[install](install.md), [runs](results/index.md), [one](results/2026-12-03-x.md#a)"
+    assert without_markers("a\n<!-- docs-test: skip (x) -->\n```bash\n<!-- other -->\n") == \
+        "a\n```bash\n<!-- other -->\n"
 
 
 # -- Markdown as GitHub shows it -------------------------------------------------------------------------
