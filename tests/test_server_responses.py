@@ -224,3 +224,45 @@ def test_codexs_namespaced_functions_are_offered_and_its_hosted_tools_left_out(c
     alone = client.responses.create(model="t", input=TEXT, max_output_tokens=8, tool_choice="auto",
                                     tools=[{"type": "web_search"}])  # only hosted tools: a plain reply
     assert alone.status in ("completed", "incomplete") and alone.output_text
+
+
+def test_text_format_json_object_is_chat_completions_json_mode(server, client):
+    ask = "the cat"  # the random model closes its object within 60 tokens here
+    r = client.responses.create(model="t", input=ask, max_output_tokens=120, text={"format": {"type": "json_object"}})
+    assert isinstance(json.loads(r.output_text), dict) and r.status == "completed"
+    assert r.text.format.type == "json_object"  # echoed as sent
+    chat = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=60).chat.completions.create(
+        model="t", messages=[{"role": "user", "content": ask}], max_tokens=120, response_format={"type": "json_object"})
+    assert r.output_text == chat.choices[0].message.content
+    events = list(client.responses.create(model="t", input=ask, max_output_tokens=120, stream=True,
+                                          text={"format": {"type": "json_object"}}))
+    assert events[-1].response.output_text == r.output_text
+
+
+def test_temperature_and_top_p_sample_as_chat_completions_does(server, client, pair):
+    ask = dict(model="t", input=TEXT, max_output_tokens=24, temperature=1.3, top_p=0.95,
+               extra_body={"seed": 11, "method": "plain"})
+    r = client.responses.create(**ask)
+    assert (r.temperature, r.top_p) == (1.3, 0.95)
+    chat = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=60).chat.completions.create(
+        model="t", messages=MESSAGES, max_tokens=24, temperature=1.3, top_p=0.95, seed=11,
+        extra_body={"method": "plain"})
+    assert r.output_text == chat.choices[0].message.content != pair.chat(MESSAGES, max_tokens=24).text
+    assert client.responses.create(**ask).output_text == r.output_text  # the seed makes it repeatable
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="t", input=TEXT, max_output_tokens=4, temperature=-1)
+    assert caught.value.param == "temperature"
+
+
+def test_an_assistant_turn_given_back_as_output_text_parts_is_the_history(client, pair):
+    first = client.responses.create(model="t", input=TEXT, max_output_tokens=12)
+    again = "and in the end?"
+    items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": TEXT}]},
+             *[item.model_dump(exclude_none=True) for item in first.output],  # as Codex sends its history back
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": again}]}]
+    assert items[1]["content"][0]["type"] == "output_text"
+    r = client.responses.create(model="t", input=items, max_output_tokens=16)
+    want = pair.chat([*MESSAGES, {"role": "assistant", "content": first.output_text},
+                      {"role": "user", "content": again}], max_tokens=16)
+    assert r.output_text == want.text and r.usage.input_tokens == len(want.prompt_tokens)
+    assert r.usage.input_tokens_details.cached_tokens > 0  # the first turn's prompt, from the cache
