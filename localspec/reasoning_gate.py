@@ -94,6 +94,8 @@ class ReasoningGate:
         if self._inner is None or s.phase == _REASONING:
             return logits
         out = self._inner.mask(logits)
+        if out is logits:  # the answer's grammar masks nothing yet (a trigger not written): the row is shared
+            return logits
         if s.phase == _START and self._open is not None and self._open < len(out):
             out[self._open] = logits[self._open]  # the reply may open its reasoning instead
         return out

@@ -160,3 +160,105 @@ def write_tiny_model(
     w.write_tensors_to_file()
     w.close()
     return Path(path)
+
+
+def token_id(text: str, user_tokens: Sequence[str] = (), control_tokens: Sequence[str] = ()) -> int:
+    """The id of the token whose text is ``text``: a single character is its byte's token (``"Ġ"``-style
+    stand-ins for a merge, as ``MERGES`` writes them without the space), anything else a special, user or
+    control token of that vocabulary."""
+    tokens, _ = vocabulary(0, None, user_tokens, control_tokens)
+    if len(text.encode()) == 1:
+        return byte_tokens().index(bytes_to_unicode()[text.encode()[0]])
+    return tokens.index(text)
+
+
+def write_bigram_model(
+    path: Path,
+    table: dict[int, dict[int, float]],
+    *,
+    user_tokens: Sequence[str] = (),
+    control_tokens: Sequence[str] = (),
+    chat_template: Optional[str] = CHAT_TEMPLATE,
+    otherwise: Optional[int] = None,
+    n_head: int = 4,
+    n_layer: int = 1,
+    seed: int = 0,
+) -> Path:
+    """Write a tiny llama GGUF whose next token depends on the last token alone, as ``table`` designs it.
+
+    The blocks' outputs are zero, so the residual stream is the last token's embedding, a one-hot row; the
+    output head turns it into that token's row of ``table`` (``table[previous] = {next: logit}``, every
+    other logit 0). A token without a row is followed by ``otherwise`` (default: ``<|im_end|>``, the end
+    token) with logit 20. Greedy decoding walks the chain the table spells out, and a row with close
+    logits is a designed choice for sampling.
+
+    Args:
+        path: where to write.
+        table: the logits that follow each token (token ids, as ``token_id`` gives them).
+        user_tokens: user-defined tokens (as ``write_tiny_model``).
+        control_tokens: control tokens (as ``write_tiny_model``).
+        chat_template: the chat template stored in the file.
+        otherwise: the token that follows a token without a row.
+        n_head: attention heads (the width is the vocabulary size rounded up to a multiple of 4 * n_head).
+        n_layer: blocks (their attention and feed-forward weights are random, their outputs zero).
+        seed: seed of those random weights.
+    """
+    tokens, types = vocabulary(0, None, user_tokens, control_tokens)
+    n_vocab = len(tokens)
+    eos = tokens.index("<|im_end|>")
+    step = 4 * n_head
+    n_embd = (n_vocab + step - 1) // step * step
+    n_ff = 2 * n_embd
+    head_dim = n_embd // n_head
+    rng = np.random.default_rng(seed)
+    logits = np.zeros((n_vocab, n_vocab), dtype=np.float32)  # [previous, next]
+    for prev in range(n_vocab):
+        for nxt, logit in table.get(prev, {eos if otherwise is None else otherwise: 20.0}).items():
+            logits[prev, nxt] = logit
+    # RMS norm turns a one-hot row into sqrt(n_embd) times itself: the head divides that back out
+    output = np.zeros((n_vocab, n_embd), dtype=np.float32)
+    output[:, :n_vocab] = logits.T / np.sqrt(n_embd)
+    embedding = np.eye(n_vocab, n_embd, dtype=np.float32)
+
+    def rand(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("bigram")
+    w.add_context_length(1024)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_dimension_count(head_dim)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(MERGES)
+    w.add_bos_token_id(tokens.index("<|endoftext|>"))
+    w.add_eos_token_id(eos)
+    w.add_add_bos_token(False)
+    if chat_template:
+        w.add_chat_template(chat_template)
+    w.add_tensor("token_embd.weight", embedding)
+    for i in range(n_layer):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.attn_q.weight", rand(n_embd, n_embd))
+        w.add_tensor(f"blk.{i}.attn_k.weight", rand(n_embd, n_embd))
+        w.add_tensor(f"blk.{i}.attn_v.weight", rand(n_embd, n_embd))
+        w.add_tensor(f"blk.{i}.attn_output.weight", np.zeros((n_embd, n_embd), dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", rand(n_ff, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", rand(n_ff, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", np.zeros((n_embd, n_ff), dtype=np.float32))
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    w.add_tensor("output.weight", output)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)

@@ -1,0 +1,164 @@
+"""A reasoning model whose greedy path is a designed chain: it opens its reasoning, closes it itself, answers,
+and calls a tool or writes a JSON object. The split, the lazy start of a constraint at the model's own close,
+and every method's identity with plain decoding are checked against the exact text the table spells out."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import same_distribution, token_counts
+from tinymodel import token_id, write_bigram_model
+
+import localspec
+from localspec.constraint import Constraint
+from localspec.history import HistoryStore
+from localspec.thinking import model_reasoning
+
+# Where a grammar forces text, llguidance allows only the text's own tokenization: the call's forced head and
+# the object's key are one token each, as the tokenizer writes them.
+CALL, UTC = '\n{"name": "get_time", "arguments": {"zone": "', 'utc"}}\n'
+USER_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "\n\n", '"ok"', CALL, UTC]
+# ChatML that knows <think> (it drops an earlier answer's reasoning) and offers tools as Qwen2.5's does
+TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n{%- for t in tools %}\n{{ t | tojson }}{%- endfor %}\n"
+    'Call one as <tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call><|im_end|>\n{% endif %}'
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content.split('</think>')[-1] }}<|im_end|>\n"
+    "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+REASONING = ["<think>", "W", "h", "y", "Ġs", "o", "?", "</think>"]
+# the prompt ends in "assistant\n": the reply opens its reasoning, closes it, answers and calls a tool
+CHAIN = ["\n", *REASONING, "\n\n", "O", "K", ".", "<tool_call>", CALL, UTC, "</tool_call>", "<|im_end|>"]
+# under a JSON Schema the answer's first choice is masked, and the object follows
+OBJECT = ["{", '"ok"', ":", "Ġ", "t", "r", "u", "e", "}", "<|im_end|>"]
+TIME = {"type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"],
+        "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+          "additionalProperties": False}
+MESSAGES = [{"role": "user", "content": "what time is it? Why so?"}]
+METHODS = [("lookup", 3), ("draft", 2), ("draft", 6), ("history", 4), ("auto", None)]
+# where the draft model guesses wrong: in the reasoning, in the answer and in the object
+DRAFT_SLIPS = {"y": "Y", "K": "k", "u": "U"}
+
+
+def tid(text: str) -> int:
+    return token_id(text, USER_TOKENS)
+
+
+def ids(pieces: list[str]) -> list[int]:
+    return [tid(p) for p in pieces]
+
+
+def table(slips: dict[str, str]) -> dict[int, dict[int, float]]:
+    rows: dict[int, dict[int, float]] = {}
+    for chain in (CHAIN, OBJECT):
+        for a, b in zip(chain[:-1], chain[1:], strict=True):
+            rows[tid(a)] = {tid(slips.get(a, b)): 20.0}
+    # after the reasoning's separator: the answer's text first, an object next, a call after that; and letters
+    # a regex may choose among when sampling
+    rows[tid("\n\n")].update({tid("{"): 10.0, tid("<tool_call>"): 5.0, tid("c"): 3.0, tid("d"): 2.0, tid("b"): 1.0})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def chain_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("chain")
+    write_bigram_model(d / "t.gguf", table({}), user_tokens=USER_TOKENS, chat_template=TEMPLATE)
+    write_bigram_model(d / "d.gguf", table(DRAFT_SLIPS), user_tokens=USER_TOKENS, chat_template=TEMPLATE)
+    return d
+
+
+@pytest.fixture(scope="module")
+def pair(chain_dir, tmp_path_factory):
+    with localspec.load(chain_dir / "t.gguf", chain_dir / "d.gguf", n_ctx=1024, history=False) as p:
+        p.set_history(HistoryStore(p.target.path, directory=tmp_path_factory.mktemp("history")))
+        yield p
+
+
+def streamed(pair, method, k, **ask):
+    stream = pair.stream_chat(MESSAGES, method=method, k=k, **ask)
+    events = list(stream)
+    return stream.result, "".join(e.reasoning for e in events), "".join(e.text for e in events)
+
+
+def test_the_model_writes_its_designed_chain(pair):
+    assert model_reasoning(pair.target).open_token == tid("<think>")
+    r = pair.chat(MESSAGES, max_tokens=40, method="plain", history=False)
+    assert r.tokens == ids(CHAIN[1:-1])
+    assert r.reasoning == "Why so?"
+    assert r.text == 'OK.<tool_call>\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("method,k", [("plain", None), *METHODS])
+def test_reasoning_then_text_then_a_tool_call_split_whole_and_streamed(pair, method, k):
+    ask = {"tools": TOOLS, "tool_choice": "auto", "max_tokens": 40}
+    r = pair.chat(MESSAGES, method=method, k=k, **ask)
+    assert r.tokens == ids(CHAIN[1:-1]), f"{method} k={k}"
+    assert (r.reasoning, r.content, r.finish_reason) == ("Why so?", "OK.", "tool_calls")
+    assert [(c.name, json.loads(c.arguments)) for c in r.tool_calls] == [("get_time", {"zone": "utc"})]
+    s, reasoning, text = streamed(pair, method, k, **ask)
+    assert s.tokens == r.tokens and (reasoning, s.reasoning) == (r.reasoning, r.reasoning)
+    assert text == s.text == r.text and s.content == "OK."
+    assert [(c.name, c.arguments) for c in s.tool_calls] == [(c.name, c.arguments) for c in r.tool_calls]
+
+
+@pytest.mark.parametrize("method,k", [("plain", None), *METHODS])
+def test_a_required_call_waits_for_the_models_own_close(pair, method, k):
+    r = pair.chat(MESSAGES, tools=TOOLS, tool_choice="required", max_tokens=40, method=method, k=k)
+    # the reasoning's letters would break the call's grammar: it holds only from the model's </think> on
+    assert r.tokens == ids([*REASONING, "\n\n", "<tool_call>", CALL, UTC, "</tool_call>"]), f"{method} k={k}"
+    assert (r.reasoning, r.content, r.finish_reason) == ("Why so?", None, "tool_calls")
+    assert [c.arguments for c in r.tool_calls] == ['{"zone": "utc"}']
+
+
+@pytest.mark.parametrize("method,k", [("plain", None), *METHODS])
+def test_a_schema_starts_at_the_models_own_close_whole_and_streamed(pair, method, k):
+    grammar = Constraint.json_schema(SCHEMA)
+    r = pair.chat(MESSAGES, max_tokens=40, method=method, k=k, grammar=grammar)
+    assert r.tokens == ids([*REASONING, "\n\n", *OBJECT[:-1]]), f"{method} k={k}"
+    assert (r.reasoning, r.text, r.finish_reason) == ("Why so?", '{"ok": true}', "stop")
+    s, reasoning, text = streamed(pair, method, k, max_tokens=40, grammar=grammar)
+    assert s.tokens == r.tokens and reasoning == s.reasoning == "Why so?" and text == s.text == '{"ok": true}'
+
+
+def test_the_tokens_the_grammar_forces_after_the_models_own_close_are_free_drafts(pair):
+    grammar = Constraint.json_schema(SCHEMA)
+    r = pair.chat(MESSAGES, max_tokens=40, method="lookup", k=4, grammar=grammar)
+    # no close was forced here: the separator, the "{" and the object's key come from the grammar alone
+    assert r.stats.accepted_by.get("grammar", 0) >= 3
+    assert r.stats.accepted_in["answer"] >= r.stats.accepted_by["grammar"]
+
+
+@pytest.mark.parametrize("method,k", [("plain", None), ("draft", 4), ("history", 4), ("auto", None)])
+def test_a_budget_cuts_the_designed_reasoning_and_the_answer_still_follows_the_schema(pair, method, k):
+    close = pair.target.tokenize("\n</think>", add_special=False)
+    r = pair.chat(MESSAGES, max_tokens=40, method=method, k=k, think_budget=3,
+                  grammar=Constraint.json_schema(SCHEMA))
+    assert r.tokens == ids(REASONING[:4]) + close + ids(["\n\n", *OBJECT[:-1]]), f"{method} k={k}"
+    assert (r.reasoning, r.text) == ("Why", '{"ok": true}')
+
+
+def test_history_drafts_inside_the_reasoning(chain_dir, tmp_path):
+    with localspec.load(chain_dir / "t.gguf", None, n_ctx=1024, history=False) as p:
+        p.set_history(HistoryStore(p.target.path, directory=tmp_path))
+        first = p.chat(MESSAGES, max_tokens=40, method="history", k=4)
+        assert first.stats.drafted == 0  # nothing recorded yet
+        again = p.chat(MESSAGES, max_tokens=40, method="history", k=4)
+        assert again.tokens == first.tokens == ids(CHAIN[1:-1])
+        # the reasoning's tokens came from the recorded reply, and were kept
+        assert again.stats.accepted_in["reasoning"] >= len(REASONING) - 2
+        assert again.stats.accepted_by["history"] == again.stats.accepted
+
+
+def test_sampling_after_the_models_own_close_keeps_plain_decodings_distribution(pair):
+    prompt = pair.format_chat(MESSAGES)
+    position = len(REASONING) + 1  # the answer's first token, after the separator the gate forces
+    grammar = Constraint.regex("(cat|dog|bird|fox)s? (sat|ran)")
+    plain = token_counts(pair, prompt, 600, position, method="plain", grammar=grammar)
+    # the grammar holds from there on, and the model's own weights choose among what it allows
+    assert set(plain) <= set(ids(["c", "d", "b", "f"]))
+    assert plain[tid("c")] > plain[tid("d")] > plain[tid("b")]
+    for method, k in (("draft", 4), ("lookup", 3), ("history", 3)):
+        spec = token_counts(pair, prompt, 600, position, method=method, k=k, grammar=grammar)
+        assert same_distribution(plain, spec) > 1e-3, f"{method} k={k}"
