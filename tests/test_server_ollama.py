@@ -327,3 +327,19 @@ def test_the_real_pair_through_the_ollama_client(tmp_path):
         assert json.loads(j.message.content)["capital"] == "Paris"
     finally:
         s.close()
+
+
+def test_keep_alive_is_accepted_in_every_form_and_the_model_stays_loaded(server, client):
+    want = client.chat("coder", messages=MESSAGES, options=GREEDY).message.content
+    for keep in (0, -1, 300, 1.5, "5m", "1h30m", "0s", "-1"):
+        r = client.chat("coder", messages=MESSAGES, options=GREEDY, keep_alive=keep)
+        assert r.message.content == want, keep
+    assert client.generate("coder", prompt="hi", options={"num_predict": 3}, keep_alive="10m").done
+    # Ollama's "unload" (what `ollama stop` sends): answered, and the pair stays loaded while the server runs
+    status, reply, _ = server.post("/api/generate", json.dumps({"model": "coder", "keep_alive": 0}).encode())
+    assert status == 200 and reply["done"] is True
+    assert [m.model for m in client.ps().models] == ["coder:latest"]
+    assert client.chat("coder", messages=MESSAGES, options=GREEDY).message.content == want
+    status, reply, _ = server.post("/api/chat", json.dumps({"model": "coder", "messages": MESSAGES,
+                                                            "keep_alive": [5]}).encode())
+    assert status == 400 and "keep_alive" in reply["error"]
