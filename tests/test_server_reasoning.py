@@ -113,9 +113,11 @@ def test_a_request_sets_its_own_budget_and_a_bad_one_is_a_400(client, pair):
 def test_anthropic_thinking_comes_back_as_thinking_blocks_whole_and_streamed(server, pair):
     import anthropic
 
-    want = pair.chat(MESSAGES, max_tokens=20, method="plain", think_budget=5)
+    # a budget other than the server's --think-budget (5): the request's own is the one applied
+    want = pair.chat(MESSAGES, max_tokens=20, method="plain", think_budget=2)
+    assert want.reasoning != pair.chat(MESSAGES, max_tokens=20, method="plain", think_budget=5).reasoning
     client = anthropic.Anthropic(base_url=server.base, api_key="x", max_retries=0, timeout=60)
-    ask = dict(model="opens", max_tokens=20, messages=MESSAGES, thinking={"type": "enabled", "budget_tokens": 5},
+    ask = dict(model="opens", max_tokens=20, messages=MESSAGES, thinking={"type": "enabled", "budget_tokens": 2},
                extra_body={"method": "plain"})
     r = client.messages.create(**ask)
     assert [b.type for b in r.content] == ["thinking", "text"]
@@ -141,3 +143,10 @@ def test_responses_reasoning_comes_back_as_a_reasoning_item(client, pair):
                                           stream=True, extra_body={"method": "plain"}))
     assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == want.reasoning
     assert events[-1].type == "response.completed" and events[-1].response.output_text == want.text
+    # effort "none" turns thinking off: the template closes the reasoning, and no reasoning item comes back
+    off = pair.chat(MESSAGES, max_tokens=8, method="plain", think=False)
+    assert off.reasoning in (None, "") and len(off.prompt_tokens) > len(want.prompt_tokens)
+    r = client.responses.create(model="opens", input=MESSAGES[0]["content"], max_output_tokens=8,
+                                reasoning={"effort": "none"}, extra_body={"method": "plain"})
+    assert [item.type for item in r.output] == ["message"] and r.output_text == off.text
+    assert r.usage.input_tokens == len(off.prompt_tokens) and r.usage.output_tokens_details.reasoning_tokens == 0
