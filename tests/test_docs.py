@@ -102,6 +102,44 @@ def test_home_page_comparison_rules():
         "a\n```bash\n<!-- other -->\n"
 
 
+#: A command line as a results file shows one: a program, then its arguments.
+COMMAND = re.compile(r"(?:[A-Z_]+=\S*\s+)*(?:localspec|python3?|\.venv/bin/\S+|bash|\./\S+|pipx?|git|curl|time|cmake)"
+                     r"\s+\S")
+#: What a results file says where its command was not kept.
+NO_COMMAND = re.compile(r"command[^.]*\bnot (?:recorded|kept)|not recorded[^.]*\bcommand", re.I | re.S)
+#: Dated results files that need not name a command or a machine, each with the reason (none today).
+RESULTS_EXCEPTIONS: dict[str, str] = {}
+
+
+def results_commands(text: str) -> list[str]:
+    """The command lines a results file shows: in its code blocks (fenced or indented) and code spans."""
+    lines = [b.code for b in fenced_blocks(text)] + re.findall(r"^(?: {4}|\t)(\S.*)$", text, re.M)
+    lines += [m.group(2) for _, ln in prose_lines(text, blank_code=False) for m in re.finditer(r"(`+)(.+?)\1", ln)]
+    return [c.strip() for c in lines if COMMAND.match(c.strip())]
+
+
+@pytest.mark.parametrize("page", sorted((REPO / "benchmarks" / "results").glob("2*.md")), ids=lambda p: p.name)
+def test_a_results_file_names_its_command_and_machine(page: Path):
+    """Each dated results file shows the command that produced its figures, or says plainly that it was not
+    recorded, and names the machine (or says it was not recorded); the curve and threads are checked by
+    reading, since which figures need them is not a pattern."""
+    if page.name in RESULTS_EXCEPTIONS:
+        pytest.skip(RESULTS_EXCEPTIONS[page.name])
+    text = page.read_text(encoding="utf-8")
+    assert results_commands(text) or NO_COMMAND.search(text), \
+        f"{rel(page)} shows no command (a block or span starting with localspec, python...) and does not say " \
+        "that it was not recorded"
+    assert re.search(r"\bmachines?\b|\bGPU\b", text, re.I), f"{rel(page)} names no machine"
+
+
+def test_results_command_rules():
+    assert results_commands("Run:\n\n    localspec bench -t T --quick\n\nthen `python benchmarks/x.py --v`, "
+                            "`localspec`, `bench`.\n```bash\nCMAKE_ARGS=-DX=on pip install .\n```\n") == [
+        "CMAKE_ARGS=-DX=on pip install .", "localspec bench -t T --quick", "python benchmarks/x.py --v"]
+    assert NO_COMMAND.search("The exact command and the\nthread counts were not kept.")
+    assert not NO_COMMAND.search("The command ran. The threads were not recorded.")
+
+
 # -- Markdown as GitHub shows it -------------------------------------------------------------------------
 
 INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
