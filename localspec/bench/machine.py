@@ -13,8 +13,8 @@ from ..hugepages import thp_mode
 from ..llama import gpu_offload_supported
 
 
-def machine_info(pair: Pair, checksums: bool = True) -> dict[str, Any]:
-    """CPU, offload, threads, library version, model files and checksums."""
+def host_info() -> dict[str, Any]:
+    """The CPU, its cores, the platform, Python, llama-cpp-python and whether it was built for a GPU."""
     import llama_cpp
 
     cpu = platform.processor() or platform.machine()
@@ -25,6 +25,12 @@ def machine_info(pair: Pair, checksums: bool = True) -> dict[str, Any]:
                 break
     except OSError:
         pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "llama_cpp_python": llama_cpp.__version__, "gpu_offload_build": gpu_offload_supported()}
+
+
+def machine_info(pair: Pair, checksums: bool = True) -> dict[str, Any]:
+    """CPU, offload, threads, library version, model files and checksums."""
     models = {}
     for role, model in (("target", pair.target), ("draft", pair.draft)):
         if model is None:
@@ -38,8 +44,7 @@ def machine_info(pair: Pair, checksums: bool = True) -> dict[str, Any]:
             info["sha256"] = h.hexdigest()
         models[role] = info
     return {
-        "cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-        "llama_cpp_python": llama_cpp.__version__, "gpu_offload_build": gpu_offload_supported(),
+        **host_info(),
         "gpu_layers": pair.target.n_gpu_layers, "threads": pair.target.n_threads,
         "threads_batch": pair.target.n_threads_batch,
         "flash_attn": pair.target.flash_attn, "n_ctx": pair.target.n_ctx, "models": models,

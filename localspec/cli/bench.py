@@ -11,7 +11,7 @@ import click
 
 from ..methods import DRAFT, K_LIMIT, LOOKUP
 from ..options import GenerationOptions
-from .shared import ModelArgs, friendly_errors, model_options
+from .shared import ModelArgs, friendly_errors, model_options, say
 
 
 @click.command()
@@ -47,6 +47,16 @@ from .shared import ModelArgs, friendly_errors, model_options
 @click.option("--related", is_flag=True,
               help="Run the related-requests workload instead (or --suite FILE, in order): auto with an empty "
                    "history and with the earlier requests' history, against llama-cpp-python plain.")
+@click.option("--agent", is_flag=True,
+              help="Run the agent workload instead: two conversations taking turns, each request resending its "
+                   "conversation, through `localspec serve` and llama-cpp-python's server (and llama-server where "
+                   "found), started side by side; time to first token and total time. --cache-ram and "
+                   "--cache-disk apply to its localspec server (default here: no disk tier, so a run starts cold).")
+@click.option("--llama-server", "llama_server", default=None, metavar="PATH",
+              help="With --agent: llama.cpp's llama-server to add as a row (default: the one on the PATH, if any).")
+@click.option("--scale", type=click.FloatRange(min=0.01, max=20.0), default=1.0, show_default=True,
+              help="With --agent: the prompts' size (1: system prompts of about 1.4k and 0.6k tokens, files of "
+                   "1.2k).")
 @click.option("--structured", is_flag=True,
               help="Run the structured suite instead: extraction into a JSON Schema, tool calls and fill-in-the-"
                    "middle, every row under the prompt's constraint (llama-cpp-python's under its own grammar).")
@@ -61,7 +71,8 @@ from .shared import ModelArgs, friendly_errors, model_options
 def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], quick: bool, reps: Optional[int],
           width: Optional[float], budget_minutes: Optional[float], lockstep: bool, max_tokens: Optional[int],
           k_lookup: Optional[str], k_draft: Optional[str], k_lcp_lookup: Optional[str], no_auto: bool, no_peers: bool,
-          history_check: bool, related: bool, structured: bool, sampled: bool, sampled_temperature: float,
+          history_check: bool, related: bool, agent: bool, llama_server: Optional[str], scale: float,
+          structured: bool, sampled: bool, sampled_temperature: float,
           sampled_top_p: float,
           json_path: Optional[str], plot_path: Optional[str]) -> None:
     """Compare plain decoding, lookup, draft and auto, and llama-cpp-python's own decoding, side by side.
@@ -81,8 +92,19 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
     if lockstep and related:
         raise click.UsageError("--related runs its requests in order, one after another; --lockstep is for the "
                                "suites.")
-    if related and structured:
-        raise click.UsageError("--related and --structured are two different workloads; give one.")
+    if sum((related, structured, agent)) > 1:
+        raise click.UsageError("--related, --structured and --agent are different workloads; give one.")
+    if not agent and (models.cache_ram is not None or models.cache_disk is not None):
+        raise click.UsageError("--cache-ram and --cache-disk size the prompt cache of --agent's server; the other "
+                               "workloads run without the prompt cache, so that every run processes its prompt.")
+    if not agent and (llama_server is not None or scale != 1.0):
+        raise click.UsageError("--llama-server and --scale belong to --agent's workload; add --agent.")
+    if agent:
+        if suite or structured or lockstep or width is not None:
+            raise click.UsageError("--agent runs its own two conversations, one request at a time; leave out --suite, "
+                                   "--lockstep and --width.")
+        _bench_agent(models, reps or 1, max_tokens or 32, scale, llama_server, no_peers, json_path)
+        return
     if structured and suite:
         raise click.UsageError("--structured runs the built-in structured suite; a --suite file may hold the same "
                                "fields (response_format, tools, prefix and suffix): give one or the other.")
@@ -149,6 +171,40 @@ def _bench_related(models: ModelArgs, suite: Optional[str], reps: Optional[int],
             click.echo(f"wrote {json_path}", err=True)
     if report.mismatches:
         sys.exit(1)
+
+
+def _bench_agent(models: ModelArgs, reps: int, max_tokens: int, scale: float, llama_server: Optional[str],
+                 no_peers: bool, json_path: Optional[str]) -> None:
+    from ..bench import agent as workload
+    from ..bench.machine import host_info
+    from ..llama import default_threads
+
+    files = models.files()
+    target, draft = str(files.target), str(files.draft) if files.draft else None
+    threads = models.n_threads or default_threads()
+    threads_batch = models.n_threads_batch or threads
+    ctx = models.n_ctx or 8192
+    gpu = models.n_gpu_layers
+    specs = [workload.localspec_spec(target, draft, threads, threads_batch, ctx, gpu, models.cache_ram,
+                                     models.cache_disk or 0)]
+    if not no_peers:
+        if workload.llama_cpp_server_installed():
+            specs += workload.llama_cpp_python_specs(target, threads, threads_batch, ctx, gpu)
+        else:
+            say("bench: llama-cpp-python's server is not installed, so its rows are left out "
+                "(pip install 'llama-cpp-python[server]' adds them).")
+        program = workload.find_llama_server(llama_server)
+        if program:
+            specs.append(workload.llama_server_spec(program, target, threads, threads_batch, ctx, gpu))
+    say(f"bench: agent workload x {len(specs)} servers x {reps} rep(s), {threads} threads ({threads_batch} for "
+        f"batches) each, context {ctx}, {max_tokens} tokens a reply")
+    machine = {**host_info(), "threads": threads, "threads_batch": threads_batch, "n_ctx": ctx,
+               "target": target, "draft": draft}
+    report = workload.run_agent_bench(specs, max_tokens, scale, reps, machine, progress=say)
+    click.echo(workload.render_agent(report))
+    if json_path:
+        workload.write_agent_json(report, Path(json_path))
+        say(f"wrote {json_path}")
 
 
 def _k_list(value: Optional[str], option: str) -> Optional[list[int]]:

@@ -25,6 +25,7 @@ from ..options import GenerationOptions
 
 if TYPE_CHECKING:
     from ..api import Pair
+    from ..naming import Resolved
 
 #: ``--flash-attn`` values and what ``load`` is given for each.
 FLASH_ATTN = {"auto": None, "on": True, "off": False}
@@ -83,6 +84,23 @@ class ModelArgs:
         holds (see ``load``).
         """
         from ..loading import load
+
+        model, draft = self._model_and_draft(method)
+        return load(model, draft, n_ctx=self.n_ctx, n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
+                    n_gpu_layers=self.n_gpu_layers, verbose=self.verbose, flash_attn=FLASH_ATTN[self.flash_attn],
+                    huge_pages=self.huge_pages, notify=say, prompt_cache=prompt_cache, cache_ram=_mib(self.cache_ram),
+                    cache_disk=_mib(self.cache_disk), fit=fit)
+
+    def files(self, method: Optional[str] = None) -> Resolved:
+        """The target and draft files ``open`` would load (a found draft said on stderr), without loading them."""
+        from ..naming import resolve_models
+
+        resolved = resolve_models(*self._model_and_draft(method))
+        for notice in resolved.notices:
+            say(notice)
+        return resolved
+
+    def _model_and_draft(self, method: Optional[str]) -> tuple[Union[str, Path], Optional[str]]:
         from ..naming import default_draft, names_a_model
 
         if self.pair_name and self.target:
@@ -97,10 +115,7 @@ class ModelArgs:
         if pair and self.draft not in (None, "none"):
             raise click.UsageError("A pair brings its own draft; give --draft with --target, or --draft none.")
         draft = self.draft if self.draft is not None or pair else default_draft(method)
-        return load(model, draft, n_ctx=self.n_ctx, n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
-                    n_gpu_layers=self.n_gpu_layers, verbose=self.verbose, flash_attn=FLASH_ATTN[self.flash_attn],
-                    huge_pages=self.huge_pages, notify=say, prompt_cache=prompt_cache, cache_ram=_mib(self.cache_ram),
-                    cache_disk=_mib(self.cache_disk), fit=fit)
+        return model, draft
 
 
 def _mib(n: Optional[int]) -> Optional[int]:
