@@ -510,3 +510,75 @@ def test_a_client_that_writes_a_60_mb_body_before_it_reads_gets_the_413_not_a_re
         # each API answers in its own error shape: OpenAI's code, Ollama's one sentence
         assert b"body_too_large" in reply if path.startswith("/v1/") else b'{"error": "The request body' in reply
     assert server.get("/health")["status"] == "ok"
+
+
+def test_responses_refuses_a_host_name_that_is_not_loopback(server, home):
+    before, done = recorded(home), server.get("/health")["generations"]
+    body = json.dumps({"model": "target", "input": "hi", "max_output_tokens": 3}).encode()
+    for host in ("evil.example", f"evil.example:{server.port}", f"127.0.0.1.nip.io:{server.port}",
+                 f"localhost.evil.example:{server.port}", ""):
+        got, reply = server.raw(request("POST", "/v1/responses", server.port, body,
+                                        {"Content-Type": "application/json"}, host=host))
+        assert got == 403 and error_of(reply)["code"] == "host_not_allowed", (host, reply)  # OpenAI's shape
+    got, reply = server.raw(request("POST", "/v1/responses", server.port, body, {"Content-Type": "application/json"}))
+    assert got == 200 and json.loads(reply)["object"] == "response"  # the same request from a loopback name
+    assert server.get("/health")["generations"]["completed"] == done["completed"] + 1
+    assert recorded(home) == before + 1  # only the one answered
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/api/generate", {"model": "target", "prompt": "hi", "stream": False, "options": {"num_predict": 3}}),
+    ("/api/show", {"model": "target"}),
+])
+def test_a_cross_site_page_cannot_use_ollamas_generate_or_show(server, home, path, body):
+    """A form or a no-cors fetch from any page sends text/plain with the page's Origin; neither gets through."""
+    before, done = recorded(home), server.get("/health")["generations"]["completed"]
+    data = json.dumps(body).encode()
+    for headers, status in (({"Content-Type": "text/plain", "Origin": "http://evil.example"}, 403),
+                            ({"Content-Type": "application/json", "Origin": "http://evil.example"}, 403),
+                            ({"Content-Type": "application/json", "Origin": "null"}, 403),
+                            ({"Content-Type": "text/plain"}, 415),
+                            ({"Content-Type": "text/plain;charset=UTF-8"}, 415),
+                            ({"Content-Type": "application/x-www-form-urlencoded"}, 415),
+                            ({}, 415)):
+        got, reply = server.raw(request("POST", path, server.port, data, headers))
+        assert got == status, (headers, reply)
+        found = json.loads(reply)
+        assert set(found) == {"error"} and isinstance(found["error"], str), found  # Ollama's shape
+    got, reply = server.raw(request("OPTIONS", path, server.port, headers={
+        "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"}))
+    assert got == 403
+    assert server.get("/health")["generations"]["completed"] == done and recorded(home) == before
+    got, reply = server.raw(request("POST", path, server.port, data, {"Content-Type": "application/json"}))
+    assert got == 200 and json.loads(reply)  # the same body, sent as an app sends it
+
+
+def test_a_client_hanging_up_during_count_tokens_leaves_nothing_behind(server, tiny_pair):
+    messages = [{"role": "user", "content": "in the end, the cat sat on the mat. " * 90_000}]  # 3.2 MB
+    body = json.dumps({"model": "x", "messages": messages}).encode()
+    head = (f"POST /v1/messages/count_tokens HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+            f"Content-Type: application/json\r\nanthropic-version: 2023-06-01\r\nContent-Length: {len(body)}\r\n\r\n")
+    logged, counts = len(server.output()), server.get("/health")["generations"]
+    busy = []
+    for sent in (body[:1000], body[: len(body) // 2], body, body):  # mid-body, and with the whole body sent
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+            s.sendall(head.encode() + sent)
+        # closed without reading: the count may be parsing, waiting or running
+        started, seen = time.monotonic(), False
+        while True:  # a whole body is read, parsed and then counted; a cut one never gets there
+            health = server.get("/health")
+            occupied = health["running"] + health["queued"]
+            seen = seen or occupied > 0
+            if (seen or sent is not body or time.monotonic() > started + 3) and not occupied:
+                break
+            assert time.monotonic() < started + 30, health
+            time.sleep(0.02)
+        busy.append(seen)
+    assert any(busy)  # a count whose client had left was seen on the worker, and then gone
+    assert server.get("/health")["generations"] == counts  # a count is not a generation, nor a failed one
+    short = [{"role": "user", "content": "in the end, the cat sat on the mat."}]
+    want = len(tiny_pair.target.tokenize(tiny_pair.format_chat(short), add_special=False))
+    counted = anthropic.Anthropic(base_url=server.base, api_key="x", max_retries=0, timeout=60).messages.count_tokens(
+        model="x", messages=short)
+    assert counted.input_tokens == want
+    assert "Traceback" not in server.output()[logged:]
