@@ -8,6 +8,7 @@ import json
 
 import pytest
 from helpers import same_distribution, token_counts
+from tinyarch import write_tiny_qwen35
 from tinymodel import token_id, write_bigram_model
 
 import localspec
@@ -162,3 +163,30 @@ def test_sampling_after_the_models_own_close_keeps_plain_decodings_distribution(
     for method, k in (("draft", 4), ("lookup", 3), ("history", 3)):
         spec = token_counts(pair, prompt, 600, position, method=method, k=k, grammar=grammar)
         assert same_distribution(plain, spec) > 1e-3, f"{method} k={k}"
+
+
+@pytest.fixture(scope="module")
+def mtp_pair(tmp_path_factory):
+    """The same chain in a qwen35 hybrid whose MTP head is the same table: every guess it makes is right."""
+    path = write_tiny_qwen35(tmp_path_factory.mktemp("chain-mtp") / "q.gguf", seed=0, trunk=0.0, bigram_head=True,
+                             table=table({}), n_embd=288, user_tokens=USER_TOKENS, chat_template=TEMPLATE)
+    with localspec.load(path, None, n_ctx=1024, history=False) as p:
+        yield p
+
+
+@pytest.mark.parametrize("ask,tokens", [
+    ({"tools": TOOLS, "tool_choice": "auto"}, CHAIN[1:-1]),
+    ({"grammar": Constraint.json_schema(SCHEMA)}, [*REASONING, "\n\n", *OBJECT[:-1]]),
+], ids=["tool-call", "schema"])
+def test_mtp_drafts_the_chain_inside_and_after_the_reasoning(mtp_pair, ask, tokens):
+    assert mtp_pair.target.n_nextn == 1
+    plain = mtp_pair.chat(MESSAGES, max_tokens=40, method="plain", **ask)
+    assert plain.tokens == ids(tokens) and plain.reasoning == "Why so?"
+    for k in (1, 3):
+        r = mtp_pair.chat(MESSAGES, max_tokens=40, method="mtp", k=k, **ask)
+        assert r.tokens == plain.tokens and (r.reasoning, r.text) == (plain.reasoning, plain.text), f"mtp k={k}"
+        assert r.stats.accepted_in["reasoning"] > 0 and r.stats.accepted_by["mtp"] == r.stats.drafted_by["mtp"]
+        stream = mtp_pair.stream_chat(MESSAGES, max_tokens=40, method="mtp", k=k, **ask)
+        events = list(stream)
+        assert "".join(e.reasoning for e in events) == plain.reasoning
+        assert "".join(e.text for e in events) == plain.text and stream.result.tokens == plain.tokens

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import gguf
 import numpy as np
-from tinymodel import CHAT_TEMPLATE, MERGES, SPECIALS, vocabulary
+from tinymodel import CHAT_TEMPLATE, MERGES, SPECIALS, bigram_weights, vocabulary
 
 
 class _Draw:
@@ -47,9 +47,11 @@ def _ones(n: int) -> np.ndarray:
     return np.ones(n, dtype=np.float32)
 
 
-def _writer(path: Path, arch: str, *, n_ctx: int, n_embd: int, n_layer: int) -> gguf.GGUFWriter:
-    """A writer with the generic and tokenizer metadata of ``tinymodel`` already added."""
-    tokens, types = vocabulary()
+def _writer(path: Path, arch: str, *, n_ctx: int, n_embd: int, n_layer: int, user_tokens: Sequence[str] = (),
+            chat_template: str = CHAT_TEMPLATE) -> gguf.GGUFWriter:
+    """A writer with the generic and tokenizer metadata of ``tinymodel`` already added (``user_tokens``
+    appended to the vocabulary)."""
+    tokens, types = vocabulary(user_tokens=user_tokens)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny")
     w.add_context_length(n_ctx)
@@ -64,7 +66,7 @@ def _writer(path: Path, arch: str, *, n_ctx: int, n_embd: int, n_layer: int) -> 
     w.add_bos_token_id(tokens.index(SPECIALS[0]))
     w.add_eos_token_id(tokens.index("<|im_end|>"))
     w.add_add_bos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
+    w.add_chat_template(chat_template)
     return w
 
 
@@ -165,6 +167,9 @@ def write_tiny_qwen35(
     n_ctx: int = 1024,
     trunk: float = 1.0,
     bigram_head: bool = False,
+    table: Optional[dict[int, dict[int, float]]] = None,
+    user_tokens: Sequence[str] = (),
+    chat_template: str = CHAT_TEMPLATE,
 ) -> Path:
     """Write a tiny Qwen3.5 hybrid GGUF (gated delta-net + gated full attention) with MTP blocks.
 
@@ -196,13 +201,20 @@ def write_tiny_qwen35(
             model predicts mostly from its last token alone, like a bigram table.
         bigram_head: make the MTP block exactly that bigram table (its projection passes the token
             embedding through, its block adds nothing), so it guesses what a small ``trunk`` target says.
+        table: design the bigram instead of drawing it (as ``tinymodel.write_bigram_model``: ``table[previous]
+            = {next: logit}``, the end token after a token without a row); needs ``n_embd`` at least the
+            vocabulary's size, and gives the designed model with ``trunk=0``.
+        user_tokens: user-defined tokens appended to the vocabulary.
+        chat_template: the chat template stored in the file.
     """
     draw = _Draw(seed, noise, noise_seed)
-    n_vocab = len(vocabulary()[0])
+    n_vocab = len(vocabulary(user_tokens=user_tokens)[0])
     key_dim, value_dim = d_state * n_k_heads, d_state * n_v_heads
     half = n_rot // 2
     sections = [half - 2 * (half // 3), half // 3, half // 3, 0]  # text positions: any split works
-    w = _writer(path, "qwen35", n_ctx=n_ctx, n_embd=n_embd, n_layer=n_layer + nextn)
+    w = _writer(path, "qwen35", n_ctx=n_ctx, n_embd=n_embd, n_layer=n_layer + nextn, user_tokens=user_tokens,
+                chat_template=chat_template)
+    embedding, head = draw(n_vocab, n_embd, scale=1.0), np.empty(0)
     if nextn:
         w.add_nextn_predict_layers(nextn)
     w.add_feed_forward_length(n_ff)
@@ -232,7 +244,9 @@ def write_tiny_qwen35(
         w.add_tensor(f"blk.{i}.attn_q_norm.weight", _ones(head_dim))
         w.add_tensor(f"blk.{i}.attn_k_norm.weight", _ones(head_dim))
 
-    w.add_tensor("token_embd.weight", draw(n_vocab, n_embd, scale=1.0))
+    if table is not None:
+        embedding, head = bigram_weights(table, n_vocab, n_embd, vocabulary()[0].index("<|im_end|>"))
+    w.add_tensor("token_embd.weight", embedding)
     for i in range(n_layer):
         w.add_tensor(f"blk.{i}.attn_norm.weight", _ones(n_embd))
         w.add_tensor(f"blk.{i}.post_attention_norm.weight", _ones(n_embd))
@@ -251,7 +265,8 @@ def write_tiny_qwen35(
             w.add_tensor(f"blk.{i}.ssm_out.weight", draw(n_embd, value_dim, scale=1.0 / math.sqrt(value_dim)) * trunk)
         _ffn(w, draw, i, n_embd, n_ff, trunk)
     w.add_tensor("output_norm.weight", _ones(n_embd))
-    w.add_tensor("output.weight", draw(n_vocab, n_embd, scale=0.5))
+    output = draw(n_vocab, n_embd, scale=0.5)
+    w.add_tensor("output.weight", output if table is None else head)
     for i in range(n_layer, n_layer + nextn):  # drawn last: the trunk is the same whatever nextn is
         # a full-attention block fed with [enorm(embedding), hnorm(hidden)] through eh_proj;
         # embed_tokens and shared_head_head are left out, so the main embedding and head are shared

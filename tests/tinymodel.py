@@ -172,6 +172,21 @@ def token_id(text: str, user_tokens: Sequence[str] = (), control_tokens: Sequenc
     return tokens.index(text)
 
 
+def bigram_weights(table: dict[int, dict[int, float]], n_vocab: int, n_embd: int,
+                   otherwise: int) -> tuple[np.ndarray, np.ndarray]:
+    """The token embedding and output head of a model that predicts from its last token alone, as ``table``
+    designs it (see ``write_bigram_model``): one-hot embeddings (``n_embd`` >= ``n_vocab``), and a head that
+    gives the RMS-normed one-hot row of each token its row of logits."""
+    logits = np.zeros((n_vocab, n_vocab), dtype=np.float32)  # [previous, next]
+    for prev in range(n_vocab):
+        for nxt, logit in table.get(prev, {otherwise: 20.0}).items():
+            logits[prev, nxt] = logit
+    # RMS norm turns a one-hot row into sqrt(n_embd) times itself: the head divides that back out
+    output = np.zeros((n_vocab, n_embd), dtype=np.float32)
+    output[:, :n_vocab] = logits.T / np.sqrt(n_embd)
+    return np.eye(n_vocab, n_embd, dtype=np.float32), output
+
+
 def write_bigram_model(
     path: Path,
     table: dict[int, dict[int, float]],
@@ -211,14 +226,7 @@ def write_bigram_model(
     n_ff = 2 * n_embd
     head_dim = n_embd // n_head
     rng = np.random.default_rng(seed)
-    logits = np.zeros((n_vocab, n_vocab), dtype=np.float32)  # [previous, next]
-    for prev in range(n_vocab):
-        for nxt, logit in table.get(prev, {eos if otherwise is None else otherwise: 20.0}).items():
-            logits[prev, nxt] = logit
-    # RMS norm turns a one-hot row into sqrt(n_embd) times itself: the head divides that back out
-    output = np.zeros((n_vocab, n_embd), dtype=np.float32)
-    output[:, :n_vocab] = logits.T / np.sqrt(n_embd)
-    embedding = np.eye(n_vocab, n_embd, dtype=np.float32)
+    embedding, output = bigram_weights(table, n_vocab, n_embd, eos if otherwise is None else otherwise)
 
     def rand(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
