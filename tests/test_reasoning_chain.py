@@ -8,6 +8,7 @@ import json
 
 import pytest
 from helpers import same_distribution, token_counts
+from serverproc import ServeProcess
 from tinyarch import write_tiny_qwen35
 from tinymodel import token_id, write_bigram_model
 
@@ -190,3 +191,53 @@ def test_mtp_drafts_the_chain_inside_and_after_the_reasoning(mtp_pair, ask, toke
         events = list(stream)
         assert "".join(e.reasoning for e in events) == plain.reasoning
         assert "".join(e.text for e in events) == plain.text and stream.result.tokens == plain.tokens
+
+
+@pytest.fixture(scope="module")
+def server(chain_dir, tmp_path_factory):
+    s = ServeProcess(["-t", str(chain_dir / "t.gguf"), "-d", str(chain_dir / "d.gguf"), "--ctx", "1024"],
+                     tmp_path_factory.mktemp("serve-chain"))
+    yield s
+    s.close()
+
+
+def test_openai_chat_gives_reasoning_content_and_a_tool_call_whole_and_streamed(server):
+    import openai
+
+    client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=60)
+    ask = dict(model="t", messages=MESSAGES, tools=TOOLS, max_tokens=40, temperature=0)
+    message = client.chat.completions.create(**ask).choices[0].message
+    assert (message.model_extra["reasoning_content"], message.content) == ("Why so?", "OK.")
+    assert [(c.function.name, c.function.arguments) for c in message.tool_calls] == [("get_time", '{"zone": "utc"}')]
+    chunks = list(client.chat.completions.create(**ask, stream=True, extra_body={"method": "draft", "k": 3}))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == "Why so?"
+    assert "".join(d.content or "" for d in deltas) == "OK."
+    calls = [c for d in deltas for c in d.tool_calls or []]
+    assert calls[0].function.name == "get_time"
+    assert "".join(c.function.arguments or "" for c in calls) == '{"zone": "utc"}'
+    assert chunks[-1].choices == [] or chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_anthropic_gives_thinking_text_and_tool_use_blocks(server):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.base, api_key="x", max_retries=0, timeout=60)
+    tools = [{"name": "get_time", "input_schema": TIME}]
+    r = client.messages.create(model="t", max_tokens=40, messages=MESSAGES, tools=tools, temperature=0,
+                               thinking={"type": "enabled", "budget_tokens": 100})
+    assert [b.type for b in r.content] == ["thinking", "text", "tool_use"] and r.stop_reason == "tool_use"
+    assert (r.content[0].thinking, r.content[1].text) == ("Why so?", "OK.")
+    assert (r.content[2].name, r.content[2].input) == ("get_time", {"zone": "utc"})
+
+
+def test_responses_give_a_reasoning_item_a_message_and_a_function_call(server):
+    import openai
+
+    client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=60)
+    tools = [{"type": "function", "name": "get_time", "parameters": TIME}]
+    r = client.responses.create(model="t", input=MESSAGES[0]["content"], tools=tools, max_output_tokens=40,
+                                temperature=0, extra_body={"method": "lookup", "k": 3})
+    assert [item.type for item in r.output] == ["reasoning", "message", "function_call"]
+    assert r.output[0].content[0].text == "Why so?" and r.output_text == "OK."
+    assert (r.output[2].name, r.output[2].arguments) == ("get_time", '{"zone": "utc"}')
