@@ -224,8 +224,8 @@ def test_anthropic_gives_thinking_text_and_tool_use_blocks(server):
 
     client = anthropic.Anthropic(base_url=server.base, api_key="x", max_retries=0, timeout=60)
     tools = [{"name": "get_time", "input_schema": TIME}]
-    r = client.messages.create(model="t", max_tokens=40, messages=MESSAGES, tools=tools, temperature=0,
-                               thinking={"type": "enabled", "budget_tokens": 100})
+    r = client.messages.create(model="t", max_tokens=40, messages=MESSAGES, tools=tools,
+                               thinking={"type": "enabled", "budget_tokens": 100}, extra_body={"temperature": 0})
     assert [b.type for b in r.content] == ["thinking", "text", "tool_use"] and r.stop_reason == "tool_use"
     assert (r.content[0].thinking, r.content[1].text) == ("Why so?", "OK.")
     assert (r.content[2].name, r.content[2].input) == ("get_time", {"zone": "utc"})
