@@ -111,3 +111,43 @@ def test_a_call_the_model_writes_as_a_json_block_is_a_tool_use_whole_and_streame
     for m in (whole, streamed):
         assert m.stop_reason == "tool_use", m.content
         assert [(b.type, b.name, b.input) for b in m.content] == [("tool_use", "Read", {"file_path": "calc.py"})]
+
+
+def test_count_tokens_and_a_streamed_beta_message_count_the_same_prompt(claude):
+    """Claude Code's way: POST /v1/messages?beta=true with cache_control, thinking and metadata, streamed."""
+    system = [{"type": "text", "text": "You are a geography assistant.", "cache_control": {"type": "ephemeral"}}]
+    ask = [{"role": "user", "content": QUESTION}]
+    counted = claude.messages.count_tokens(model="x", system=system, messages=ask).input_tokens
+    tools = [{"name": "get_weather", "description": "Current weather in a city", "input_schema": WEATHER}]
+    assert claude.messages.count_tokens(model="x", system=system, messages=ask, tools=tools).input_tokens > counted
+    events = list(claude.beta.messages.create(
+        model="claude-sonnet-4-5", max_tokens=12, system=system, messages=ask, stream=True,
+        betas=["interleaved-thinking-2025-05-14"], metadata={"user_id": "u1"},
+        thinking={"type": "enabled", "budget_tokens": 1024}))
+    start, end = events[0].message.usage, next(e for e in events if e.type == "message_delta").usage
+    assert start.input_tokens + start.cache_read_input_tokens == counted  # the prompt counted is the one run
+    assert (start.input_tokens, start.cache_read_input_tokens) == (end.input_tokens, end.cache_read_input_tokens)
+    text = "".join(e.delta.text for e in events if e.type == "content_block_delta")
+    assert "Paris" in text and end.output_tokens > 0  # no reasoning channel: thinking changes nothing
+
+
+def test_anthropics_error_shape_on_the_real_pair(claude):
+    with pytest.raises(anthropic.BadRequestError, match="prompt is too long") as caught:
+        claude.messages.create(model="x", max_tokens=4, messages=[{"role": "user", "content": "Paris " * 5000}])
+    assert caught.value.body["type"] == "error" and caught.value.body["error"]["type"] == "invalid_request_error"
+    with pytest.raises(anthropic.BadRequestError, match="answers no tool_use") as unpaired:
+        claude.messages.create(model="x", max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_nope", "content": "22 C"}]}])
+    assert unpaired.value.body["error"]["type"] == "invalid_request_error"
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        claude.messages.batches.list()  # not served here
+    assert missing.value.body == {"type": "error", "error": {"type": "not_found_error",
+                                                             "message": missing.value.body["error"]["message"]}}
+
+
+def test_responses_text_format_json_schema_on_the_real_pair(oai):
+    schema = {"type": "object", "properties": {"capital": {"type": "string"}}, "required": ["capital"],
+              "additionalProperties": False}
+    r = oai.responses.create(model="target", input=QUESTION, max_output_tokens=30, text={"format": {
+        "type": "json_schema", "name": "answer", "schema": schema, "strict": True}})
+    assert r.status == "completed" and json.loads(r.output_text) == {"capital": "Paris"}
