@@ -27,6 +27,12 @@ from .options import SamplingParams
 # Nucleus search first sorts only this many of the largest probabilities and
 # falls back to a full sort when they do not reach top_p.
 _NUCLEUS_CANDIDATES = 1024
+# The filters (top-k, top-p, min-p) look first at the tokens within 8 nats of the
+# likeliest one (tens to a few thousand of a 150k vocabulary), then within 16, and
+# at all of them only when the answer could lie lower still.
+_NEAR_NATS = (8.0, 16.0)
+# ``sample`` finds the block of this many tokens first, then the token within it.
+_SAMPLE_BLOCK = 1024
 
 
 def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -43,30 +49,63 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     Returns:
         float64 probabilities with the shape of ``logits``, each row summing to 1.
     """
-    x = np.asarray(logits, dtype=np.float64)
+    x = np.asarray(logits)
     if x.ndim == 2:
-        return np.stack([probabilities(row, params) for row in x]) if len(x) else x.copy()
+        return np.stack([probabilities(row, params) for row in x]) if len(x) else x.astype(np.float64)
     if params.greedy:
-        p = np.zeros_like(x)
+        p = np.zeros(x.shape[0], dtype=np.float64)
         p[int(np.argmax(x))] = 1.0
         return p
-    z = x - x.max()
-    out = np.exp(z / params.temperature)
+    ids, w = _weights(x, params)
+    if ids is None:
+        return w
+    out = np.zeros(x.shape[0], dtype=np.float64)  # pages never written cost nothing
+    out[ids] = w
+    return out
+
+
+def _weights(x: np.ndarray, params: SamplingParams) -> tuple[Optional[np.ndarray], np.ndarray]:
+    """One row's sampling probabilities (not greedy): (None, the whole row) without filters, else (the ids the
+    filters keep, ascending; their probabilities)."""
+    top = float(np.max(x))
     if params.top_k == 0 and params.top_p >= 1.0 and params.min_p == 0:
-        return out / out.sum()  # no filter: the tempered softmax
-    p = np.exp(z) if params.temperature != 1.0 else out.copy()
-    p /= p.sum()
-    n = p.shape[0]
-    if 0 < params.top_k < n:
-        kth = np.partition(p, n - params.top_k)[n - params.top_k]
-        p[p < kth] = 0.0
+        z = x.astype(np.float64)
+        z -= top
+        z *= 1.0 / params.temperature  # in place: a fresh 150k-row array costs more than the arithmetic
+        np.exp(z, out=z)
+        z /= z.sum()
+        return None, z  # no filter: the tempered softmax
+    e = np.subtract(x, top, dtype=np.float32)
+    total = float(np.exp(e, out=e).sum(dtype=np.float64))
+    ids, p = _near(x, top, total, params)
+    if 0 < params.top_k < len(ids):
+        keep = p >= np.partition(p, len(p) - params.top_k)[len(p) - params.top_k]
+        ids, p = ids[keep], p[keep]
         p /= p.sum()
     if params.top_p < 1.0:
-        p[p < _nucleus_threshold(p, params.top_p)] = 0.0
+        keep = p >= _nucleus_threshold(p, params.top_p)
+        ids, p = ids[keep], p[keep]
     if params.min_p > 0:
-        p[p < params.min_p * p.max()] = 0.0
-    out[p == 0.0] = 0.0  # the temperature applies to the candidates left
-    return out / out.sum()
+        keep = p >= params.min_p * p.max()
+        ids, p = ids[keep], p[keep]
+    w = np.exp((x[ids].astype(np.float64) - top) / params.temperature)  # the temperature shapes what is left
+    return ids, w / w.sum()
+
+
+def _near(x: np.ndarray, top: float, total: float, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """The likeliest tokens (ids, ascending) and their probabilities, enough of them to hold every token the
+    filters could keep: every token left out is less likely than every token kept, so the top k, the top-p
+    nucleus and min-p's survivors lie within them once they number k, hold top_p of the mass, or reach down
+    to min-p."""
+    k, top_p, min_p = params.top_k, params.top_p, params.min_p
+    for nats in _NEAR_NATS:
+        ids = np.flatnonzero(x >= top - nats)
+        p = np.exp(x[ids].astype(np.float64) - top) / total
+        if (k > 0 and len(ids) >= k) or (k == 0 and top_p < 1.0 and p.sum() >= top_p) \
+                or (k == 0 and top_p >= 1.0 and min_p >= np.exp(-nats)):
+            return ids, p
+    ids = np.arange(x.shape[0])
+    return ids, np.exp(x.astype(np.float64) - top) / total
 
 
 def _nucleus_threshold(p: np.ndarray, top_p: float) -> float:
@@ -128,10 +167,29 @@ def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, tup
 
 def sample(p: np.ndarray, rng: np.random.Generator) -> int:
     """Draw one index from non-negative weights ``p`` (need not sum to 1)."""
-    cdf = np.cumsum(p)
-    # side="right" never lands on a zero-weight index.
-    i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
-    return min(i, p.shape[0] - 1)
+    n = p.shape[0]
+    whole = n - n % _SAMPLE_BLOCK
+    if not whole:
+        return _draw(p, rng.random())
+    # One running sum over 150k weights is slow in numpy: the blocks' sums first, then the block's weights.
+    sums = np.append(p[:whole].reshape(-1, _SAMPLE_BLOCK).sum(axis=1), p[whole:].sum())
+    u = rng.random()
+    b = _draw(sums, u)
+    # where u falls inside block b, from 0 to 1 (rounding may leave it just outside)
+    inner = min(max((u * sums.sum() - float(sums[:b].sum())) / sums[b], 0.0), 1.0) if sums[b] > 0 else u
+    block = p[b * _SAMPLE_BLOCK: (b + 1) * _SAMPLE_BLOCK]
+    return b * _SAMPLE_BLOCK + _draw(block, min(inner, np.nextafter(1.0, 0.0)))
+
+
+def _draw(w: np.ndarray, u: float) -> int:
+    """The index where ``u`` (in [0, 1)) of the weights' total falls; never a zero weight when any is positive."""
+    cdf = np.cumsum(w)
+    # side="right" never lands on a zero-weight index, except past the end through rounding.
+    i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+    if i < w.shape[0]:
+        return i
+    nonzero = np.flatnonzero(w)
+    return int(nonzero[-1]) if nonzero.size else w.shape[0] - 1
 
 
 def choose(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> tuple[int, Optional[np.ndarray]]:
@@ -139,8 +197,13 @@ def choose(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     distribution q it was drawn from."""
     if params.greedy:
         return int(np.argmax(logits)), None
-    q = probabilities(logits, params)
-    return sample(q, rng), q
+    x = np.asarray(logits)
+    ids, w = _weights(x, params)
+    if ids is None:
+        return sample(w, rng), w
+    q = np.zeros(x.shape[0], dtype=np.float64)
+    q[ids] = w
+    return int(ids[_draw(w, rng.random())]), q  # drawn among the kept tokens: the same as from q
 
 
 def accept_greedy(draft: Sequence[int], target_logits: np.ndarray) -> tuple[int, int]:

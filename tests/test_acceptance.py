@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from localspec.acceptance import (
@@ -204,3 +206,67 @@ def test_filters_and_temperature_match_llama_cpps_sampler(kw):
     theirs = _llama_cpp_candidates(logits, params)
     assert set(np.flatnonzero(ours)) == set(np.flatnonzero(theirs))
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-7)
+
+
+def _whole_vocabulary(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The filters over every token, with no search window: what ``probabilities`` must equal."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max()
+    p = np.exp(z) / np.exp(z).sum()
+    n = len(p)
+    if 0 < params.top_k < n:
+        p[p < np.sort(p)[n - params.top_k]] = 0.0
+        p /= p.sum()
+    if params.top_p < 1.0:
+        ranked = np.sort(p)[::-1]
+        cut = min(int(np.searchsorted(np.cumsum(ranked), params.top_p)), n - 1)
+        p[p < ranked[cut]] = 0.0
+    if params.min_p > 0:
+        p[p < params.min_p * p.max()] = 0.0
+    out = np.where(p > 0, np.exp(z / params.temperature), 0.0)
+    return out / out.sum()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 5000), spread=st.floats(0.01, 12.0),
+       peaks=st.integers(0, 30), height=st.floats(0.0, 30.0), masked=st.floats(0.0, 0.9),
+       temperature=st.floats(0.1, 3.0), top_k=st.sampled_from([0, 1, 5, 40, 1000, 6000]),
+       top_p=st.sampled_from([1.0, 0.999, 0.95, 0.9, 0.5, 0.05]),
+       min_p=st.sampled_from([0.0, 1e-9, 1e-4, 0.05, 0.5]))
+def test_the_search_window_never_changes_the_filters_answer(seed, n, spread, peaks, height, masked, temperature,
+                                                             top_k, top_p, min_p):
+    # Peaked rows are decided among the tokens near the top; flat ones, masked ones (a grammar's -inf) and
+    # large k or tiny min-p fall back to the whole vocabulary. The answer must be the same either way.
+    rng = np.random.default_rng(seed)
+    logits = (rng.normal(0, spread, n) + np.isin(np.arange(n), rng.choice(n, min(peaks, n))) * height)
+    logits[rng.random(n) < masked] = -np.inf
+    logits[rng.integers(n)] = 0.0 if not np.isfinite(logits).any() else logits[np.isfinite(logits)].max()
+    logits = logits.astype(np.float32)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    ours, theirs = probabilities(logits, params), _whole_vocabulary(logits, params)
+    # a token at the very edge of the nucleus may be kept by one and not the other, from float32 rounding
+    differ = np.flatnonzero((ours > 0) != (theirs > 0))
+    assert len(differ) <= 1 or np.allclose(ours[differ], 0, atol=1e-6) and np.allclose(theirs[differ], 0, atol=1e-6)
+    if not len(differ):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-9)
+    assert abs(ours.sum() - 1.0) < 1e-9
+
+
+def test_sampling_a_large_vocabulary_follows_its_weights_across_blocks():
+    # More tokens than one block, mass in several blocks and in the short last one; zero weights never drawn.
+    rng = np.random.default_rng(5)
+    w = np.zeros(5000)
+    hot = [3, 1023, 1024, 2500, 4099, 4999]
+    w[hot] = [1.0, 2.0, 0.5, 3.0, 1.5, 2.0]
+    counts = np.bincount([sample(w, rng) for _ in range(20000)], minlength=len(w))
+    assert goodness_of_fit(counts, w / w.sum()) > ALPHA
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 4000), share=st.floats(0.0005, 1.0))
+def test_sample_lands_on_a_positive_weight(seed, n, share):
+    rng = np.random.default_rng(seed)
+    w = np.where(rng.random(n) < share, rng.random(n) * 10.0 ** rng.integers(-300, 3, n), 0.0)
+    w[rng.integers(n)] = rng.random() + 1e-300
+    for _ in range(20):
+        assert w[sample(w, rng)] > 0
