@@ -308,6 +308,7 @@ def test_the_real_pair_through_the_ollama_client(tmp_path):
     try:
         assert "context 32768 tokens: the model's training context" in s.output()  # no --ctx: what fits
         client = ollama.Client(host=s.base, timeout=300)
+        assert [m.model for m in client.list().models] == ["target:latest"]
         shown = client.show("target")
         assert shown.capabilities == ["completion", "tools", "insert"]
         assert shown.modelinfo["qwen2.context_length"] == 32768 and shown.details.parameter_size == "1.5B"
