@@ -31,6 +31,8 @@ _NUCLEUS_CANDIDATES = 1024
 # likeliest one (tens to a few thousand of a 150k vocabulary), then within 16, and
 # at all of them only when the answer could lie lower still.
 _NEAR_NATS = (8.0, 16.0)
+# A window holding more than this share of the vocabulary (1/8) is not worth searching apart.
+_NEAR_SHARE = 8
 # ``sample`` finds the block of this many tokens first, then the token within it.
 _SAMPLE_BLOCK = 1024
 
@@ -65,47 +67,72 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
 
 
 def _weights(x: np.ndarray, params: SamplingParams) -> tuple[Optional[np.ndarray], np.ndarray]:
-    """One row's sampling probabilities (not greedy): (None, the whole row) without filters, else (the ids the
-    filters keep, ascending; their probabilities)."""
+    """One row's sampling probabilities (not greedy): (None, the whole row), or (ids, ascending; their
+    probabilities) when the filters' answer lies among a few of the likeliest tokens."""
     top = float(np.max(x))
-    if params.top_k == 0 and params.top_p >= 1.0 and params.min_p == 0:
-        z = x.astype(np.float64)
-        z -= top
-        z *= 1.0 / params.temperature  # in place: a fresh 150k-row array costs more than the arithmetic
-        np.exp(z, out=z)
-        z /= z.sum()
-        return None, z  # no filter: the tempered softmax
+    filters = params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0
+    ids = _window(x, top, params) if filters else None
+    z = (x if ids is None else x[ids]).astype(np.float64)
+    z -= top
+    if filters:
+        p = np.exp(z)
+        p /= _mass(x, top) if ids is not None else p.sum()  # the whole vocabulary's, either way
+        _filter(p, params, x.shape[0])
+    z *= 1.0 / params.temperature  # in place: a fresh 150k-row array costs more than the arithmetic
+    w = np.exp(z, out=z)
+    if filters:
+        w[p == 0.0] = 0.0  # the temperature shapes what the filters left
+    w /= w.sum()
+    return ids, w
+
+
+def _mass(x: np.ndarray, top: float) -> float:
+    """The softmax denominator of a row whose largest logit is ``top``, in one float32 pass."""
     e = np.subtract(x, top, dtype=np.float32)
-    total = float(np.exp(e, out=e).sum(dtype=np.float64))
-    ids, p = _near(x, top, total, params)
-    if 0 < params.top_k < len(ids):
-        keep = p >= np.partition(p, len(p) - params.top_k)[len(p) - params.top_k]
-        ids, p = ids[keep], p[keep]
-        p /= p.sum()
-    if params.top_p < 1.0:
-        keep = p >= _nucleus_threshold(p, params.top_p)
-        ids, p = ids[keep], p[keep]
-    if params.min_p > 0:
-        keep = p >= params.min_p * p.max()
-        ids, p = ids[keep], p[keep]
-    w = np.exp((x[ids].astype(np.float64) - top) / params.temperature)  # the temperature shapes what is left
-    return ids, w / w.sum()
+    return float(np.exp(e, out=e).sum(dtype=np.float64))
 
 
-def _near(x: np.ndarray, top: float, total: float, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
-    """The likeliest tokens (ids, ascending) and their probabilities, enough of them to hold every token the
-    filters could keep: every token left out is less likely than every token kept, so the top k, the top-p
+def _window(x: np.ndarray, top: float, params: SamplingParams) -> Optional[np.ndarray]:
+    """The likeliest tokens (ids, ascending), enough of them to hold every token the filters could keep, or
+    None for all of them: every token left out is less likely than every token kept, so the top k, the top-p
     nucleus and min-p's survivors lie within them once they number k, hold top_p of the mass, or reach down
     to min-p."""
     k, top_p, min_p = params.top_k, params.top_p, params.min_p
+    n = x.shape[0]
+    total: Optional[float] = None
     for nats in _NEAR_NATS:
-        ids = np.flatnonzero(x >= top - nats)
-        p = np.exp(x[ids].astype(np.float64) - top) / total
-        if (k > 0 and len(ids) >= k) or (k == 0 and top_p < 1.0 and p.sum() >= top_p) \
-                or (k == 0 and top_p >= 1.0 and min_p >= np.exp(-nats)):
-            return ids, p
-    ids = np.arange(x.shape[0])
-    return ids, np.exp(x.astype(np.float64) - top) / total
+        near = x >= top - nats
+        if np.count_nonzero(near) > n // _NEAR_SHARE:  # a flat row: the window would save nothing
+            break
+        ids = np.flatnonzero(near)
+        if k > 0:
+            if len(ids) >= k:
+                return ids
+            continue
+        if top_p < 1.0:
+            total = _mass(x, top) if total is None else total
+            if np.exp(x[ids].astype(np.float64) - top).sum() >= top_p * total:
+                return ids
+            continue
+        if min_p >= np.exp(-nats):
+            return ids
+    if 0 < k < n:  # the top k themselves, ties at the k-th kept as top-k keeps them
+        return np.flatnonzero(x >= np.partition(x, n - k)[n - k])
+    return None
+
+
+def _filter(p: np.ndarray, params: SamplingParams, n_vocab: int) -> None:
+    """Zero, in place, the probabilities top-k, then top-p, then min-p drop (``p``: the likeliest tokens of a
+    vocabulary of ``n_vocab``)."""
+    n, k = p.shape[0], params.top_k
+    if 0 < k < n_vocab:
+        if k < n:
+            p[p < np.partition(p, n - k)[n - k]] = 0.0
+        p /= p.sum()  # top-p and min-p see the top k's own distribution
+    if params.top_p < 1.0:
+        p[p < _nucleus_threshold(p, params.top_p)] = 0.0
+    if params.min_p > 0:
+        p[p < params.min_p * p.max()] = 0.0
 
 
 def _nucleus_threshold(p: np.ndarray, top_p: float) -> float:

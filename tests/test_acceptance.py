@@ -270,3 +270,12 @@ def test_sample_lands_on_a_positive_weight(seed, n, share):
     w[rng.integers(n)] = rng.random() + 1e-300
     for _ in range(20):
         assert w[sample(w, rng)] > 0
+
+
+@pytest.mark.parametrize("k", [5, 6])
+def test_top_p_sees_the_top_k_distribution_when_the_likeliest_tokens_are_exactly_k(k):
+    # Five tokens near the top and 5000 a little further down hold a sixth of the mass: top-p must be taken
+    # over the top k's own distribution, whether the search window holds exactly k tokens or more.
+    logits = np.concatenate([-0.3 * np.arange(5), np.full(5000, -8.5)]).astype(np.float32)
+    params = SamplingParams(temperature=1.0, top_k=k, top_p=0.5)
+    np.testing.assert_allclose(probabilities(logits, params), _whole_vocabulary(logits, params), atol=1e-12)
