@@ -43,6 +43,9 @@ from .vocabulary import common_prefix as prefix_length
 LogitsWanted = Literal["last", "all", "none"]
 #: Checkpoints a model keeps at once (one per round, one at a prompt's end, one spare).
 MAX_CHECKPOINTS = 3
+#: On the CPU, contexts of this many tokens or more get flash attention unless told otherwise: they are
+#: made for long prompts (``serve`` fits the largest trained context), which it processes faster.
+FLASH_ATTN_CONTEXT = 16384
 
 
 class Model(ModelVocabulary):
@@ -59,8 +62,10 @@ class Model(ModelVocabulary):
             build, none on a CPU-only build.
         n_batch: most tokens sent to llama.cpp in one decode call.
         cache_type: KV cache element type, "f16" (llama.cpp's default), "f32" or "q8_0".
-        flash_attn: force flash attention on or off. Default: off when running
-            on the CPU (its f16 rounding makes logits depend on batch shape),
+        flash_attn: force flash attention on or off. Default on the CPU: on
+            for contexts of ``FLASH_ATTN_CONTEXT`` tokens or more, made for long
+            prompts, which it processes faster; off below (its f16 rounding makes
+            logits depend on batch shape, for little gain on short contexts).
             llama.cpp's automatic choice when layers are on a GPU.
         huge_pages: on a CPU build under Linux, ask for transparent huge pages
             for llama.cpp's buffers (see ``localspec.hugepages``); False to leave
@@ -135,11 +140,12 @@ class Model(ModelVocabulary):
                         rollback_tokens: int) -> None:
         if n_ctx == 0:
             n_ctx = int(ll.llama_model_n_ctx_train(self._model))
-        if flash_attn is None:
-            # On CPU, flash attention rounds through f16 and moves logits by up to ~0.4
-            # between batch shapes, enough to flip near-greedy choices between plain
-            # decoding and batched verification; GPU builds keep llama.cpp's choice.
-            flash_attn = None if self.n_gpu_layers != 0 and gpu_offload_supported() else False
+        if flash_attn is None and not (self.n_gpu_layers != 0 and gpu_offload_supported()):
+            # On CPU, flash attention rounds through f16 and moves logits between batch
+            # shapes, which can flip near-ties between plain decoding and batched
+            # verification, for 1-2% on short contexts; a long context is for long
+            # prompts, which it processes about a tenth faster. GPU builds keep llama.cpp's choice.
+            flash_attn = n_ctx >= FLASH_ATTN_CONTEXT
         self.flash_attn = flash_attn
         cparams = context_params(n_ctx, min(n_batch, n_ctx), self.n_threads, self.n_threads_batch, cache_type,
                                  flash_attn)

@@ -409,6 +409,7 @@ class Generation:
             start = (*self._counters()[:2], start[2])
             self._t_mark = time.perf_counter()  # decode starts
             pending, rows = [Emitted(first, SOURCE_TARGET)], self._first_row
+            behind = self.drafter is not None  # the drafter reads the prompt once the first token is out
             while True:
                 ended = yield from self._emit(pending, rows)
                 if ended is not None:
@@ -418,6 +419,8 @@ class Generation:
                     return "length"
                 if self._cancel.is_set():
                     return "interrupted"
+                if behind:
+                    start, behind = self._catch_up(start), False
                 pending, rows = self._round(min(self.k, room))
         finally:
             self._settle(start)
@@ -428,14 +431,12 @@ class Generation:
 
     def _prefill(self) -> Optional[int]:
         """Process the prompt (reusing the cached prefix) and choose the first token; None if cancelled."""
-        target, drafter = self.target, self.drafter
+        target = self.target
         t_start = time.perf_counter()
         try:
             logits = self._process_prompt()
         except GenerationCancelled:
             return None
-        if drafter is not None:
-            self._prefill_drafter(drafter)
         if self.processing is not None:
             logits = self.processing.row(logits, [])
         if self.matcher is not None:
@@ -448,8 +449,21 @@ class Generation:
         self.stats.prefill_seconds = time.perf_counter() - t_start
         return first
 
+    def _catch_up(self, start: tuple[float, float, tuple[int, int]]) -> tuple[float, float, tuple[int, int]]:
+        """The drafter processes the prompt, after the first token: the reply starts as soon as the target
+        has read the prompt, and a reply of one token never waits for the drafter. Its time counts as
+        prompt processing, not decoding; ``start``'s llama.cpp time moves past it."""
+        assert self.drafter is not None
+        t0, busy = time.perf_counter(), self._llama_busy()
+        self._prefill_drafter(self.drafter)
+        spent = time.perf_counter() - t0
+        self.stats.prefill_seconds += spent
+        if self._t_mark is not None:
+            self._t_mark += spent
+        return start[0] + self._llama_busy() - busy, start[1], start[2]
+
     def _prefill_drafter(self, drafter: Drafter) -> None:
-        """The drafter processes the prompt now, not in round 1; its models start from the prompt cache."""
+        """The drafter processes the prompt before round 1; its models start from the prompt cache."""
         cache, prompt = self.prompt_cache, self._prompt
         if cache is None:
             drafter.prefill(prompt)

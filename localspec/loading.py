@@ -128,7 +128,8 @@ def load(
             with the steps; or ``n_threads`` when that is given).
         n_gpu_layers: layers to offload for both; -1 all (default on GPU builds), 0 none.
         verbose: show llama.cpp's log for these models.
-        flash_attn: force flash attention on or off (default: off on the CPU, llama.cpp's choice on a GPU).
+        flash_attn: force flash attention on or off (default on the CPU: on for contexts of 16384 tokens or
+            more, off below; llama.cpp's choice on a GPU).
         huge_pages: on a CPU build under Linux, ask for transparent huge pages for llama.cpp's buffers
             (see ``localspec.hugepages``); False leaves its pages as they are.
         defaults: generation options used where a call does not give them.

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 
+import click
 import pytest
 from conftest import real_models_dir
 from serverproc import ServeProcess
 from tinymodel import write_tiny_model
 
+from localspec.backend import FLASH_ATTN_CONTEXT, Model
+from localspec.cli.shared import model_options
 from localspec.gguf_header import GGUFHeader
 from localspec.loading import MIN_CONTEXT, fit_context
 
@@ -99,3 +102,23 @@ def test_the_headers_bytes_a_token_are_what_llama_cpp_keeps_for_each_token(write
         m.eval(tokens[10:])
         grown = (len(memory.save_sequence(m._ctx)) - before) / 30
     assert estimate <= grown <= estimate + 32  # a saved cell also holds its position and sequence
+
+
+def test_flash_attention_defaults_on_for_long_contexts_on_the_cpu(tiny_dir):
+    # A long context is made for long prompts, which flash attention reads faster; short ones keep it off
+    # (the f16 rounding would move logits between batch shapes for little gain). Asked for, either holds.
+    target = tiny_dir / "target.gguf"
+    for n_ctx, asked, expected in ((FLASH_ATTN_CONTEXT, None, True), (FLASH_ATTN_CONTEXT - 1024, None, False),
+                                   (FLASH_ATTN_CONTEXT, False, False), (2048, True, True)):
+        m = Model(target, n_ctx=n_ctx, n_gpu_layers=0, flash_attn=asked)
+        try:
+            assert m.flash_attn is expected, (n_ctx, asked)
+            assert f"fa={expected}" in m.state_identity()  # a state saved under one is never loaded under the other
+        finally:
+            m.close()
+    @click.command()
+    @model_options
+    def probe(models):  # the CLI's help names the same threshold
+        pass
+
+    assert str(FLASH_ATTN_CONTEXT) in probe.get_help(click.Context(probe))

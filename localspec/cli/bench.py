@@ -178,12 +178,13 @@ def _bench_agent(models: ModelArgs, reps: int, max_tokens: int, scale: float, ll
     from ..bench import agent as workload
     from ..bench.machine import host_info
     from ..llama import default_threads
+    from ..loading import fit_context
 
     files = models.files()
     target, draft = str(files.target), str(files.draft) if files.draft else None
     threads = models.n_threads or default_threads()
     threads_batch = models.n_threads_batch or threads
-    ctx = models.n_ctx or 8192
+    ctx = models.n_ctx or fit_context(files.target, files.draft).n_ctx  # what serve would choose, for all
     gpu = models.n_gpu_layers
     specs = [workload.localspec_spec(target, draft, threads, threads_batch, ctx, gpu, models.cache_ram,
                                      models.cache_disk or 0)]

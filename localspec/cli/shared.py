@@ -153,8 +153,9 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--gpu-layers", "n_gpu_layers", type=int, default=None,
                      help="Layers to offload to the GPU; -1 all (default on GPU builds), 0 none."),
         click.option("--flash-attn", type=click.Choice(list(FLASH_ATTN)), default="auto", show_default=True,
-                     help="Flash attention; auto: off on the CPU (see docs/benchmarking.md), llama.cpp's choice "
-                          "on a GPU."),
+                     help="Flash attention; auto: on the CPU, on for contexts of 16384 tokens or more (long "
+                          "prompts go faster) and off below (see docs/benchmarking.md); llama.cpp's choice on a "
+                          "GPU."),
         click.option("--huge-pages/--no-huge-pages", default=True, show_default=True,
                      help="Ask Linux for transparent huge pages for llama.cpp's CPU buffers "
                           "(see docs/benchmarking.md)."),
