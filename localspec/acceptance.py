@@ -87,8 +87,9 @@ def _weights(x: np.ndarray, params: SamplingParams) -> tuple[Optional[np.ndarray
 
 
 def _mass(x: np.ndarray, top: float) -> float:
-    """The softmax denominator of a row whose largest logit is ``top``, in one float32 pass."""
-    e = np.subtract(x, top, dtype=np.float32)
+    """The softmax denominator of a row whose largest logit is ``top``, in one float32 pass (float64 for a
+    float64 row: large logits would lose their differences in float32)."""
+    e = np.subtract(x, top, dtype=np.float64 if x.dtype == np.float64 else np.float32)
     return float(np.exp(e, out=e).sum(dtype=np.float64))
 
 
@@ -105,6 +106,8 @@ def _window(x: np.ndarray, top: float, params: SamplingParams) -> Optional[np.nd
         if np.count_nonzero(near) > n // _NEAR_SHARE:  # a flat row: the window would save nothing
             break
         ids = np.flatnonzero(near)
+        if not len(ids):  # a NaN at the top: nothing compares; the whole row says what it says
+            return None
         if k > 0:
             if len(ids) >= k:
                 return ids
@@ -199,7 +202,11 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> int:
     if not whole:
         return _draw(p, rng.random())
     # One running sum over 150k weights is slow in numpy: the blocks' sums first, then the block's weights.
-    sums = np.append(p[:whole].reshape(-1, _SAMPLE_BLOCK).sum(axis=1), p[whole:].sum())
+    sums = p[:whole].reshape(-1, _SAMPLE_BLOCK).sum(axis=1)
+    if whole < n:
+        sums = np.append(sums, p[whole:].sum())
+    if not sums.any():  # no weight anywhere: the last index, as one running sum gives
+        return n - 1
     u = rng.random()
     b = _draw(sums, u)
     # where u falls inside block b, from 0 to 1 (rounding may leave it just outside)

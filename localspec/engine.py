@@ -421,6 +421,8 @@ class Generation:
                     return "interrupted"
                 if behind:
                     start, behind = self._catch_up(start), False
+                    if self._cancel.is_set():  # cancelled while the drafter read the prompt
+                        return "interrupted"
                 pending, rows = self._round(min(self.k, room))
         finally:
             self._settle(start)

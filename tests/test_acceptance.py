@@ -279,3 +279,24 @@ def test_top_p_sees_the_top_k_distribution_when_the_likeliest_tokens_are_exactly
     logits = np.concatenate([-0.3 * np.arange(5), np.full(5000, -8.5)]).astype(np.float32)
     params = SamplingParams(temperature=1.0, top_k=k, top_p=0.5)
     np.testing.assert_allclose(probabilities(logits, params), _whole_vocabulary(logits, params), atol=1e-12)
+
+
+def test_sample_with_no_weight_anywhere_gives_the_last_index_at_any_length():
+    rng = np.random.default_rng(0)
+    for n in (5, 1024, 2048, 3000):  # one block, whole blocks, whole blocks and a short one
+        assert sample(np.zeros(n), rng) == n - 1
+
+
+def test_a_nan_row_under_min_p_does_not_raise():
+    logits = np.full(3000, np.nan, dtype=np.float32)
+    p = probabilities(logits, SamplingParams(temperature=0.7, min_p=0.05))
+    assert p.shape == (3000,)
+
+
+def test_large_float64_logits_keep_their_differences():
+    # float64 rows far from zero: the mass must be taken after subtracting the top, not in float32 before
+    logits = np.random.default_rng(2).standard_normal(32000) * 3 + 1e5
+    params = SamplingParams(temperature=1.0, top_p=0.9)
+    ours, theirs = probabilities(logits, params), _whole_vocabulary(logits, params)
+    assert np.count_nonzero(ours) == np.count_nonzero(theirs)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-9, atol=1e-12)

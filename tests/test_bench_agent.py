@@ -79,6 +79,7 @@ def test_a_server_that_never_answers_is_given_up_on() -> None:
     (["--llama-server", "x"], "belong to --agent's workload; add --agent"),
     (["--agent", "--lockstep"], "--agent runs its own two conversations"),
     (["--agent", "--structured"], "different workloads; give one"),
+    (["--agent", "--quick", "--k-draft", "2"], "--quick, --k-draft belong to the suites"),
     (["--agent", "--scale", "0"], "0 is not in the range"),
 ])
 def test_bad_agent_options_get_one_sentence(tiny_dir: Path, args: list[str], says: str) -> None:
@@ -97,3 +98,29 @@ def test_the_workload_scales_and_refuses_a_scale_of_zero() -> None:
         assert '"read_file"' in f.system  # the tools are in the system prompt
     with pytest.raises(ConfigError, match="scale must be above 0"):
         agent.conversations(0)
+
+
+def test_an_error_in_the_stream_is_an_error_not_a_short_reply() -> None:
+    # A server may fail after its 200 and say so as an event; the bench must not time it as a reply.
+    import http.server
+    import threading
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(b'data: {"choices": [{"delta": {"content": "Hel"}}]}\n\n')
+            self.wfile.write(b'data: {"error": {"message": "decode failed"}}\n\n')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(ConfigError, match="failed during the reply.*decode failed"):
+            agent.ask(httpd.server_address[1], "m", [{"role": "user", "content": "Hi"}], 4)
+    finally:
+        httpd.shutdown()

@@ -105,35 +105,34 @@ class ServerSpec:
 
 
 def localspec_spec(target: str, draft: Optional[str], threads: int, threads_batch: int, ctx: int,
-                   gpu_layers: Optional[int], cache_ram: Optional[int], cache_disk: int) -> ServerSpec:
+                   gpu_layers: int, cache_ram: Optional[int], cache_disk: int) -> ServerSpec:
     """``localspec serve`` on the files, with its prompt cache (``cache_*`` in MiB; None: its default)."""
     argv = [sys.executable, "-m", "localspec", "serve", "-t", target, "-d", draft or "none", "--ctx", str(ctx),
             "--threads", str(threads), "--threads-batch", str(threads_batch), "--port", "{port}", "--no-history",
             "--cache-disk", str(cache_disk)]
+    argv += ["--gpu-layers", str(gpu_layers)]
     if cache_ram is not None:
         argv += ["--cache-ram", str(cache_ram)]
-    if gpu_layers is not None:
-        argv += ["--gpu-layers", str(gpu_layers)]
     disk = "no disk tier, so every run starts cold" if cache_disk == 0 else f"{cache_disk} MiB on disk"
     return ServerSpec("localspec serve", tuple(argv), f"prompt cache on ({disk}), drafting auto, history off")
 
 
 def llama_cpp_python_specs(target: str, threads: int, threads_batch: int, ctx: int,
-                           gpu_layers: Optional[int]) -> list[ServerSpec]:
+                           gpu_layers: int) -> list[ServerSpec]:
     """llama-cpp-python's server on the target: at its defaults, and with its RAM prompt cache."""
     argv = [sys.executable, "-m", "llama_cpp.server", "--model", target, "--n_ctx", str(ctx), "--n_threads",
             str(threads), "--n_threads_batch", str(threads_batch), "--host", "127.0.0.1", "--port", "{port}",
-            "--n_gpu_layers", str(gpu_layers or 0)]
-    return [ServerSpec("llama-cpp-python server", tuple(argv), "its defaults: no prompt cache"),
+            "--n_gpu_layers", str(gpu_layers)]
+    return [ServerSpec("llama-cpp-python server", tuple(argv), "its defaults: no prompt cache, flash attention off"),
             ServerSpec("llama-cpp-python server, RAM cache", (*argv, "--cache", "true", "--cache_type", "ram"),
-                       "--cache true --cache_type ram (2 GiB)")]
+                       "--cache true --cache_type ram (2 GiB), flash attention off (its default)")]
 
 
 def llama_server_spec(program: str, target: str, threads: int, threads_batch: int, ctx: int,
-                      gpu_layers: Optional[int]) -> ServerSpec:
+                      gpu_layers: int) -> ServerSpec:
     """llama.cpp's llama-server on the target, its host-RAM prompt cache at its default, no draft."""
     argv = [program, "-m", target, "-c", str(ctx), "-t", str(threads), "-tb", str(threads_batch),
-            "--host", "127.0.0.1", "--port", "{port}", "-ngl", str(gpu_layers or 0)]
+            "--host", "127.0.0.1", "--port", "{port}", "-ngl", str(gpu_layers)]
     return ServerSpec("llama-server", tuple(argv),
                       "its defaults: host-RAM prompt cache, flash attention auto, no draft")
 
@@ -301,11 +300,14 @@ def ask(port: int, model: str, messages: Sequence[dict[str, str]], max_tokens: i
         if resp.status != 200:
             raise ConfigError(f"The server answered {resp.status}: {resp.read()[:300].decode(errors='replace')}")
         for event in _sse_events(resp):
+            if event.get("error"):
+                raise ConfigError(f"The server failed during the reply: {json.dumps(event['error'])[:300]}")
             choices = event.get("choices") or []
-            text = (choices[0].get("delta") or {}).get("content") if choices else None
-            if text:
+            delta = (choices[0].get("delta") or {}) if choices else {}
+            if delta.get("content") or delta.get("reasoning_content"):  # reasoning is output too
                 first = first if first is not None else time.perf_counter() - t0
-                parts.append(text)
+            if delta.get("content"):
+                parts.append(delta["content"])  # what a client sends back in the conversation
             usage = event.get("usage") or usage
     finally:
         conn.close()
@@ -378,8 +380,12 @@ def run_agent_bench(specs: Sequence[ServerSpec], max_tokens: int = 32, scale: fl
                 servers.append(server)
             for server in servers:  # they load side by side; each is waited for in turn
                 server.wait_ready()
-            for server in servers:  # one short request first, as a server that has been running has answered
-                ask(server.port, server.model, [{"role": "user", "content": "Hi."}], 1)
+            for server in servers:  # a short request first, as a server that has been running has answered
+                try:  # two tokens: localspec's draft model reads a prompt after the first
+                    ask(server.port, server.model, [{"role": "user", "content": "Hi."}], 2)
+                except (OSError, http.client.HTTPException, ConfigError) as exc:
+                    raise ConfigError(f"{server.spec.name} failed its warm-up request: {exc}; its log: "
+                                      f"{server.log_tail()}") from None
             progress(f"repetition {rep + 1} of {reps}: {len(servers)} servers ready")
             report.runs += run_once([s.endpoint for s in servers], convs, max_tokens, progress)
     return report
@@ -392,7 +398,9 @@ def _median(values: Sequence[float]) -> float:
 def render_agent(report: AgentReport) -> str:
     """The report as a table: per server, medians over repetitions, and the follow-ups against localspec's."""
     names = [s.name for s in report.specs]
-    ours = _median([r.follow_up_seconds for r in report.of(names[0])]) if names else float("nan")
+    if not names:
+        return "Agent workload: no server ran."
+    ours = _median([r.follow_up_seconds for r in report.of(names[0])]) or float("nan")
     head = (f"{'server':<36} {'whole run':>9} {'follow-ups':>10} {'vs localspec':>12} {'follow-up first token':>22} "
             f"{'prompt tok/s':>12}")
     out = [f"Agent workload: conversations A and B taking turns (A1 B1 A2 B2 A3 B3), each request resending its "

@@ -103,6 +103,13 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
         if suite or structured or lockstep or width is not None:
             raise click.UsageError("--agent runs its own two conversations, one request at a time; leave out --suite, "
                                    "--lockstep and --width.")
+        ignored = [name for name, given in (("--quick", quick), ("--k-lookup", k_lookup), ("--k-draft", k_draft),
+                                            ("--k-lcp-lookup", k_lcp_lookup), ("--no-auto", no_auto),
+                                            ("--history-check", history_check), ("--sampled", sampled),
+                                            ("--plot", plot_path)) if given]
+        if ignored:
+            raise click.UsageError(f"--agent runs each server as it serves, greedy and drafting as it chooses; "
+                                   f"{', '.join(ignored)} belong to the suites.")
         _bench_agent(models, reps or 1, max_tokens or 32, scale, llama_server, no_peers, json_path)
         return
     if structured and suite:
@@ -177,15 +184,17 @@ def _bench_agent(models: ModelArgs, reps: int, max_tokens: int, scale: float, ll
                  no_peers: bool, json_path: Optional[str]) -> None:
     from ..bench import agent as workload
     from ..bench.machine import host_info
-    from ..llama import default_threads
+    from ..llama import default_threads, gpu_offload_supported
     from ..loading import fit_context
 
     files = models.files()
     target, draft = str(files.target), str(files.draft) if files.draft else None
     threads = models.n_threads or default_threads()
     threads_batch = models.n_threads_batch or threads
-    ctx = models.n_ctx or fit_context(files.target, files.draft).n_ctx  # what serve would choose, for all
-    gpu = models.n_gpu_layers
+    # what serve would choose, for all (0: the model's own, which every server reads the same way)
+    ctx = models.n_ctx if models.n_ctx is not None else fit_context(files.target, files.draft).n_ctx
+    # every server on the same device: all layers on a GPU build, none on a CPU one, unless told
+    gpu = models.n_gpu_layers if models.n_gpu_layers is not None else (-1 if gpu_offload_supported() else 0)
     specs = [workload.localspec_spec(target, draft, threads, threads_batch, ctx, gpu, models.cache_ram,
                                      models.cache_disk or 0)]
     if not no_peers:
