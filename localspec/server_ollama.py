@@ -346,7 +346,8 @@ class Reply:
     def whole(self, r: Result) -> dict[str, Any]:
         """The reply to a request that did not ask to stream."""
         text = (r.content or "") if r.tool_calls else r.text
-        return {**self._object(text, r.reasoning, calls=_calls(r)), **self._counts(r)}
+        # no reasoning, or a reasoning closed at once (thinking off): no field, as Ollama omits an empty one
+        return {**self._object(text, r.reasoning or None, calls=_calls(r)), **self._counts(r)}
 
     def _counts(self, r: Result) -> dict[str, Any]:
         s = r.stats

@@ -28,6 +28,9 @@ TEMPLATE = (
     "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content.split('</think>')[-1] }}<|im_end|>\n"
     "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# the same with Qwen3's switch: thinking off, the template writes an empty reasoning block itself
+SWITCHED = TEMPLATE.replace("assistant\n{% endif %}", "assistant\n{% if enable_thinking is defined and not "
+                            "enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
 REASONING = ["<think>", "W", "h", "y", "Ġs", "o", "?", "</think>"]
 # the prompt ends in "assistant\n": the reply opens its reasoning, closes it, answers and calls a tool
 CHAIN = ["\n", *REASONING, "\n\n", "O", "K", ".", "<tool_call>", CALL, UTC, "</tool_call>", "<|im_end|>"]
@@ -68,6 +71,7 @@ def chain_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("chain")
     write_bigram_model(d / "t.gguf", table({}), user_tokens=USER_TOKENS, chat_template=TEMPLATE)
     write_bigram_model(d / "d.gguf", table(DRAFT_SLIPS), user_tokens=USER_TOKENS, chat_template=TEMPLATE)
+    write_bigram_model(d / "s.gguf", table({}), user_tokens=USER_TOKENS, chat_template=SWITCHED)
     return d
 
 
@@ -241,3 +245,121 @@ def test_responses_give_a_reasoning_item_a_message_and_a_function_call(server):
     assert [item.type for item in r.output] == ["reasoning", "message", "function_call"]
     assert r.output[0].content[0].text == "Why so?" and r.output_text == "OK."
     assert (r.output[2].name, r.output[2].arguments) == ("get_time", '{"zone": "utc"}')
+
+
+# the answer and the call that follow the designed reasoning, token by token
+ANSWER = ["O", "K", ".", "<tool_call>", CALL, UTC, "</tool_call>"]
+
+
+def ollama_pieces(parts) -> tuple[str, str, list]:
+    """The thinking, content and calls of a streamed Ollama reply; the thinking comes whole before the content."""
+    kinds = [k for p in parts for k, v in (("thinking", p.message.thinking), ("content", p.message.content)) if v]
+    assert kinds == sorted(kinds, key=["thinking", "content"].index)
+    assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True]
+    return ("".join(p.message.thinking or "" for p in parts), "".join(p.message.content or "" for p in parts),
+            [(c.function.name, c.function.arguments) for p in parts for c in p.message.tool_calls or []])
+
+
+def test_ollama_gives_thinking_content_and_a_tool_call_whole_and_streamed(server):
+    import ollama
+
+    client = ollama.Client(host=server.base, timeout=60)
+    ask = dict(model="t", messages=MESSAGES, tools=TOOLS, think=True, options={"temperature": 0, "num_predict": 40})
+    r = client.chat(**ask)
+    assert (r.message.thinking, r.message.content) == ("Why so?", "OK.")
+    assert [(c.function.name, c.function.arguments) for c in r.message.tool_calls] == [("get_time", {"zone": "utc"})]
+    assert (r.done_reason, r.eval_count) == ("stop", len(CHAIN) - 2)
+    assert ollama_pieces(list(client.chat(**ask, stream=True))) == ("Why so?", "OK.", [("get_time", {"zone": "utc"})])
+    # without tools the call is the answer's text; under a JSON Schema the object follows the reasoning
+    text = 'OK.<tool_call>\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>'
+    ask.pop("tools")
+    assert ollama_pieces(list(client.chat(**ask, stream=True))) == ("Why so?", text, [])
+    r = client.chat(**ask, format=SCHEMA)
+    assert (r.message.thinking, r.message.content, r.message.tool_calls) == ("Why so?", '{"ok": true}', None)
+    assert ollama_pieces(list(client.chat(**ask, format=SCHEMA, stream=True))) == ("Why so?", '{"ok": true}', [])
+
+
+def test_ollama_think_false_reaches_the_templates_soft_switch_and_the_reasoning_closes_at_once(server, pair):
+    import ollama
+
+    client = ollama.Client(host=server.base, timeout=60)
+    ask = dict(model="t", messages=MESSAGES, tools=TOOLS, options={"temperature": 0, "num_predict": 40})
+    auto, off = client.chat(**ask), client.chat(**ask, think=False)
+    # the template has no variable: Qwen's /no_think ends the user's message
+    def count(messages: list[dict]) -> int:
+        return len(pair.tokenize(pair.format_chat(messages)))
+
+    switched = [{"role": "user", "content": MESSAGES[0]["content"] + " /no_think"}]
+    assert off.prompt_eval_count - auto.prompt_eval_count == count(switched) - count(MESSAGES) > 0
+    assert auto.message.thinking == "Why so?" and off.message.thinking is None
+    assert off.message.content == "OK." and off.message.tool_calls[0].function.arguments == {"zone": "utc"}
+    # the bigram model opens its reasoning regardless, and is made to close it at once
+    close = pair.target.tokenize("\n</think>", add_special=False)
+    assert off.eval_count == 1 + len(close) + 1 + len(ANSWER)
+    streamed = ollama_pieces(list(client.chat(**ask, think=False, stream=True)))
+    assert streamed == ("", "OK.", [("get_time", {"zone": "utc"})])
+
+
+@pytest.fixture(scope="module")
+def switched_server(chain_dir, tmp_path_factory):
+    s = ServeProcess(["-t", str(chain_dir / "s.gguf"), "-d", str(chain_dir / "d.gguf"), "--ctx", "1024", "-m", "draft",
+                      "-k", "3"], tmp_path_factory.mktemp("serve-switched"))
+    yield s
+    s.close()
+
+
+def test_ollama_think_false_reaches_the_templates_enable_thinking(switched_server):
+    import ollama
+
+    client = ollama.Client(host=switched_server.base, timeout=60)
+    ask = dict(model="s", messages=MESSAGES, tools=TOOLS, options={"temperature": 0, "num_predict": 40})
+    on, off = client.chat(**ask, think=True), client.chat(**ask, think=False)
+    assert (on.message.thinking, on.message.content, on.eval_count) == ("Why so?", "OK.", len(CHAIN) - 2)
+    # enable_thinking=false: the prompt ends in the template's own empty block (<think>, \n\n, </think>, \n\n),
+    # and the model, asked after it, answers at once: no reasoning token at all
+    assert off.prompt_eval_count == on.prompt_eval_count + 4
+    assert (off.message.thinking, off.message.content, off.eval_count) == (None, "OK.", len(ANSWER))
+    assert [(c.function.name, c.function.arguments) for c in off.message.tool_calls] == [("get_time", {"zone": "utc"})]
+    assert ollama_pieces(list(client.chat(**ask, think=False, stream=True))) == (
+        "", "OK.", [("get_time", {"zone": "utc"})])
+    assert ollama_pieces(list(client.chat(**ask, think=True, stream=True))) == (
+        "Why so?", "OK.", [("get_time", {"zone": "utc"})])
+
+
+def test_chat_in_a_terminal_folds_the_designed_reasoning_and_shows_the_answer(chain_dir, tmp_path):
+    pexpect = pytest.importorskip("pexpect")
+    from clirun import spawn_localspec
+
+    saved = tmp_path / "conv.json"
+    child = spawn_localspec(["chat", "-t", str(chain_dir / "t.gguf"), "-d", str(chain_dir / "d.gguf"), "-n", "40",
+                             "--method", "draft", "-k", "3"], tmp_path / "home")
+    answer = 'OK.<tool_call>\r\n{"name": "get_time", "arguments": {"zone": "utc"}}\r\n</tool_call>'
+    try:
+        child.expect(">>>")
+        child.send(MESSAGES[0]["content"] + "\r")
+        child.expect_exact("\x1b[2mthinking: \x1b[0m")  # the reasoning streams dimmed, as the drafts come
+        child.expect_exact("\r\x1b[J")  # the answer began: the block's one row is erased...
+        # ...and one dimmed line stands for it; the reasoning is not in the answer
+        streamed = child.before.replace("\x1b[2m", "").replace("\x1b[0m", "")
+        assert streamed == "Why so?"
+        child.expect_exact("\x1b[2mthought: Why so? (2 words)\x1b[0m\r\n" + answer)
+        child.expect(r"\[16 tokens, [^\]]*draft")
+        child.expect(">>>")
+        child.send(f"/save {saved}\r")
+        child.expect("saved 2 messages")
+        child.expect(">>>")
+        child.send("/think off\r")
+        child.expect("thinking: off")
+        child.expect(">>>")
+        # thinking off: the reasoning is closed at once (its opening, the close, the separator) and nothing shows
+        child.send("again\r")
+        child.expect(r"\[11 tokens")
+        assert "thinking: " not in child.before and "thought: " not in child.before and answer in child.before
+        child.expect(">>>")
+        child.send("/exit\r")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    # the next turn is sent the answer alone
+    messages = json.loads(saved.read_text())["messages"]
+    assert messages[1] == {"role": "assistant", "content": answer.replace("\r\n", "\n")}
