@@ -37,7 +37,7 @@ class _Loose(BaseModel):
 
 
 class AnthropicMessage(_Loose):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # Claude Code sends system messages among the turns
     content: Union[str, list[dict[str, Any]]]
 
 
@@ -157,8 +157,23 @@ def _messages(messages: list[AnthropicMessage]) -> list[dict[str, Any]]:
     open_calls: set[str] = set()  # tool_use ids not answered yet
     for i, m in enumerate(messages):
         blocks = [{"type": "text", "text": m.content}] if isinstance(m.content, str) else m.content
+        if m.role == "system":
+            _system_turn(out, "\n".join(_text(b, f"messages[{i}].content[{j}]") for j, b in enumerate(blocks)))
+            continue
         out += _assistant(blocks, i, open_calls) if m.role == "assistant" else _user(blocks, i, open_calls)
     return out
+
+
+def _system_turn(out: list[dict[str, Any]], text: str) -> None:
+    """A system message among the turns joins the user turn before it, where every chat template takes it
+    (many allow one system message, first) and the conversation's earlier turns keep their tokens, so the
+    prompt cache still finds them; without a user turn before it, it becomes one."""
+    if not text:
+        return
+    if out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], str):
+        out[-1]["content"] = f"{out[-1]['content']}\n\n{text}" if out[-1]["content"] else text
+    else:
+        out.append({"role": "user", "content": text})
 
 
 def _assistant(blocks: list[Any], i: int, open_calls: set[str]) -> list[dict[str, Any]]:

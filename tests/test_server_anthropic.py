@@ -320,6 +320,28 @@ def test_a_request_shaped_as_claude_codes_streams_to_message_stop(server):
     assert status == 200 and names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
 
 
+def test_a_system_message_among_the_turns_joins_the_user_turn_before_it(server, client, pair):
+    # Claude Code 2.1 sends its agent list as a system message after the first user message.
+    turns = [{"role": "user", "content": [{"type": "text", "text": "<system-reminder>today</system-reminder>"},
+                                          {"type": "text", "text": "Say hi."}]},
+             {"role": "system", "content": "Available agent types: claude, Explore."}]
+    got = client.messages.create(model="x", max_tokens=6, messages=turns)
+    want = pair.chat([{"role": "user", "content": "<system-reminder>today</system-reminder>\nSay hi.\n\n"
+                                                  "Available agent types: claude, Explore."}], max_tokens=6)
+    assert got.content[0].text == want.text
+    assert got.usage.input_tokens + (got.usage.cache_read_input_tokens or 0) == len(want.prompt_tokens)
+    assert client.messages.count_tokens(model="x", messages=turns).input_tokens == len(want.prompt_tokens)
+    # first, it is a user turn of its own; a non-text block in it is the usual 400
+    first = pair.chat([{"role": "user", "content": "Rules."}, {"role": "user", "content": "Say hi."}], max_tokens=6)
+    alone = client.messages.create(model="x", max_tokens=6, messages=[{"role": "system", "content": "Rules."},
+                                                                       {"role": "user", "content": "Say hi."}])
+    assert alone.content[0].text == first.text
+    status, body, _ = server.post("/v1/messages", json.dumps({
+        "model": "x", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}, {
+            "role": "system", "content": [{"type": "image", "source": {}}]}]}).encode())
+    assert status == 400 and "messages[1].content[0]" in body["error"]["message"]
+
+
 def test_claude_codes_billing_header_is_dropped_so_the_rest_of_the_prompt_is_reused(client):
     """Its hash changes with every request; left in, it would be the first thing two prompts differ in."""
     rules = "You are a coding agent. Follow the rules of the repository, run the tests, keep changes small. " * 8
