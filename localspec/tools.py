@@ -32,6 +32,11 @@ from .constraint import JSON_LAYOUT, Constraint
 from .errors import ConfigError, ToolsUnsupportedError
 from .options import GenerationOptions
 
+#: Tool schemas come from an agent's tool list, written for hosted models: a keyword the grammar engine does
+#: not implement (``propertyNames``, say) is left out of the call's grammar, which then admits a little more
+#: than the schema, rather than refusing the whole request.
+TOOL_JSON_LAYOUT = {**JSON_LAYOUT, "lenient": True}
+
 if TYPE_CHECKING:  # a type only: importing the backend loads llama.cpp, which `localspec --help` must not wait for
     from .backend import Model
 
@@ -173,7 +178,7 @@ class ToolUse:
             return None
         if fmt == HARMONY:
             return Constraint("tools", self._harmony_grammar())
-        calls = {**self.calls_schema(), "x-guidance": JSON_LAYOUT}
+        calls = {**self.calls_schema(), "x-guidance": TOOL_JSON_LAYOUT}
         more = ' ("\\n" call)*' if self.parallel else ""
         grammar = (f'start: call{more} "\\n"?\n'  # the newline a model may write before it ends
                    f'call: {OPEN} "\\n" body "\\n" {CLOSE}\n'
@@ -189,7 +194,7 @@ class ToolUse:
                  f'({" | ".join(f"call{i}" for i in range(len(callable_)))}) <|call|>']
         for i, tool in enumerate(callable_):
             params = json.loads(tool.parameters)
-            schema = {**params, "x-guidance": JSON_LAYOUT} if isinstance(params, dict) else params
+            schema = {**params, "x-guidance": TOOL_JSON_LAYOUT} if isinstance(params, dict) else params
             rules += [f'call{i}: {json.dumps(tool.name)} " " <|constrain|> "json" <|message|> args{i}',
                       f"args{i}: %json {json.dumps(schema)}"]
         return "\n".join(rules) + "\n"

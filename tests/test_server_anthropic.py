@@ -304,6 +304,12 @@ BASH = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", 
     "run_in_background": {"type": "boolean"}}, "required": ["command"], "additionalProperties": False}
 
 
+# Claude Code's task tools take metadata whose keys are constrained by propertyNames, which the grammar
+# engine does not implement: the call's grammar leaves it out instead of refusing the request.
+TASK = {"type": "object", "properties": {"subject": {"type": "string"}, "metadata": {
+    "type": "object", "propertyNames": {"type": "string"}, "additionalProperties": {}}}, "required": ["subject"]}
+
+
 def test_a_request_shaped_as_claude_codes_streams_to_message_stop(server):
     body = {"model": "claude-sonnet-4-5-20250929", "max_tokens": 32000, "stream": True, "temperature": 1,
             "metadata": {"user_id": "user_abc_account__session_x"}, "thinking": {"type": "enabled",
@@ -312,7 +318,8 @@ def test_a_request_shaped_as_claude_codes_streams_to_message_stop(server):
             "messages": [{"role": "user", "content": [{"type": "text", "text": "<system-reminder>x</system-reminder>"},
                                                       {"type": "text", "text": "list files",
                                                        "cache_control": {"type": "ephemeral"}}]}],
-            "tools": [{"name": "Bash", "description": "Run a command", "input_schema": BASH}],
+            "tools": [{"name": "Bash", "description": "Run a command", "input_schema": BASH},
+                      {"name": "TaskCreate", "description": "Create a task", "input_schema": TASK}],
             "context_management": {"edits": []}, "output_config": {"effort": "high"}}
     status, events, _ = server.post("/v1/messages?beta=true", json.dumps(body).encode(), headers={
         "anthropic-version": "2023-06-01", "anthropic-beta": "claude-code-20250219", "x-api-key": "x"})
