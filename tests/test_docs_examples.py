@@ -172,24 +172,6 @@ def params() -> list:
 # -- the sandbox ---------------------------------------------------------------------------------------
 
 
-#: A Hermes-style template as Qwen2.5's: the tools in a system turn, calls and their answers in the
-#: conversation, so the examples' tools are offered and their calls read back as on Qwen2.5-Coder.
-TOOL_TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\nYou may call these functions:\n"
-    "{%- for t in tools %}\n{{ t | tojson }}{%- endfor %}\n"
-    'Call one as <tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call><|im_end|>\n{% endif %}'
-    "{%- for m in messages %}"
-    "{%- if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
-    "{%- elif m.tool_calls %}<|im_start|>assistant"
-    "{%- for c in m.tool_calls %}\n<tool_call>\n"
-    '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}\n</tool_call>'
-    "{%- endfor %}<|im_end|>\n"
-    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
 def close_strings_and_turns(path: Path) -> None:
     """Make a tiny model end its strings and its turns: a random model writes a JSON string until
     ``max_tokens`` cuts it off (an example's call would come back cut, and unreadable), and after a call
@@ -215,13 +197,13 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny pair the sandboxes' models.toml and Ollama store point at: the suite's target and draft
     (the draft the target with noise), with the tool template and its two tokens, and strings and turns
     that end (``close_strings_and_turns``)."""
-    from tinymodel import write_tiny_model
+    from tinymodel import HERMES_TEMPLATE, write_tiny_model
 
     from localspec.tools import CLOSE, OPEN
 
     d = tmp_path_factory.mktemp("docs-models")
     for name, noise in (("target.gguf", 0.0), ("draft.gguf", 0.35)):
-        write_tiny_model(d / name, seed=0, noise=noise, user_tokens=[OPEN, CLOSE], chat_template=TOOL_TEMPLATE)
+        write_tiny_model(d / name, seed=0, noise=noise, user_tokens=[OPEN, CLOSE], chat_template=HERMES_TEMPLATE)
         close_strings_and_turns(d / name)
     return d
 

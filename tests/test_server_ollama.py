@@ -12,27 +12,13 @@ import openai
 import pytest
 import requests
 from serverproc import ServeProcess
-from tinymodel import vocabulary, write_tiny_model
+from tinymodel import HERMES_TEMPLATE, vocabulary, write_tiny_model
 
 from localspec.tools import CLOSE, OPEN
 
 N = len(vocabulary(user_tokens=[OPEN, CLOSE])[0])  # the FIM tokens come after the call tokens
 FIM = {N: "<|fim_prefix|>", N + 1: "<|fim_suffix|>", N + 2: "<|fim_middle|>"}
-# A Hermes-style template, as Qwen2.5 writes tool calls.
-TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\nYou may call these functions:\n"
-    "{%- for t in tools %}\n{{ t | tojson }}{%- endfor %}\n"
-    'Call one as <tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call><|im_end|>\n{% endif %}'
-    "{%- for m in messages %}"
-    "{%- if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
-    "{%- elif m.tool_calls %}<|im_start|>assistant"
-    "{%- for c in m.tool_calls %}\n<tool_call>\n"
-    '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}\n</tool_call>'
-    "{%- endfor %}<|im_end|>\n"
-    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+TEMPLATE = HERMES_TEMPLATE
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
                                             "days": {"type": "integer", "minimum": 1, "maximum": 7}},
            "required": ["city", "days"], "additionalProperties": False}

@@ -12,7 +12,7 @@ from helpers import same_distribution, token_counts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from serverproc import ServeProcess
-from tinymodel import write_tiny_model
+from tinymodel import HERMES_TEMPLATE, write_tiny_model
 
 import localspec
 from localspec.constraint import Constraint
@@ -31,21 +31,7 @@ TOOLS = [{"type": "function",
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 MESSAGES = [{"role": "user", "content": "in the end, in the end, what is the weather in the end"}]
 METHODS = [("lookup", 3), ("draft", 2), ("draft", 5), ("auto", None)]
-# A Hermes-style template of our own: the tools in the system turn, calls and their answers as Qwen2.5 writes them.
-TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\nYou may call these functions:\n"
-    "{%- for t in tools %}\n{{ t | tojson }}{%- endfor %}\n"
-    'Call one as <tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call><|im_end|>\n{% endif %}'
-    "{%- for m in messages %}"
-    "{%- if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
-    "{%- elif m.tool_calls %}<|im_start|>assistant"
-    "{%- for c in m.tool_calls %}\n<tool_call>\n"
-    '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}\n</tool_call>'
-    "{%- endfor %}<|im_end|>\n"
-    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+TEMPLATE = HERMES_TEMPLATE
 
 
 @pytest.fixture(scope="module")
