@@ -59,9 +59,12 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         p[int(np.argmax(x))] = 1.0
         return p
     ids, w = _weights(x, params)
-    if ids is None:
-        return w
-    out = np.zeros(x.shape[0], dtype=np.float64)  # pages never written cost nothing
+    return w if ids is None else _spread(ids, w, x.shape[0])
+
+
+def _spread(ids: np.ndarray, w: np.ndarray, n: int) -> np.ndarray:
+    """A row of ``n`` probabilities holding ``w`` at ``ids`` and 0 elsewhere."""
+    out = np.zeros(n, dtype=np.float64)  # pages never written cost nothing
     out[ids] = w
     return out
 
@@ -209,8 +212,9 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> int:
         return n - 1
     u = rng.random()
     b = _draw(sums, u)
+    cdf = np.cumsum(sums)  # the same running sum _draw searched
     # where u falls inside block b, from 0 to 1 (rounding may leave it just outside)
-    inner = min(max((u * sums.sum() - float(sums[:b].sum())) / sums[b], 0.0), 1.0) if sums[b] > 0 else u
+    inner = min(max((u * cdf[-1] - (cdf[b - 1] if b else 0.0)) / sums[b], 0.0), 1.0) if sums[b] > 0 else u
     block = p[b * _SAMPLE_BLOCK: (b + 1) * _SAMPLE_BLOCK]
     return b * _SAMPLE_BLOCK + _draw(block, min(inner, np.nextafter(1.0, 0.0)))
 
@@ -235,9 +239,7 @@ def choose(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     ids, w = _weights(x, params)
     if ids is None:
         return sample(w, rng), w
-    q = np.zeros(x.shape[0], dtype=np.float64)
-    q[ids] = w
-    return int(ids[_draw(w, rng.random())]), q  # drawn among the kept tokens: the same as from q
+    return int(ids[_draw(w, rng.random())]), _spread(ids, w, x.shape[0])  # drawn among the kept: as from q
 
 
 def accept_greedy(draft: Sequence[int], target_logits: np.ndarray) -> tuple[int, int]:
