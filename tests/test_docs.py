@@ -8,14 +8,16 @@ The examples in docs/*.md are run by tests/test_docs_examples.py.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib.util
 import os
 import re
+import shlex
 import subprocess
 import sys
 import urllib.parse
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import pytest
 from mdblocks import fenced_blocks, prose_lines
@@ -109,16 +111,157 @@ COMMAND = re.compile(r"(?:[A-Z_]+=\S*\s+)*(?:localspec|python3?|\.venv/bin/\S+|b
 NO_COMMAND = re.compile(r"command[^.]*\bnot (?:recorded|kept)|not recorded[^.]*\bcommand", re.I | re.S)
 #: Dated results files that need not name a command or a machine, each with the reason (none today).
 RESULTS_EXCEPTIONS: dict[str, str] = {}
+#: Options a results file's command took that the command has since renamed: ``{file: {option: new name}}``.
+#: An entry is allowed only while the option is indeed gone and the file itself says, in a sentence naming
+#: the old option, that it was renamed (none today).
+RENAMED_OPTIONS: dict[str, dict[str, str]] = {}
+
+RESULTS = sorted((REPO / "benchmarks" / "results").glob("2*.md"))
+
+
+def logical_lines(lines: list[str]) -> list[str]:
+    """Shell lines with their backslash continuations joined."""
+    out: list[str] = []
+    pending = ""
+    for line in lines:
+        pending += line.strip()
+        if pending.endswith("\\"):
+            pending = pending[:-1].rstrip() + " "
+            continue
+        if pending:
+            out.append(pending)
+        pending = ""
+    if pending.strip():
+        out.append(pending.strip())
+    return out
 
 
 def results_commands(text: str) -> list[str]:
-    """The command lines a results file shows: in its code blocks (fenced or indented) and code spans."""
-    lines = [b.code for b in fenced_blocks(text)] + re.findall(r"^(?: {4}|\t)(\S.*)$", text, re.M)
-    lines += [m.group(2) for _, ln in prose_lines(text, blank_code=False) for m in re.finditer(r"(`+)(.+?)\1", ln)]
+    """The command lines a results file shows, continuations joined: in its fenced code blocks, its indented
+    code (at any depth, as in a list item) and its code spans."""
+    lines = [c for b in fenced_blocks(text) for c in logical_lines(b.code.splitlines())]
+    prose = [ln for _, ln in prose_lines(text, blank_code=False)]
+    i = 0
+    while i < len(prose):
+        if re.match(r"(?: {4,}|\t)\S", prose[i]):
+            block = [prose[i]]
+            while prose[i].rstrip().endswith("\\") and i + 1 < len(prose):
+                i += 1
+                block.append(prose[i])
+            lines += logical_lines(block)
+        else:
+            lines += [m.group(2) for m in re.finditer(r"(`+)(.+?)\1", prose[i])]
+        i += 1
     return [c.strip() for c in lines if COMMAND.match(c.strip())]
 
 
-@pytest.mark.parametrize("page", sorted((REPO / "benchmarks" / "results").glob("2*.md")), ids=lambda p: p.name)
+def simple_commands(command: str) -> list[list[str]]:
+    """The words of each simple command in a shell line (split at ``&&``, ``;``, pipes and redirections),
+    without leading ``NAME=value`` assignments, ``time``, comments, or the brackets of optional parts."""
+    lex = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lex.whitespace_split = True
+    out: list[list[str]] = [[]]
+    for word in lex:
+        if word and set(word) <= set("&|;()<>"):
+            out.append([])
+        else:
+            out[-1].append(word.strip("[]"))
+    cleaned: list[list[str]] = []
+    for words in out:
+        while words and (re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]) or words[0] == "time"):
+            words = words[1:]
+        if words and words[0].startswith("-") and cleaned:
+            cleaned[-1] += words  # the other side of an alternative, [--a 1 | --b 2]: the same command's options
+        elif words:
+            cleaned.append(words)
+    return cleaned
+
+
+OPTION = re.compile(r"--?[A-Za-z][\w-]*")
+
+
+def localspec_problems(words: list[str]) -> list[str]:
+    """What is wrong with a ``localspec ...`` command: a subcommand that does not exist, or an option its
+    (sub)command does not take, as the Click app itself says."""
+    import click
+
+    from localspec.cli import cli
+
+    command: click.Command = cli
+    where = "localspec"
+    args = words[1:]
+    problems = []
+    i = 0
+    while isinstance(command, click.Group):
+        while i < len(args) and args[i].startswith("-"):
+            i += 1  # the group's own options (--help, --version) are checked below with the rest
+        if i == len(args):
+            break
+        sub = command.commands.get(args[i])
+        if sub is None:
+            if command is cli:
+                return [f"`localspec {args[i]}` is not a command (commands: {', '.join(sorted(cli.commands))})"]
+            break
+        command, where, i = sub, f"{where} {args[i]}", i + 1
+    known = {o for p in command.params for o in (*p.opts, *p.secondary_opts)} | {"--help", "-h"}
+    for arg in args:
+        name = arg.split("=", 1)[0]
+        if OPTION.fullmatch(name) and name not in known:
+            problems.append(f"`{where}` has no option {name}")
+    return problems
+
+
+@functools.cache
+def script_options(script: Path, subcommand: str = "") -> Optional[tuple[frozenset[str], frozenset[str]]]:
+    """``(options, subcommands)`` of a script as its ``--help`` lists them; None where --help fails."""
+    r = subprocess.run([sys.executable, str(script), *([subcommand] if subcommand else []), "--help"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        return None
+    usage = r.stdout.split("\n\n", 1)[0]
+    subs = next((m.group(1).split(",") for m in re.finditer(r"\{([\w,-]+)\}", usage)), [])
+    return frozenset(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", r.stdout)), frozenset(subs)
+
+
+def script_problems(words: list[str]) -> list[str]:
+    """What is wrong with a ``python path/x.py ...`` command: a script that does not exist, or, for a
+    benchmark script, an option its ``--help`` does not list."""
+    if len(words) < 2 or words[1].startswith("-") or not words[1].endswith(".py"):
+        return []  # python -c / -m, or no script
+    script = REPO / words[1]
+    if not script.is_file():
+        return [f"{words[1]} does not exist"]
+    if script.parent != REPO / "benchmarks":
+        return []
+    found = script_options(script)
+    if found is None:
+        return [f"{words[1]} --help fails"]
+    options, subs = found
+    args = words[2:]
+    first = next((a for a in args if not a.startswith("-")), "")
+    if first in subs:
+        found = script_options(script, first)
+        if found is None:
+            return [f"{words[1]} {first} --help fails"]
+        options = found[0]
+    return [f"{words[1]} has no option {name}" for name in (a.split("=", 1)[0] for a in args)
+            if OPTION.fullmatch(name) and name not in options]
+
+
+def command_problems(command: str) -> list[str]:
+    """What is wrong with a command line a results file quotes, for the parts of it that are localspec's own:
+    the ``localspec`` command line and the scripts of the repository."""
+    problems = []
+    for words in simple_commands(command):
+        program = words[0].rsplit("/", 1)[-1]
+        if program == "localspec":
+            problems += localspec_problems(words)
+        elif re.fullmatch(r"python(?:3(?:\.\d+)?)?", program):
+            problems += script_problems(words)
+    return problems
+
+
+@pytest.mark.parametrize("page", RESULTS, ids=lambda p: p.name)
 def test_a_results_file_names_its_command_and_machine(page: Path):
     """Each dated results file shows the command that produced its figures, or says plainly that it was not
     recorded, and names the machine (or says it was not recorded); the curve and threads are checked by
@@ -132,12 +275,49 @@ def test_a_results_file_names_its_command_and_machine(page: Path):
     assert re.search(r"\bmachines?\b|\bGPU\b", text, re.I), f"{rel(page)} names no machine"
 
 
+@pytest.mark.parametrize("page", RESULTS, ids=lambda p: p.name)
+def test_a_results_files_commands_run_today(page: Path):
+    """Every `localspec ...` a results file quotes names a real command and only options it takes, and every
+    `python benchmarks/x.py ...` a script that exists and options its --help lists; an option renamed since
+    is allowed only as RENAMED_OPTIONS records it and the file itself says so."""
+    text = page.read_text(encoding="utf-8")
+    renamed = RENAMED_OPTIONS.get(page.name, {})
+    problems = []
+    for command in results_commands(text):
+        for problem in command_problems(command):
+            old = problem.rsplit(" ", 1)[-1] if " has no option " in problem else None
+            if old not in renamed:
+                problems.append(f"{problem}, in: {command}")
+    flat = re.sub(r"\s+", " ", text)
+    for old, new in renamed.items():
+        assert any(old in s and "renamed" in s for s in re.split(r"(?<=[.:;])\s", flat)), \
+            f"{rel(page)} uses {old}, since renamed {new}, but no sentence of it says so"
+        assert any(f" has no option {old}" in p for c in results_commands(text) for p in command_problems(c)), \
+            f"RENAMED_OPTIONS lists {old} for {page.name}, but no command there needs the exception"
+    assert not problems, f"{rel(page)}:\n" + "\n".join(problems)
+
+
 def test_results_command_rules():
-    assert results_commands("Run:\n\n    localspec bench -t T --quick\n\nthen `python benchmarks/x.py --v`, "
-                            "`localspec`, `bench`.\n```bash\nCMAKE_ARGS=-DX=on pip install .\n```\n") == [
-        "CMAKE_ARGS=-DX=on pip install .", "localspec bench -t T --quick", "python benchmarks/x.py --v"]
+    assert results_commands("Run:\n\n    localspec bench -t T --quick \\\n        --reps 3\n\nthen "
+                            "`python benchmarks/x.py --v`, `localspec`, `bench`.\n\n- item:\n\n"
+                            "      localspec check -t A\n```bash\nCMAKE_ARGS=-DX=on pip install .\n```\n") == [
+        "CMAKE_ARGS=-DX=on pip install .", "localspec bench -t T --quick --reps 3", "python benchmarks/x.py --v",
+        "localspec check -t A"]
     assert NO_COMMAND.search("The exact command and the\nthread counts were not kept.")
     assert not NO_COMMAND.search("The command ran. The threads were not recorded.")
+    assert simple_commands("A=1 time localspec x --y 2 [--z S | --w] && .venv/bin/localspec q # note") == [
+        ["localspec", "x", "--y", "2", "--z", "S", "--w"], [".venv/bin/localspec", "q"]]
+    assert command_problems("localspec bench -t T -d D --reps 3 --width=0.04 --threads-batch 1") == []
+    assert command_problems("localspec history clear --help") == []
+    assert command_problems("localspec benchmark -t T") == [
+        "`localspec benchmark` is not a command (commands: add, bench, cache, calibrate, chat, check, export, "
+        "generate, history, models, pull, serve)"]
+    assert command_problems("localspec bench -t T --quik") == ["`localspec bench` has no option --quik"]
+    assert command_problems("python benchmarks/no_such.py --x") == ["benchmarks/no_such.py does not exist"]
+    assert command_problems("python benchmarks/replay.py predict T --verify 1,2 --draft-step 0.3") == []
+    assert command_problems("python benchmarks/replay.py record T --verify 1,2") == [
+        "benchmarks/replay.py has no option --verify"]
+    assert command_problems("python3 -c 'while True: pass' && python -m llama_cpp.server --port 1") == []
 
 
 # -- Markdown as GitHub shows it -------------------------------------------------------------------------
