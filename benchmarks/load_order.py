@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""Does the order in which models are loaded change their decode speed? (It did here.)
+"""Does the order in which models are loaded change their decode speed?
 
 Loads the same GGUF twice in one process (optionally after another model or
 a load that is closed again) and times single-token decode steps on each,
-with the repetitions interleaved. On a 2-core x86-64 virtual machine, at one thread, the
-copy loaded second decoded 4-8% faster while llama.cpp's buffers had 4 KiB
-pages (`--huge-pages none`, and llama-cpp-python's own loads); with huge pages
-(localspec's default, see localspec/hugepages.py) both copies decode at the
-same, higher speed. `--huge-pages first` gives only the first copy huge
-pages, so first/second is their gain (with the order effect against it).
+with the repetitions interleaved. On a 2-core Intel Xeon virtual machine on
+2026-11-30, at one thread, the copy loaded first decoded at 0.94 of the
+second's speed while llama.cpp's buffers had 4 KiB pages (`--huge-pages none`,
+as llama-cpp-python's own loads have them), and at 0.99 with huge pages
+(`--huge-pages both`, localspec's default, see localspec/hugepages.py;
+benchmarks/results/2026-11-30-huge-pages.md). `--huge-pages first` gives only
+the first copy huge pages, so first/second is their gain (with the order
+effect against it).
 
 Usage:
     python benchmarks/load_order.py MODEL.gguf [--threads 1] [--reps 4] [--before OTHER.gguf] [--closed-first]

@@ -2,8 +2,9 @@
 llama-cpp-python's own plain and ``response_format`` decoding at the same thread budget.
 
 Greedy decode rates (tokens after the first over the time after the first),
-repetitions interleaved in a rotating order, medians. The README's
-"Structured output" figures come from this script::
+repetitions interleaved in a rotating order, medians. The figures of
+``benchmarks/results/2026-12-01-structured-slow-2-core.md`` and
+``benchmarks/results/2026-12-02-structured-quiet.md`` come from this script, for example::
 
     .venv/bin/python benchmarks/structured_vs_lcp.py --threads 2 --reps 3
 """

@@ -441,6 +441,9 @@ CODE_NARRATIVE = [
     (r"\bdevice\s+(?:run|call|machine)s?\b", "the development environment's GPU tool"),
     (r"\$OUT\b|\bcarry\s*=", "the development environment's GPU tool"),
     (r"\bwork\s+items?\b", "a unit of the development work"),
+    (r"\((?:it|they|this)\s+(?:did|was|were)\s+(?:so\s+)?here\b", "'here' for the development machine (name the "
+     "machine and the date)"),
+    (r"\bthe\s+README'?s?\b[^.]{0,40}\bfigures?\b", "figures the README no longer holds (name the results file)"),
 ]
 
 
@@ -489,3 +492,12 @@ def test_code_speaks_of_the_software():
 ])
 def test_narrative_patterns(text: str, found: bool):
     assert bool(list(narrative(text, NARRATIVE))) is found
+
+
+@pytest.mark.parametrize("text, found", [
+    ("decode speed? (It did here.)", True), ("The README's\n\"Structured output\" figures", True),
+    ("as issue 29 asks", True), ("the chat session", False), ("stop here: the caller owns it", False),
+    ("the folder's README.md when it has one", False), ("figures in benchmarks/results/x.md", False),
+])
+def test_code_narrative_patterns(text: str, found: bool):
+    assert bool(list(narrative(text, CODE_NARRATIVE))) is found
