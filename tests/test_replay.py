@@ -91,7 +91,7 @@ def test_on_the_real_pairs_recordings_auto_keeps_up_with_the_better_fixed_row_on
     """The recorded replies of the real pair (the suite and the related workload, ``benchmarks/traces``), replayed
     through auto with one cost correction kept across them, as a pair keeps it: on each curve measured on the
     2-core machines, auto's geometric mean is at least the better of plain decoding and lookup with K = 2
-    (issue 29's yardstick), no request loses much to plain, and where verifying is nearly free auto gains."""
+    (the bench's yardstick for auto), no request loses much to plain, and where verifying is nearly free auto gains."""
     import json
     import math
     import statistics
