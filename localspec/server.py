@@ -1,6 +1,6 @@
 """``localspec serve``: an OpenAI-compatible HTTP API over one loaded pair.
 
-Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``
+Endpoints: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/{name}``), ``POST /v1/chat/completions``
 and ``POST /v1/completions``, streamed as server-sent events in OpenAI's chunk
 format (ending with ``data: [DONE]``) or not. Every request runs through
 ``Pair.stream`` with speculative decoding (auto mode by default), so the output
@@ -296,6 +296,11 @@ class Server:
         job.put("done", result)
 
 
+def _openai_model(name: str, created: int) -> dict[str, Any]:
+    """A model as OpenAI's API describes one."""
+    return {"id": name, "object": "model", "created": created, "owned_by": "localspec"}
+
+
 def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins: Sequence[str] = (),
                api_key: Optional[str] = None, max_body: int = MAX_BODY, metrics: bool = False) -> FastAPI:
     """The FastAPI application serving ``server``'s pair.
@@ -323,9 +328,22 @@ def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins
                 "running": running, "queued": queued, "generations": dict(server.counts)}
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": n, "object": "model", "created": server.created,
-                                            "owned_by": "localspec"} for n in server.limits.models]}
+    async def models(request: Request) -> dict[str, Any]:
+        names = server.limits.models
+        if server_apis.from_anthropic(request):  # Anthropic's SDK lists models in its own shape
+            return {"data": [server_apis.anthropic_model(n, server.created) for n in names], "has_more": False,
+                    "first_id": names[0] if names else None, "last_id": names[-1] if names else None}
+        return {"object": "list", "data": [_openai_model(n, server.created) for n in names]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str, request: Request) -> Any:
+        if name not in server.limits.models:  # answered in Anthropic's shape to its SDK (AnthropicHeaders)
+            return ApiError(404, f"The model {name!r} does not exist; this server has "
+                                 f"{', '.join(server.limits.models)}.", type="not_found",
+                            code="model_not_found").response()
+        if server_apis.from_anthropic(request):
+            return server_apis.anthropic_model(name, server.created)
+        return _openai_model(name, server.created)
 
     async def complete(request: Request, chat: bool) -> Any:
         try:

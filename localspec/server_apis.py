@@ -13,6 +13,7 @@ bearer key, and a refusal on a Messages path comes back as Anthropic's error obj
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 from typing import Any
 
@@ -31,6 +32,19 @@ from .server_responses_replies import ResponseReply
 
 #: The paths answered in Anthropic's shapes.
 ANTHROPIC_PREFIX = "/v1/messages"
+#: The header every request of Anthropic's SDKs carries: on a shared path (``/v1/models``), its shapes are used.
+ANTHROPIC_VERSION = b"anthropic-version"
+
+
+def from_anthropic(request: Request) -> bool:
+    """Whether a request comes from an Anthropic client (it names the API version it speaks)."""
+    return ANTHROPIC_VERSION.decode() in request.headers
+
+
+def anthropic_model(name: str, created: int) -> dict[str, Any]:
+    """A model as Anthropic's Models API describes one (``created``: seconds since the epoch)."""
+    when = datetime.datetime.fromtimestamp(created, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"type": "model", "id": name, "display_name": name, "created_at": when}
 
 
 def register(app: FastAPI, server: Any, next_event: NextEvent) -> None:
@@ -103,7 +117,8 @@ def _count(pair: Any, req: ChatRequest) -> int:
 
 
 class AnthropicHeaders:
-    """ASGI middleware: ``x-api-key`` as the bearer key; refusals on Messages paths in Anthropic's shape."""
+    """ASGI middleware: ``x-api-key`` as the bearer key; refusals on Messages paths, and to any request of an
+    Anthropic client, in Anthropic's shape."""
 
     def __init__(self, app: ASGIApp):
         self.app = app
@@ -117,7 +132,7 @@ class AnthropicHeaders:
         key = next((v for k, v in headers if k.lower() == b"x-api-key"), None)
         if key is not None and b"authorization" not in names:
             scope = dict(scope, headers=[*headers, (b"authorization", b"Bearer " + key)])
-        if not scope["path"].startswith(ANTHROPIC_PREFIX):
+        if not scope["path"].startswith(ANTHROPIC_PREFIX) and ANTHROPIC_VERSION not in names:
             await self.app(scope, receive, send)
             return
         await self.app(scope, receive, _Reshaped(send))

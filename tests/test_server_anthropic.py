@@ -573,3 +573,21 @@ def test_the_servers_sampling_defaults_apply_to_messages_that_leave_them_out(pai
             assert stream.get_final_message().content[0].text == r.content[0].text
     finally:
         s.close()
+
+
+def test_models_are_listed_and_retrieved_in_each_clients_shape_and_an_unknown_one_is_its_404(server, client):
+    oa = openai.OpenAI(base_url=server.base + "/v1", api_key="x", max_retries=0)
+    names = [m.id for m in oa.models.list().data]
+    assert names and all(m.owned_by == "localspec" for m in oa.models.list().data)
+    assert oa.models.retrieve(names[0]).id == names[0]
+    listed = client.models.list()
+    assert [m.id for m in listed.data] == names and listed.has_more is False
+    one = client.models.retrieve(names[0])
+    assert (one.type, one.id, one.display_name) == ("model", names[0], names[0])
+    assert abs(one.created_at.timestamp() - time.time()) < 3600  # a real time, parsed by the client
+    with pytest.raises(anthropic.NotFoundError) as ant:
+        client.models.retrieve("no-such-model")
+    assert ant.value.body["error"]["type"] == "not_found_error" and names[0] in ant.value.message
+    with pytest.raises(openai.NotFoundError) as oai:
+        oa.models.retrieve("no-such-model")
+    assert oai.value.code == "model_not_found" and names[0] in oai.value.message
