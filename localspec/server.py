@@ -337,9 +337,13 @@ def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins
 
     @app.get("/v1/models/{name:path}")
     async def model(name: str, request: Request) -> Any:
-        if name not in server.limits.models:  # answered in Anthropic's shape to its SDK (AnthropicHeaders)
+        if not name:  # /v1/models/ is the list
+            return await models(request)
+        # Ollama's tag too, as chat completions take it (apps that list models through /api/tags ask for NAME:latest)
+        if not {name, name.removesuffix(":latest")} & set(server.limits.models):
+            # in Anthropic's shape to its SDK (AnthropicHeaders)
             return ApiError(404, f"The model {name!r} does not exist; this server has "
-                                 f"{', '.join(server.limits.models)}.", type="not_found",
+                                 f"{', '.join(server.limits.models)}.", param="model",
                             code="model_not_found").response()
         if server_apis.from_anthropic(request):
             return server_apis.anthropic_model(name, server.created)

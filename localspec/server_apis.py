@@ -7,7 +7,8 @@ it on the same worker and queue as chat completions, behind the same guards, and
 prompt's tokens is admitted to the same queue too: it uses the models, which only the worker touches.
 
 ``AnthropicHeaders`` lets Anthropic's clients through the guards: their ``x-api-key`` header counts as the
-bearer key, and a refusal on a Messages path comes back as Anthropic's error object.
+bearer key, and a refusal on a Messages path (or on ``/v1/models`` to a request naming ``anthropic-version``)
+comes back as Anthropic's error object.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ from .server_responses_replies import ResponseReply
 
 #: The paths answered in Anthropic's shapes.
 ANTHROPIC_PREFIX = "/v1/messages"
-#: The header every request of Anthropic's SDKs carries: on a shared path (``/v1/models``), its shapes are used.
+#: The header every request of Anthropic's SDKs carries: on the path both APIs share, it picks Anthropic's shapes.
 ANTHROPIC_VERSION = b"anthropic-version"
+#: The path both APIs answer (the models, and one model by name).
+SHARED_PATH = "/v1/models"
 
 
 def from_anthropic(request: Request) -> bool:
@@ -44,7 +47,7 @@ def from_anthropic(request: Request) -> bool:
 def anthropic_model(name: str, created: int) -> dict[str, Any]:
     """A model as Anthropic's Models API describes one (``created``: seconds since the epoch)."""
     when = datetime.datetime.fromtimestamp(created, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {"type": "model", "id": name, "display_name": name, "created_at": when}
+    return {"type": "model", "id": name, "display_name": name, "created_at": when, "lifecycle": "active"}
 
 
 def register(app: FastAPI, server: Any, next_event: NextEvent) -> None:
@@ -117,8 +120,8 @@ def _count(pair: Any, req: ChatRequest) -> int:
 
 
 class AnthropicHeaders:
-    """ASGI middleware: ``x-api-key`` as the bearer key; refusals on Messages paths, and to any request of an
-    Anthropic client, in Anthropic's shape."""
+    """ASGI middleware: ``x-api-key`` as the bearer key; refusals on Messages paths, and on the models' paths to
+    a request with ``anthropic-version``, in Anthropic's shape."""
 
     def __init__(self, app: ASGIApp):
         self.app = app
@@ -132,7 +135,9 @@ class AnthropicHeaders:
         key = next((v for k, v in headers if k.lower() == b"x-api-key"), None)
         if key is not None and b"authorization" not in names:
             scope = dict(scope, headers=[*headers, (b"authorization", b"Bearer " + key)])
-        if not scope["path"].startswith(ANTHROPIC_PREFIX) and ANTHROPIC_VERSION not in names:
+        path = scope["path"]
+        shared = path == SHARED_PATH or path.startswith(SHARED_PATH + "/")
+        if not path.startswith(ANTHROPIC_PREFIX) and not (shared and ANTHROPIC_VERSION in names):
             await self.app(scope, receive, send)
             return
         await self.app(scope, receive, _Reshaped(send))

@@ -109,18 +109,23 @@ class CountRequests:
     Args:
         app: the application.
         totals: where the counts go.
-        routes: the paths counted by name; any other path counts as ``other`` (so a scanner cannot grow the
-            label set without bound).
+        routes: the paths counted by name, or by template for a path with a parameter; any other path counts
+            as ``other`` (so a scanner cannot grow the label set without bound).
     """
 
     def __init__(self, app: ASGIApp, *, totals: Totals, routes: frozenset[str]):
         self.app, self.totals, self.routes = app, totals, routes
+        # a route with a parameter ("/v1/models/{name:path}") counts under its template, by the path before it
+        self.templates = sorted(((r.split("{", 1)[0], r) for r in routes if "{" in r), reverse=True)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        route = scope["path"] if scope["path"] in self.routes else "other"
+        path = scope["path"]
+        route = path if path in self.routes else next(
+            (template for prefix, template in self.templates if path.startswith(prefix) and len(path) > len(prefix)),
+            "other")
 
         async def counted(message: Message) -> None:
             if message["type"] == "http.response.start":

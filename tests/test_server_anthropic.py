@@ -591,3 +591,13 @@ def test_models_are_listed_and_retrieved_in_each_clients_shape_and_an_unknown_on
     with pytest.raises(openai.NotFoundError) as oai:
         oa.models.retrieve("no-such-model")
     assert oai.value.code == "model_not_found" and names[0] in oai.value.message
+    # strictly as the SDK's types say (its parsing is lenient), and by the tag Ollama's apps use
+    raw = requests.get(f"{server.base}/v1/models/{names[0]}:latest", headers={"anthropic-version": "2023-06-01"},
+                       timeout=30)
+    assert raw.status_code == 200 and anthropic.types.ModelInfo.model_validate(raw.json()).lifecycle == "active"
+    listed_raw = requests.get(f"{server.base}/v1/models/", timeout=30).json()  # the list, with a slash
+    assert [m["id"] for m in listed_raw["data"]] == names
+    # a chat completions error keeps OpenAI's shape whatever headers come with it
+    bad = requests.post(f"{server.base}/v1/chat/completions", json={"model": "nope", "messages": MESSAGES},
+                        headers={"anthropic-version": "2023-06-01"}, timeout=30)
+    assert bad.status_code == 404 and bad.json()["error"]["code"] == "model_not_found"

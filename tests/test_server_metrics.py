@@ -80,6 +80,16 @@ def test_refusals_are_counted_and_metrics_need_the_key(served):
     assert not any(labels and dict(labels).get("route") == "/no/such/path" for _, labels in after)
 
 
+def test_a_model_by_name_counts_under_its_route_template(served):
+    for name in ("a", "b/c", "d:latest"):
+        request = urllib.request.Request(f"{served.base}/v1/models/{name}", headers={"Authorization": f"Bearer {KEY}"})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(request, timeout=30)
+        assert err.value.code == 404
+    routes = {dict(labels).get("route") for _, labels in scrape(served) if labels}
+    assert "/v1/models/{name:path}" in routes and not routes & {"/v1/models/a", "/v1/models/b/c"}
+
+
 def test_without_the_flag_there_is_no_metrics_route(server):
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(server.base + "/metrics", timeout=10)
