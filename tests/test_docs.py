@@ -199,13 +199,16 @@ def localspec_problems(words: list[str]) -> list[str]:
             break
         sub = command.commands.get(args[i])
         if sub is None:
-            if command is cli:
-                return [f"`localspec {args[i]}` is not a command (commands: {', '.join(sorted(cli.commands))})"]
+            if not any(isinstance(p, click.Argument) for p in command.params):  # nothing else takes the word
+                return [f"`{where} {args[i]}` is not a command (commands: {', '.join(sorted(command.commands))})"]
             break
         command, where, i = sub, f"{where} {args[i]}", i + 1
     known = {o for p in command.params for o in (*p.opts, *p.secondary_opts)} | {"--help", "-h"}
+    takes_value = {o for p in command.params if isinstance(p, click.Option) and not p.is_flag for o in p.opts}
     for arg in args:
         name = arg.split("=", 1)[0]
+        if name[:2] in takes_value and not name.startswith("--"):  # a short option with its value: -n96
+            continue
         if OPTION.fullmatch(name) and name not in known:
             problems.append(f"`{where}` has no option {name}")
     return problems
@@ -313,6 +316,9 @@ def test_results_command_rules():
         "`localspec benchmark` is not a command (commands: add, bench, cache, calibrate, chat, check, export, "
         "generate, history, models, pull, serve)"]
     assert command_problems("localspec bench -t T --quik") == ["`localspec bench` has no option --quik"]
+    assert command_problems("localspec history clearr") == [
+        "`localspec history clearr` is not a command (commands: clear)"]
+    assert command_problems("localspec bench -t T -n96 --category doc-qa") == []  # a short option's value attached
     assert command_problems("python benchmarks/no_such.py --x") == ["benchmarks/no_such.py does not exist"]
     assert command_problems("python benchmarks/replay.py predict T --verify 1,2 --draft-step 0.3") == []
     assert command_problems("python benchmarks/replay.py record T --verify 1,2") == [
