@@ -90,8 +90,9 @@ def test_auto_in_the_replay_uses_the_recorded_draft_where_it_pays(tiny_dir):
 def test_on_the_real_pairs_recordings_auto_keeps_up_with_the_better_fixed_row_on_every_measured_curve():
     """The recorded replies of the real pair (the suite and the related workload, ``benchmarks/traces``), replayed
     through auto with one cost correction kept across them, as a pair keeps it: on each curve measured on the
-    2-core machines, auto's geometric mean is at least the better of plain decoding and lookup with K = 2
-    (the bench's yardstick for auto), no request loses much to plain, and where verifying is nearly free auto gains."""
+    2-core machines, auto's geometric mean is at least the better of plain decoding and localspec's lookup with
+    K = 2 (standing in for llama-cpp-python's fastest row on the same plain path), no request loses much to plain,
+    and where verifying is nearly free auto gains."""
     import json
     import math
     import statistics
@@ -121,8 +122,7 @@ def test_on_the_real_pairs_recordings_auto_keeps_up_with_the_better_fixed_row_on
 
 
 SHORT_REPLY_GAP = ("not met on every curve: on a short reply auto's first bets, made on its priors, decide its speed "
-                   "against localspec's own lookup with K = 2, a stricter yardstick than llama-cpp-python's lookup, "
-                   "which auto beat after three fresh calibrations (benchmarks/results/"
+                   "against lookup with K = 2 on the same plain path (benchmarks/results/"
                    "2026-12-03-auto-short-reply-replay.md, 2026-12-04-short-answer-three-calibrations.md)")
 
 
