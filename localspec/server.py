@@ -339,8 +339,7 @@ def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins
     async def model(name: str, request: Request) -> Any:
         if not name:  # /v1/models/ is the list
             return await models(request)
-        # Ollama's tag too, as chat completions take it (apps that list models through /api/tags ask for NAME:latest)
-        if not {name, name.removesuffix(":latest")} & set(server.limits.models):
+        if not server.limits.serves(name):
             # in Anthropic's shape to its SDK (AnthropicHeaders)
             return ApiError(404, f"The model {name!r} does not exist; this server has "
                                  f"{', '.join(server.limits.models)}.", param="model",

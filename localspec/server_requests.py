@@ -199,6 +199,11 @@ class Limits:
     history: bool = True
     keep_billing_header: bool = False
 
+    def serves(self, name: str) -> bool:
+        """Whether ``name`` is a served model's, by its name or Ollama's tag for it (``NAME:latest``: apps that
+        list the models through /api/tags, such as VS Code's Ollama provider, ask for that)."""
+        return name in self.models or name.removesuffix(":latest") in self.models
+
 
 def parse_body(raw: bytes) -> Any:
     """The JSON in a request body (ApiError 400 when it is not JSON)."""
@@ -224,8 +229,7 @@ def parse_request(body: Any, chat: bool, defaults: GenerationOptions, limits: Li
         raise _validation_error(exc) from None
     except RecursionError:
         raise ApiError(400, "The request body is nested too deeply.") from None
-    # Ollama's tag too: apps that list the models through /api/tags (VS Code's Ollama provider) ask for NAME:latest.
-    if req.model is not None and not {req.model, req.model.removesuffix(":latest")} & set(limits.models):
+    if req.model is not None and not limits.serves(req.model):
         raise ApiError(404, f"The model {req.model!r} does not exist; this server has {', '.join(limits.models)}.",
                        param="model", code="model_not_found")
     for name, neutral in UNSUPPORTED.items():
