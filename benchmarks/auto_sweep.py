@@ -28,12 +28,12 @@ import statistics
 import sys
 from pathlib import Path
 
-from localspec.costs import CostCorrection, CostProfile
-from localspec.drafters import PromptLookupDrafter
-from localspec.replay import Recorded, Round, auto_rounds, replay_auto, replay_method, replay_rounds
+from localspec.drafting.costs import CostCorrection, CostProfile
+from localspec.drafting.drafters import PromptLookupDrafter
+from localspec.drafting.replay import Recorded, Round, auto_rounds, replay_auto, replay_method, replay_rounds
 
 #: verify(n)/verify(1) and a draft step over a target step, per machine: the measured 2-core curves and GPU-like
-#: ones, made up (one file, which tests/test_replay.py reads too).
+#: ones, made up (one file, which tests/drafting/test_replay.py reads too).
 CURVES_FILE = Path(__file__).resolve().parent / "traces" / "curves.json"
 
 

@@ -24,8 +24,8 @@ import statistics
 from typing import Optional
 
 from localspec.api import Pair
-from localspec.backend import Model
 from localspec.bench import batch_noise, classify, load_suite, margin_at
+from localspec.runtime.model import Model
 
 
 def compare(pair: Pair, prompt: list[int], ref: list[int], tokens: list[int], tie: float) -> tuple[str, Optional[dict]]:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.history import HistoryStore
-from localspec.history.drafter import HistoryDrafter
-from localspec.history.store import DEFAULT_LIMIT_TOKENS
+from localspec.drafting.history import HistoryStore
+from localspec.drafting.history.drafter import HistoryDrafter
+from localspec.drafting.history.store import DEFAULT_LIMIT_TOKENS
 
 
 def fake_records(n_tokens: int, rng: np.random.Generator) -> list[np.ndarray]:

@@ -7,7 +7,7 @@ with the repetitions interleaved. On a 2-core Intel Xeon virtual machine on
 2026-11-30, at one thread, the copy loaded first decoded at 0.94 of the
 second's speed while llama.cpp's buffers had 4 KiB pages (`--huge-pages none`,
 as llama-cpp-python's own loads have them), and at 0.99 with huge pages
-(`--huge-pages both`, localspec's default, see localspec/hugepages.py;
+(`--huge-pages both`, localspec's default, see localspec/runtime/hugepages.py;
 benchmarks/results/2026-11-30-huge-pages.md). `--huge-pages first` gives only
 the first copy huge pages, so first/second is their gain (with the order
 effect against it).
@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from localspec.backend import Model
+from localspec.runtime.model import Model
 
 
 def steps_per_second(m: Model, prompt: list[int], n: int = 30) -> float:

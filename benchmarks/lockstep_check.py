@@ -29,10 +29,10 @@ import argparse
 import statistics
 import time
 
-from localspec import memory
-from localspec.backend import Model
 from localspec.bench.intervals import ratio_interval
 from localspec.errors import LocalspecError
+from localspec.runtime import memory
+from localspec.runtime.model import Model
 
 #: What fills the context: its words do not matter to a step's cost, only their number.
 _FILLER = ("A step of a transformer reads every weight once and the cache of every token before it; "

@@ -14,8 +14,8 @@ import statistics
 import sys
 import time
 
-from localspec.backend import Model
 from localspec.bench.agent import conversations
+from localspec.runtime.model import Model
 
 
 def main() -> int:

@@ -10,7 +10,7 @@ one teacher-forced pass (``localspec.bench.traces``). Greedy acceptance does
 not depend on the hardware, so this runs on a CPU.
 
 ``predict``: replay the recordings round by round through the real drafters
-and the real auto policy (``localspec.replay``) on a cost profile: this
+and the real auto policy (``localspec.drafting.replay``) on a cost profile: this
 machine's, one measured elsewhere (the ``calibration`` of
 ``benchmarks/gpu_check.py``'s JSON, or ``localspec calibrate --json``), or
 ratios given with ``--verify``. It prints, per prompt, the predicted speedup
@@ -36,9 +36,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from localspec.costs import CostProfile
+from localspec.drafting.costs import CostProfile
+from localspec.drafting.replay import Overhead, Recorded, replay_auto, replay_method
 from localspec.methods import AUTO_KMAX
-from localspec.replay import Overhead, Recorded, replay_auto, replay_method
 
 FIXED = [("lookup", 2), ("lookup", 4), ("lookup", 8), ("history", 4), ("draft", 1), ("draft", 2), ("draft", 4),
          ("draft", 8)]

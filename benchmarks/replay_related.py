@@ -31,8 +31,8 @@ from pathlib import Path
 
 import localspec
 from localspec.bench import load_related
-from localspec.costs import CostProfile
-from localspec.replay import Recorded, bound, replay_auto
+from localspec.drafting.costs import CostProfile
+from localspec.drafting.replay import Recorded, bound, replay_auto
 
 
 def plain_outputs(target: Path, threads: int | None, n: int, cache: Path) -> tuple[list[Recorded], CostProfile]:

@@ -1,4 +1,4 @@
-"""Python's cost of a sampled token: ``localspec.acceptance`` at an earlier commit against the working tree.
+"""Python's cost of a sampled token: ``localspec.sampling.acceptance`` at an earlier commit against the working tree.
 
 Interleaved repetitions of ``choose`` (one sampled token) and a round with a sampled draft of 4 (four
 draws, then acceptance over five lazy target rows), on logits rows of a real model after a code and
@@ -26,8 +26,8 @@ SETTINGS = (dict(temperature=0.7, top_p=0.9), dict(temperature=0.7),
 
 
 def old_module(rev: str) -> Any:
-    """``localspec/acceptance.py`` as it was at ``rev``, imported beside the current package."""
-    text = subprocess.run(["git", "show", f"{rev}:localspec/acceptance.py"], cwd=REPO, check=True,
+    """``localspec/sampling/acceptance.py`` as it was at ``rev``, imported beside the current package."""
+    text = subprocess.run(["git", "show", f"{rev}:localspec/sampling/acceptance.py"], cwd=REPO, check=True,
                           capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp()) / "old_acceptance.py"
     path.write_text(text.replace("from .options import", "from localspec.options import"))
@@ -42,7 +42,7 @@ def real_rows(target: Path, n: int = 40) -> Any:
     """The last ``n`` logits rows of ``target`` over the prompt."""
     import numpy as np
 
-    from localspec.backend import Model
+    from localspec.runtime.model import Model
 
     model = Model(target, n_ctx=512)
     try:
@@ -73,8 +73,8 @@ def time_one(mod: Any, rows: Any, params: Any, seed: int) -> tuple[float, float]
 def main() -> int:
     import numpy as np
 
-    from localspec import acceptance as new
     from localspec.options import SamplingParams
+    from localspec.sampling import acceptance as new
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--old-rev", required=True, help="the commit whose acceptance.py is 'before'")

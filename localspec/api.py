@@ -24,26 +24,26 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .auto import AcceptanceEstimate, history_estimates
-from .backend import Model
-from .calibration import ThreadChoice, calibrate, choose_threads, forget
 from .constraint import Constraint
-from .costs import CostCorrection, CostProfile
-from .drafters import Drafter, DraftingContext
-from .engine import Generation, check_prompt
+from .decoding.engine import Generation, check_prompt
+from .drafting.auto import AcceptanceEstimate, history_estimates
+from .drafting.calibration import ThreadChoice, calibrate, choose_threads, forget
+from .drafting.costs import CostCorrection, CostProfile
+from .drafting.drafters import Drafter, DraftingContext
+from .drafting.history import PROMPT_KEEP, HistoryStore, history_dir
+from .drafting.mtp_head import MtpHead
 from .errors import ConfigError
-from .grammar import GrammarState, Matcher, TriggeredMatcher, tokenizer_for
-from .history import PROMPT_KEEP, HistoryStore, history_dir
 from .methods import AUTO_KMAX, HISTORY, get_method
-from .nextn import MtpHead
 from .options import GenerationOptions, check_k
-from .processors import Processing
-from .prompt_cache import PromptCache
+from .prompt_cache.cache import PromptCache
 from .prompts import chat_text, chat_with_tools, check_length, infill_tokens
+from .reasoning.template import reply_reading
 from .results import Result, Stream
-from .thinking import reply_reading
-from .tools import ToolUse, may_call, offered, tool_use
-from .vocabulary import common_prefix as prefix_length
+from .runtime.model import Model
+from .runtime.vocabulary import common_prefix as prefix_length
+from .sampling.processors import Processing
+from .structured.grammar import GrammarState, Matcher, TriggeredMatcher, tokenizer_for
+from .structured.tool_use import ToolUse, may_call, offered, tool_use
 
 
 def notice_to_stderr(message: str) -> None:
@@ -71,7 +71,7 @@ class Pair:
         history: True to draft from (and record into) the target's history
             store in the localspec data directory, opened on first use; a
             ``HistoryStore`` to use that one; False for none.
-        prompt_cache: saved model states by prompt prefix (``localspec.prompt_cache``), so a prompt
+        prompt_cache: saved model states by prompt prefix (``localspec.prompt_cache.cache``), so a prompt
             another conversation, or an earlier process, processed is not processed again; None for none.
     """
 

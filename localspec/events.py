@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from .drafters import AutoReport, Draft
-from .reasoning import ANSWER
+from .drafting.drafters import AutoReport, Draft
+from .reasoning.formats import ANSWER
 
 #: Where an emitted token came from.
 SOURCE_TARGET = "target"  # a plain step of the target (or the first token, from prefill)

@@ -8,15 +8,15 @@ from pathlib import Path
 from typing import Callable, Optional, Union
 
 from .api import Pair, notice_to_stderr
-from .backend import Model
-from .compat import check_vocab
-from .gguf_header import read_local
-from .llama import read_vocab
+from .catalog.naming import resolve_models
 from .methods import AUTO_KMAX
-from .naming import resolve_models
 from .options import GenerationOptions
 from .paths import cache_dir
-from .prompt_cache import PromptCache, available_memory
+from .prompt_cache.cache import PromptCache, available_memory
+from .runtime.gguf_metadata import read_local
+from .runtime.model import Model
+from .runtime.process import read_vocab
+from .runtime.vocab_match import check_vocab
 from .sizes import human_bytes
 
 PathLike = Union[str, os.PathLike]
@@ -131,7 +131,7 @@ def load(
         flash_attn: force flash attention on or off (default on the CPU: on for contexts of 16384 tokens or
             more, off below; llama.cpp's choice on a GPU).
         huge_pages: on a CPU build under Linux, ask for transparent huge pages for llama.cpp's buffers
-            (see ``localspec.hugepages``); False leaves its pages as they are.
+            (see ``localspec.runtime.hugepages``); False leaves its pages as they are.
         defaults: generation options used where a call does not give them.
         draft_k: suggested draft length for the draft model (see ``Pair``; default: the pair's).
         history: draft from the target's earlier generations and record new

@@ -176,7 +176,7 @@ class GenerationOptions:
         logit_bias: (token id, bias) pairs added to those logits (a dict, or ``"ID=BIAS"`` strings, is
             turned into them), as OpenAI's ``logit_bias``.
         repeat_penalty, frequency_penalty, presence_penalty: llama.cpp's penalties over the last
-            ``repeat_last_n`` generated tokens (see ``localspec.processors``). Every method stays exact
+            ``repeat_last_n`` generated tokens (see ``localspec.sampling.processors``). Every method stays exact
             under them and the bias.
         prediction: text the output is expected to be (much) like; auto drafts from it where the reply
             matches it (method "prediction": only from it). The output stays plain decoding's.

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
-from .backend import Model
 from .errors import ConfigError, ContextOverflowError
 from .options import GenerationOptions
-from .thinking import model_reasoning
-from .tools import ToolUse, reply_options, template_messages
+from .reasoning.template import model_reasoning
+from .runtime.model import Model
+from .structured.tool_use import ToolUse, reply_options, template_messages
 
 #: What the renderer gives every template itself: a template variable may not be set under these names.
 RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "eos_token", "bos_token",

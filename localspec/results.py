@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Optional
 
-from .engine import Generation
+from .decoding.engine import Generation
 from .events import SOURCE_GRAMMAR, GenerationStats, TokenEvent
-from .tool_calls import CallReader, ToolCall, read_calls
+from .structured.call_reader import CallReader, ToolCall, read_calls
 
 
 @dataclass

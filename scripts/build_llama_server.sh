@@ -2,7 +2,7 @@
 # Build llama.cpp's llama-server from the llama.cpp source that localspec runs (the copy vendored in the
 # llama-cpp-python sdist that pyproject.toml pins), once: the binary is kept under
 # ~/.cache/localspec/llama-server, keyed by version, platform and build flags, and a second run only prints
-# its path. The export tests (tests/test_export_run.py) start it; benchmarks can use it as a peer engine.
+# its path. The export tests (tests/export/test_export_run.py) start it; benchmarks can use it as a peer engine.
 #
 #   bash scripts/build_llama_server.sh        # builds if needed, prints the binary's path on stdout
 #

@@ -132,7 +132,7 @@ def assemble(path: Path, spec: dict) -> None:
 def register(dest: Path) -> None:
     """Make the assembled files count as the built-in pair's download, if localspec is installed."""
     try:
-        from localspec import hub, registry
+        from localspec.catalog import hub, registry
         from localspec.errors import LocalspecError
     except ImportError:
         print(f"note: localspec is not installed, so {dest} was not registered as pair {PAIR}", file=sys.stderr)

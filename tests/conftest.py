@@ -33,7 +33,7 @@ def localspec_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def quiet_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process measurements see no other programs: whether one is cached must not depend on what else
     the test machine runs. The tests of that check restore the real one."""
-    from localspec import calibration
+    from localspec.drafting import calibration
 
     monkeypatch.setattr(calibration, "others_running", lambda *args, **kwargs: 0.0)
 

@@ -102,3 +102,15 @@ class ServeProcess:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+
+
+LLAMA_SERVER_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "localspec" / "llama-server"
+
+
+def built_binary() -> Optional[Path]:
+    """The llama-server to run: ``LOCALSPEC_LLAMA_SERVER``, else the one build_llama_server.sh cached."""
+    named = os.environ.get("LOCALSPEC_LLAMA_SERVER")
+    if named:
+        return Path(named)
+    found = sorted(LLAMA_SERVER_CACHE.glob("*/llama-server"))
+    return found[0] if found else None

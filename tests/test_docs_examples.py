@@ -182,7 +182,7 @@ def close_strings_and_turns(path: Path) -> None:
     import gguf
     from tinymodel import token_id
 
-    from localspec.tools import CLOSE, OPEN
+    from localspec.structured.tool_use import CLOSE, OPEN
 
     reader = gguf.GGUFReader(path, "r+")
     tensors = {t.name: t.data for t in reader.tensors}
@@ -199,7 +199,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     that end (``close_strings_and_turns``)."""
     from tinymodel import HERMES_TEMPLATE, write_tiny_model
 
-    from localspec.tools import CLOSE, OPEN
+    from localspec.structured.tool_use import CLOSE, OPEN
 
     d = tmp_path_factory.mktemp("docs-models")
     for name, noise in (("target.gguf", 0.0), ("draft.gguf", 0.35)):

@@ -103,8 +103,8 @@ def test_model_without_chat_template_refuses_chat(tmp_path):
 def test_each_model_keeps_its_own_log_setting(tiny_dir, capfd, monkeypatch):
     import numpy as np
 
-    from localspec.backend import Model
     from localspec.errors import BackendError
+    from localspec.runtime.model import Model
 
     target = Model(tiny_dir / "target.gguf", n_ctx=256, verbose=True)
     assert "llama" in capfd.readouterr().err  # the verbose target shows llama.cpp's log

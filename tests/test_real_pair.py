@@ -110,8 +110,8 @@ def test_where_verification_is_sub_linear_auto_still_predicts_a_real_gain_on_cop
     real auto policy, must still predict at least 1.3x on the suite's code-edit and rewrite prompts."""
     from localspec.bench import load_suite
     from localspec.bench.traces import record
-    from localspec.costs import CostProfile
-    from localspec.replay import replay_auto
+    from localspec.drafting.costs import CostProfile
+    from localspec.drafting.replay import replay_auto
 
     prompts = load_suite(categories=("code-edit", "rewrite"))
     recorded = record(real_pair, prompts, max_tokens=128)

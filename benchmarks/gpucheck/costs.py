@@ -14,7 +14,7 @@ from .settings import REPO
 
 def load_pair(models: dict[str, Any], n_gpu_layers: int) -> tuple[Any, Any]:
     """The target and draft as localspec loads them, with every layer on the GPU (-1) or none (0)."""
-    from localspec.backend import Model
+    from localspec.runtime.model import Model
 
     target = Model(models["target"]["path"], n_gpu_layers=n_gpu_layers)
     draft = Model(models["draft"]["path"], n_gpu_layers=n_gpu_layers)
@@ -22,8 +22,8 @@ def load_pair(models: dict[str, Any], n_gpu_layers: int) -> tuple[Any, Any]:
 
 
 def calibrate(target: Any, draft: Any, kmax: int) -> dict[str, Any]:
-    """The verify curve for n = 1..kmax+1 and the draft step (``localspec.calibration.measure``)."""
-    from localspec.calibration import measure
+    """The verify curve for n = 1..kmax+1 and the draft step (``localspec.drafting.calibration.measure``)."""
+    from localspec.drafting.calibration import measure
 
     t0 = time.perf_counter()
     profile = measure(target, draft, kmax)
@@ -41,7 +41,7 @@ def round_overhead(target: Any, drafter: Any, k: int, params: Any, rounds: int) 
     """
     import numpy as np
 
-    from localspec.engine import speculative_round
+    from localspec.decoding.engine import speculative_round
 
     models = (target, *(drafter.models if drafter is not None else ()))
     context = np.zeros(target.n_ctx, dtype=np.int32)
@@ -96,7 +96,7 @@ def generation_overheads(target: Any, draft: Any, profile: dict[str, Any], token
     Random weights may pick an end-of-generation token early; ``rounds`` says how many there were.
     """
     from localspec.api import Pair
-    from localspec.costs import CostProfile
+    from localspec.drafting.costs import CostProfile
 
     pair = Pair(target, draft, history=False)  # not closed here: the caller owns the models
     pair.set_profile(CostProfile(profile["verify_seconds"], profile["draft_step_seconds"], profile["lookup_seconds"]))
@@ -114,7 +114,7 @@ def generation_overheads(target: Any, draft: Any, profile: dict[str, Any], token
 def overheads(target: Any, draft: Any, profile: dict[str, Any], kmax: int, rounds: int) -> dict[str, Any]:
     """Python time per round outside llama.cpp (single rounds, plain and draft model, greedy and sampled; whole
     generations per method) and the time to copy logits rows."""
-    from localspec.drafters import ModelDrafter
+    from localspec.drafting.drafters import ModelDrafter
     from localspec.options import SamplingParams
 
     greedy, sampled = SamplingParams(), SamplingParams(temperature=0.7, top_p=0.9)

@@ -29,7 +29,7 @@ _PROBE = """
 import sys, llama_cpp
 sys.path.insert(0, "tests")
 from tinymodel import write_tiny_model
-from localspec.backend import Model
+from localspec.runtime.model import Model
 m = Model(write_tiny_model(sys.argv[1]), n_ctx=256, verbose=True)
 print(m.n_gpu_layers, m.flash_attn, llama_cpp.__file__)
 """

@@ -123,7 +123,7 @@ def quantize(src: Path, dst: Path, ftype: str) -> None:
     """Quantize with llama.cpp's own quantize (its default per-tensor choices for ``ftype``)."""
     import llama_cpp as ll
 
-    from localspec.llama import LlamaLog
+    from localspec.runtime.process import LlamaLog
 
     params = ll.llama_model_quantize_default_params()
     params.ftype = getattr(ll, f"LLAMA_FTYPE_MOSTLY_{ftype}")

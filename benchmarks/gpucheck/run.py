@@ -58,7 +58,7 @@ def llama_info() -> dict[str, Any]:
     """Which llama-cpp-python this run imports, and whether it can offload to a GPU."""
     import llama_cpp as ll
 
-    from localspec.llama import gpu_offload_supported
+    from localspec.runtime.process import gpu_offload_supported
 
     lib = Path(ll.__file__).parent / "lib"
     return {"version": ll.__version__, "file": ll.__file__, "gpu_offload": gpu_offload_supported(),

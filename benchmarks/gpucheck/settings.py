@@ -27,18 +27,18 @@ SDIST_TRIM = (".git/", "vendor/llama.cpp/.git", "vendor/llama.cpp/docs/", "vendo
 OFFLINE_PACKAGES = ("gguf", "platformdirs", "tomli_w", "prompt_toolkit", "wcwidth", "diskcache")
 #: Greedy identical to plain, sampled distribution kept, KV truncation right: the tiny-model tests for them.
 EXACTNESS_TESTS = (
-    "tests/test_engine_tiny.py", "tests/test_acceptance.py", "tests/test_auto.py",
-    "tests/test_history.py::test_greedy_with_history_equals_plain_decoding_and_a_repeat_is_drafted_from_history",
-    "tests/test_history.py::test_wrong_history_is_rejected_and_the_output_stays_exact",
-    "tests/test_history.py::test_sampled_history_drafts_keep_the_plain_distribution",
+    "tests/decoding/test_engine_tiny.py", "tests/sampling/test_acceptance.py", "tests/drafting/test_auto.py",
+    "tests/drafting/test_history.py::test_greedy_with_history_equals_plain_decoding_and_a_repeat_is_drafted_from_history",
+    "tests/drafting/test_history.py::test_wrong_history_is_rejected_and_the_output_stays_exact",
+    "tests/drafting/test_history.py::test_sampled_history_drafts_keep_the_plain_distribution",
     # the prompt cache: a state saved from the GPU and restored (RAM and disk) gives the live context's tokens
-    "tests/test_prompt_cache.py::test_interleaved_conversations_restored_from_ram_and_disk_give_the_live_contexts_tokens",
-    "tests/test_prompt_cache.py::test_a_restore_at_a_message_boundary_followed_by_a_divergent_last_turn_is_exact",
-    "tests/test_prompt_cache.py::test_a_sampled_reply_after_a_restore_is_the_same_sample",
+    "tests/prompt_cache/test_prompt_cache.py::test_interleaved_conversations_restored_from_ram_and_disk_give_the_live_contexts_tokens",
+    "tests/prompt_cache/test_prompt_cache.py::test_a_restore_at_a_message_boundary_followed_by_a_divergent_last_turn_is_exact",
+    "tests/prompt_cache/test_prompt_cache.py::test_a_sampled_reply_after_a_restore_is_the_same_sample",
 )
 #: The dry run's few: greedy exactness and the caches after rejections, on the same path.
-DRY_RUN_TESTS = ("tests/test_engine_tiny.py::test_greedy_speculation_matches_plain_decoding",
-                 "tests/test_engine_tiny.py::test_after_rejections_both_caches_equal_a_fresh_context")
+DRY_RUN_TESTS = ("tests/decoding/test_engine_tiny.py::test_greedy_speculation_matches_plain_decoding",
+                 "tests/decoding/test_engine_tiny.py::test_after_rejections_both_caches_equal_a_fresh_context")
 QK_K = 256  # K-quant block: a row length that is a multiple of it quantizes to Q4_K/Q6_K, not a fallback
 DRY_RUN_SCALE = 0.02
 

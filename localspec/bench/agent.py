@@ -80,12 +80,13 @@ def conversations(scale: float = 1.0) -> list[Conversation]:
     0.2k included) and files of 1.2k tokens on a Qwen2.5 vocabulary."""
     if scale <= 0:
         raise ConfigError(f"The agent workload's scale must be above 0, got {scale}.")
-    notes = _package_text("engine.py", "prompt_cache.py", "server.py")  # the rules' filler: project notes
-    a_file, b_file = _package_text("costs.py"), _package_text("drafters.py")
+    # the rules' filler: project notes
+    notes = _package_text("decoding/engine.py", "prompt_cache/cache.py", "server/worker.py")
+    a_file, b_file = _package_text("drafting/costs.py"), _package_text("drafting/drafters.py")
     return [
         Conversation("A", _system_prompt("You are a coding agent working in a Python repository. Project notes:\n"
                                          + notes, max(1, int(640 * scale))),
-                     "Here is localspec/costs.py:\n```python\n" + a_file[: int(4500 * scale)]
+                     "Here is localspec/drafting/costs.py:\n```python\n" + a_file[: int(4500 * scale)]
                      + "\n```\nWhat does it do?",
                      ("Which function chooses K?", "Suggest one test for it.")),
         Conversation("B", _system_prompt("You review Python code for bugs and style. Be brief. Project notes:\n"

@@ -6,8 +6,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..backend import Model
-from ..grammar import GrammarState
+from ..runtime.model import Model
+from ..structured.grammar import GrammarState
 from .records import Run
 
 #: A divergence counts as a numeric tie below this top-two logit margin of plain decoding,

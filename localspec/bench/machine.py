@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ..api import Pair
-from ..hugepages import thp_mode
-from ..llama import gpu_offload_supported
+from ..runtime.hugepages import thp_mode
+from ..runtime.process import gpu_offload_supported
 
 
 def host_info() -> dict[str, Any]:

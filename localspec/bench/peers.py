@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from ..backend import Model
 from ..events import GenerationStats
+from ..runtime.model import Model
 
 #: Bench method names of the peer rows.
 PEER_PLAIN = "llama-cpp-python"

@@ -9,10 +9,10 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ..api import Pair
-from ..auto import history_estimates
+from ..drafting.auto import history_estimates
+from ..drafting.history import HistoryStore
+from ..drafting.history.drafter import HistoryDrafter
 from ..events import GenerationStats
-from ..history import HistoryStore
-from ..history.drafter import HistoryDrafter
 from ..methods import AUTO, HISTORY
 from ..options import GenerationOptions
 from .exactness import TIE_MARGIN, batch_noise, worst_verdict

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..methods import PLAIN, REGISTRY
-from ..reasoning import REASONING
+from ..reasoning.formats import REASONING
 from .exactness import TIE_MARGIN
 from .peers import PEER_METHODS, PEER_PLAIN
 from .records import BenchReport, RelatedReport, Row

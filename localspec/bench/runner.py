@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional, Protocol, Sequence
 
 from ..api import Pair
-from ..costs import CostProfile
+from ..drafting.costs import CostProfile
+from ..drafting.history import HistoryStore
 from ..errors import ConfigError
 from ..events import GenerationStats
-from ..history import HistoryStore
 from ..methods import AUTO, PLAIN, REGISTRY
 from ..options import GenerationOptions
 from .exactness import TIE_MARGIN, batch_noise

@@ -20,7 +20,7 @@ from ..constraint import Constraint
 from ..errors import ConfigError
 from ..options import GenerationOptions
 from ..prompts import chat_with_tools, infill_tokens
-from ..tools import CLOSE, OPEN, ToolUse, tool_use
+from ..structured.tool_use import CLOSE, OPEN, ToolUse, tool_use
 from .suite import BenchPrompt
 
 

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Optional, Sequence
 from ..constraint import Constraint
 from ..errors import ConfigError
 from ..methods import AUTO, PLAIN, REGISTRY
-from ..tools import tool_use
+from ..structured.tool_use import tool_use
 from .peers import PEER_LOOKUP, PEER_PLAIN
 
 

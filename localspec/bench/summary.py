@@ -7,10 +7,10 @@ from typing import Mapping, Optional
 
 from ..api import Pair
 from ..constraint import Constraint
-from ..costs import CostProfile, predicted_round_seconds, predicted_speedup
+from ..drafting.costs import CostProfile, predicted_round_seconds, predicted_speedup
 from ..events import SOURCE_GRAMMAR
 from ..methods import PLAIN, REGISTRY
-from ..reasoning import REASONING
+from ..reasoning.formats import REASONING
 from .exactness import worst_verdict
 from .intervals import Interval, ratio_interval
 from .peers import PEER_METHODS, PEER_PLAIN

@@ -1,6 +1,6 @@
 """Recording a workload once, for the replay: each prompt's greedy reply, and the draft model's guesses.
 
-The replay (``localspec.replay``) predicts any method's and auto's speedup on
+The replay (``localspec.drafting.replay``) predicts any method's and auto's speedup on
 any cost profile from these recordings, so the acceptance measured here on a
 CPU combines with costs measured elsewhere (a GPU's). Greedy acceptance does
 not depend on the hardware, up to the kernels' batch-shape rounding at
@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from ..drafting.replay import Recorded
 from ..options import GenerationOptions
-from ..replay import Recorded
 from .runner import prompt_tokens
 from .suite import BenchPrompt
 
 if TYPE_CHECKING:
     from ..api import Pair
-    from ..backend import Model
+    from ..runtime.model import Model
 
 #: Bumped when what a recording holds changes, so old files are recorded again.
 TRACE_VERSION = 1

@@ -184,8 +184,8 @@ def _bench_agent(models: ModelArgs, reps: int, max_tokens: int, scale: float, ll
                  no_peers: bool, json_path: Optional[str]) -> None:
     from ..bench import agent as workload
     from ..bench.machine import host_info
-    from ..llama import default_threads, gpu_offload_supported
     from ..loading import fit_context
+    from ..runtime.process import default_threads, gpu_offload_supported
 
     files = models.files()
     target, draft = str(files.target), str(files.draft) if files.draft else None

@@ -23,8 +23,8 @@ def cache(ctx: click.Context, as_json: bool) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    from ..cache_files import disk_entries
     from ..loading import prompt_cache_folder
+    from ..prompt_cache.files import disk_entries
 
     folder = prompt_cache_folder()
     entries = disk_entries(folder)
@@ -47,8 +47,8 @@ def cache(ctx: click.Context, as_json: bool) -> None:
 @friendly_errors
 def cache_clear(yes: bool) -> None:
     """Delete every saved prompt state on disk (damaged files too)."""
-    from ..cache_files import remove_all
     from ..loading import prompt_cache_folder
+    from ..prompt_cache.files import remove_all
 
     folder = prompt_cache_folder()
     if not yes:

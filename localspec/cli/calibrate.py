@@ -11,7 +11,7 @@ from ..methods import REGISTRY, Method
 from .shared import ModelArgs, friendly_errors, model_options
 
 if TYPE_CHECKING:
-    from ..costs import CostProfile
+    from ..drafting.costs import CostProfile
 
 
 @click.command()
@@ -55,7 +55,7 @@ def calibrate(models: ModelArgs, recalibrate: bool, as_json: bool) -> None:
 def profile_table(profile: CostProfile, methods: list[Method], *, has_draft: bool, has_head: bool,
                   alphas: tuple[float, ...] = (0.3, 0.5, 0.7, 0.9)) -> str:
     """A readable summary of a profile: relative costs and what auto would choose at each acceptance."""
-    from ..costs import best_k
+    from ..drafting.costs import best_k
 
     rel = profile.relative()
     verify = rel["verify"]

@@ -29,10 +29,10 @@ def chat(models: ModelArgs, options: GenerationOptions, system: Optional[str], s
     if options.logprobs is not None:
         raise click.UsageError("localspec chat does not show log-probabilities; use generate --json --logprobs N, "
                                "or the server's logprobs.")
-    from ..chat import ChatSession, run_chat
-    from ..hub import first_downloaded
-    from ..naming import names_a_model
-    from ..registry import DEFAULT_PAIR, load_registry
+    from ..catalog.hub import first_downloaded
+    from ..catalog.naming import names_a_model
+    from ..catalog.registry import DEFAULT_PAIR, load_registry
+    from .chat_session import ChatSession, run_chat
 
     if not models.pair_name and not models.target:
         models.pair_name = first_downloaded(load_registry()) or DEFAULT_PAIR
@@ -44,8 +44,8 @@ def chat(models: ModelArgs, options: GenerationOptions, system: Optional[str], s
 
 def _ensure_pulled(name: str, yes: bool) -> None:
     """Download pair ``name`` if it is not on disk, after asking (unless ``yes``)."""
-    from ..hub import is_downloaded, pull
-    from ..registry import get_pair
+    from ..catalog.hub import is_downloaded, pull
+    from ..catalog.registry import get_pair
 
     spec = get_pair(name)
     if is_downloaded(spec):

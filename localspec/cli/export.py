@@ -42,9 +42,9 @@ def export(pair_name: Optional[str], target: Optional[str], draft: Optional[str]
            host: Optional[str], llama_server: Optional[str], api_key_file: Optional[str],
            target_repo: Optional[str], draft_repo: Optional[str]) -> None:
     """Print the command that serves this pair on vLLM or llama-server, for more than one user."""
-    from .. import export as ex
-    from ..llama_server_flags import find
-    from ..naming import resolve_models
+    from ..catalog.naming import resolve_models
+    from ..export import commands as ex
+    from ..export.llama_server_flags import find
     from ..options import LOOKUP_NGRAM
 
     if pair_name and target:

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Optional
 import click
 
 from ..options import GenerationOptions
-from ..tool_calls import call_reader
-from ..tools import ToolUse
+from ..structured.call_reader import call_reader
+from ..structured.tool_use import ToolUse
 from .shared import ModelArgs, friendly_errors, generation_options, model_options
 
 if TYPE_CHECKING:

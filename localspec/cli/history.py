@@ -23,7 +23,7 @@ def history(ctx: click.Context, as_json: bool) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    from ..history import history_dir, list_stores, set_aside_copies
+    from ..drafting.history import history_dir, list_stores, set_aside_copies
 
     stores, aside = list_stores(), set_aside_copies()
     if as_json:
@@ -52,7 +52,7 @@ def history(ctx: click.Context, as_json: bool) -> None:
 @friendly_errors
 def history_clear(yes: bool) -> None:
     """Delete every model's history store, and the damaged copies set aside."""
-    from ..history import clear_stores, history_dir
+    from ..drafting.history import clear_stores, history_dir
 
     if not yes:
         click.confirm(f"Delete all recorded generations in {history_dir()}?", abort=True)

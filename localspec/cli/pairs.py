@@ -29,8 +29,8 @@ def models(as_json: bool, scan: bool, folders: tuple[str, ...], add_pairs: bool)
         return
     if folders or add_pairs:
         raise click.UsageError("--folder and --add go with --scan.")
-    from ..hub import locate
-    from ..registry import load_registry, user_file
+    from ..catalog.hub import locate
+    from ..catalog.registry import load_registry, user_file
 
     rows: list[dict[str, Any]] = []
     for name, spec in load_registry().items():
@@ -53,9 +53,9 @@ def models(as_json: bool, scan: bool, folders: tuple[str, ...], add_pairs: bool)
 
 def _scan(folders: tuple[str, ...], add_pairs: bool, as_json: bool) -> None:
     """``models --scan``: the models found, the pairs among them (with the ``add`` line for each), what was skipped."""
-    from ..pairing import pair_models, suggest_pairs
-    from ..registry import add_local_pair, load_registry
-    from ..stores import scan
+    from ..catalog.pairing import pair_models, suggest_pairs
+    from ..catalog.registry import add_local_pair, load_registry
+    from ..catalog.stores import scan
 
     found = scan(folders=folders)
     pairs = pair_models(found.models)
@@ -106,9 +106,9 @@ def _scan(folders: tuple[str, ...], add_pairs: bool, as_json: bool) -> None:
 @friendly_errors
 def add(name: str, target: str, draft: str, description: str, k: int, ctx: int) -> None:
     """Register GGUF files you already have as pair NAME (nothing is copied)."""
-    from ..compat import check_vocab
-    from ..llama import read_vocab
-    from ..registry import add_local_pair
+    from ..catalog.registry import add_local_pair
+    from ..runtime.process import read_vocab
+    from ..runtime.vocab_match import check_vocab
 
     check_vocab(read_vocab(target), read_vocab(draft))
     path = add_local_pair(name, Path(target), Path(draft), description, k, ctx)
@@ -130,11 +130,11 @@ def pull(name: Optional[str], target: Optional[str], draft: Optional[str], no_se
     Files are checked by sha256 (recorded on first download when the catalog
     lists none) and resumed after an interruption.
     """
-    from ..hub import download
-    from ..hub import pull as hub_pull
-    from ..pairing import pair_name
-    from ..registry import add_pair, get_pair, load_registry
-    from ..remote import check_before_download, hub_pair
+    from ..catalog.hub import download
+    from ..catalog.hub import pull as hub_pull
+    from ..catalog.pairing import pair_name
+    from ..catalog.registry import add_pair, get_pair, load_registry
+    from ..catalog.remote import check_before_download, hub_pair
 
     if target is None:
         if name is None or draft is not None:
@@ -167,12 +167,12 @@ def pull(name: Optional[str], target: Optional[str], draft: Optional[str], no_se
 @friendly_errors
 def check(pair_name: Optional[str], target: Optional[str], draft: Optional[str]) -> None:
     """Check that a draft shares the target's vocabulary (reads the vocabularies only; of a Hub file, its header)."""
-    from ..compat import VOCAB_TYPES, compare
-    from ..remote import vocab_of
+    from ..catalog.remote import vocab_of
+    from ..runtime.vocab_match import VOCAB_TYPES, compare
 
     if pair_name:
-        from ..hub import resolve
-        from ..registry import get_pair
+        from ..catalog.hub import resolve
+        from ..catalog.registry import get_pair
 
         files = resolve(get_pair(pair_name))
         target, draft = str(files.target), str(files.draft)
@@ -183,8 +183,8 @@ def check(pair_name: Optional[str], target: Optional[str], draft: Optional[str])
         click.echo(f"{role}: {v.path.name}: {VOCAB_TYPES.get(v.type, '?')}, {v.n_tokens} tokens, "
                    f"BOS {v.bos}, EOS {v.eos}{note}")
     if not target.startswith("hf:"):
-        from ..gguf_header import read_local
-        from ..naming import model_path
+        from ..catalog.naming import model_path
+        from ..runtime.gguf_metadata import read_local
 
         heads = read_local(model_path(target)).mtp_layers
         if heads:

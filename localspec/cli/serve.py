@@ -44,11 +44,11 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
     is the largest the model was trained for that fits the memory (agents send
     tens of thousands of tokens), said at start.
     """
-    from ..server_access import check_access
+    from ..server.access import check_access
 
     access = check_access(host, api_key, origins)
     try:
-        from ..server import MAX_BODY, Server, create_app, run
+        from ..server.worker import MAX_BODY, Server, create_app, run
     except ImportError as exc:
         raise click.ClickException(f"localspec serve needs the server extra ({exc.name} is missing): "
                                    "pip install 'localspec[server]'.") from None

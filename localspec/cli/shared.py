@@ -25,7 +25,7 @@ from ..options import GenerationOptions
 
 if TYPE_CHECKING:
     from ..api import Pair
-    from ..naming import Resolved
+    from ..catalog.naming import Resolved
 
 #: ``--flash-attn`` values and what ``load`` is given for each.
 FLASH_ATTN = {"auto": None, "on": True, "off": False}
@@ -93,7 +93,7 @@ class ModelArgs:
 
     def files(self, method: Optional[str] = None) -> Resolved:
         """The target and draft files ``open`` would load (a found draft said on stderr), without loading them."""
-        from ..naming import resolve_models
+        from ..catalog.naming import resolve_models
 
         resolved = resolve_models(*self._model_and_draft(method))
         for notice in resolved.notices:
@@ -101,7 +101,7 @@ class ModelArgs:
         return resolved
 
     def _model_and_draft(self, method: Optional[str]) -> tuple[Union[str, Path], Optional[str]]:
-        from ..naming import default_draft, names_a_model
+        from ..catalog.naming import default_draft, names_a_model
 
         if self.pair_name and self.target:
             raise click.UsageError("Give a pair name or --target/--draft, not both.")

@@ -1,0 +1,533 @@
+"""Auto mode: choose prompt lookup, history, the draft model, the MTP head or plain decoding, and K, each round.
+
+The choice maximises expected tokens per second under the cost model
+(``localspec.drafting.costs``) with the machine's measured costs (``localspec.drafting.calibration``):
+
+* each method's per-token acceptance alpha is **estimated online** with a
+  prior (from a look at the prompt) and exponential decay, separately for
+  lookup matches of each n-gram length and history matches of each length
+  band (history's estimates outlive one generation: the pair keeps them).
+  Lookup and history are also scored in rounds they sit out: the first
+  tokens of their guess are compared with the tokens the output then had,
+  up to the first wrong one, as the round would have scored them, which
+  costs nothing, so a guesser that starts to pay is noticed at once;
+* every round takes the method and K with the highest predicted speed, or
+  plain decoding unless something clears ``costs.MIN_GAIN``.
+
+On a compute-bound CPU, verify(K+1) grows almost linearly with K, so only a
+well-matched lookup pays; on a memory-bound GPU verify(K+1) ~ verify(1) and
+long drafts win. Auto only chooses what to propose: acceptance is unchanged,
+so the output stays exactly the target's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..methods import AUTO, AUTO_KMAX, DRAFT, HISTORY, LOOKUP, MTP, PLAIN, PREDICTION, REGISTRY, Method
+from ..runtime.model import Model
+from .costs import (
+    MIN_GAIN,
+    CostCorrection,
+    CostProfile,
+    RoundTiming,
+    best_k,
+    expected_tokens,
+    round_cost,
+    round_speedup,
+)
+from .drafters import (
+    EMPTY_DRAFT,
+    AutoChange,
+    AutoReport,
+    Draft,
+    Drafter,
+    DraftGuide,
+    DraftingContext,
+    ModelDrafter,
+    MtpDrafter,
+    build_lookup,
+    build_prediction,
+)
+from .history.drafter import HistoryDrafter
+
+
+class AcceptanceEstimate:
+    """Per-token acceptance alpha from decayed counts of kept tokens and rejections.
+
+    A round that drafts K tokens and keeps ``kept`` contributes ``kept``
+    successes and one failure if kept < K: the maximum-likelihood estimate
+    of a geometric acceptance truncated at K. Old evidence fades by
+    ``decay`` per drafted token, so the estimate spans the last ~1/(1-decay)
+    guesses whatever K was.
+    """
+
+    def __init__(self, prior_alpha: float, prior_weight: float = 2.0, decay: float = 0.95):
+        self.kept = prior_alpha * prior_weight
+        self.rejected = (1.0 - prior_alpha) * prior_weight
+        self.decay = decay
+
+    @property
+    def alpha(self) -> float:
+        total = self.kept + self.rejected
+        return self.kept / total if total > 0 else 0.0
+
+    def update(self, drafted: int, kept: int) -> None:
+        fade = self.decay ** drafted
+        self.kept = self.kept * fade + kept
+        self.rejected = self.rejected * fade + (1.0 if kept < drafted else 0.0)
+
+    def shrink(self, weight: float) -> None:
+        """Keep alpha but count the evidence as at most ``weight`` guesses, so new evidence moves it fast."""
+        total = self.kept + self.rejected
+        if total > weight:
+            self.kept *= weight / total
+            self.rejected *= weight / total
+
+
+_COPY_CUES = re.compile(
+    r"\b(rewrite|rephrase|fix|correct|edit|modify|refactor|rename|update|change|quote|copy|repeat|"
+    r"return the (full|whole|complete|modified|updated)|keep(ing)? (everything|the rest))\b",
+    re.IGNORECASE,
+)
+
+
+def prompt_prior(text: str, prompt_tokens: np.ndarray) -> float:
+    """Prior acceptance for prompt lookup from a cheap look at the prompt.
+
+    Copy-heavy requests (rewrite, edit, quote...) over a long supplied text
+    make the answer repeat the prompt; otherwise lookup mostly finds
+    incidental matches.
+    """
+    copy_request = bool(_COPY_CUES.search(text))
+    long_material = len(prompt_tokens) > 120
+    if copy_request and long_material:
+        return 0.7
+    if copy_request or long_material:
+        return 0.45
+    return 0.25
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One candidate for a round: a method and K, the speedup it is predicted to give, and on what."""
+
+    speed: float
+    method: str
+    k: int
+    alpha: float
+    estimate: Optional[AcceptanceEstimate] = None  # the estimate its outcome updates
+    draft: Draft = EMPTY_DRAFT  # lookup's or history's guess, made before choosing (free)
+    factor: float = 1.0  # the method's realized-gain factor, by which ``speed`` was scaled
+    most: int = 0  # the longest draft on offer
+
+
+PLAIN_CHOICE = Choice(1.0, PLAIN.name, 0, 0.0)
+
+
+@dataclass
+class _Bet:
+    """A drafting round under way: what it was chosen for, and the tokens it gave once verified."""
+
+    method: str
+    predicted_tokens: float
+    predicted_steps: float
+    tokens: int = 0
+
+
+#: How many tokens of a free guesser's unused guess are scored (see ``AutoDrafter._score_shadows``): about as
+#: many as a drafting round on a CPU verifies, so the estimate says what such a round would keep.
+SHADOW_K = 4
+
+#: Rounds of two tokens that must have been timed before the profile's cost for them is taken on trust:
+#: until then auto explores drafting now and then even where the profile says it cannot pay.
+COST_EVIDENCE = 3
+
+#: How many guessed tokens the prior of a lookup estimate counts for. The estimate is scored on every plain
+#: round's unused guess, so a few lucky tokens could lift a lightly held prior past the bar, and the round
+#: chosen on them then keeps less than it was chosen for (``benchmarks/results/2026-12-02-lookup-prior.md``, measured by
+#: replaying recorded replies with ``benchmarks/auto_sweep.py``).
+LOOKUP_PRIOR_WEIGHT = 8.0
+
+#: The most of its guessed tokens any drafter is taken to keep, whatever its estimate says. After a run of kept
+#: guesses an estimate climbs toward 1, and the rounds chosen at the top of it keep less than promised (most
+#: where only a near-perfect guess can pay, as on one CPU thread). Replaying the real pair's recordings, every
+#: measured curve and two GPU-like ones gain or hold with a ceiling from 0.92 to 0.95
+#: (``benchmarks/results/2026-12-02-quiet-2-core-alpha-ceiling.md``).
+ALPHA_CEILING = 0.93
+
+#: History matches are weighed by length band: 2-3, 4-7, 8-15 and 16 or more tokens.
+HISTORY_BANDS = (2, 4, 8, 16)
+#: Prior acceptance per band: a long match in earlier output is usually followed the same way. The priors
+#: stay below what replaying the related-requests workload measured per band (``benchmarks/replay_related.py``),
+#: since other workloads repeat less.
+HISTORY_PRIORS = (0.45, 0.6, 0.75, 0.9)
+#: What one generation carries over of the estimates the last ones learned, in guesses: a new request may
+#: be about something else, and two or three wasted history rounds should be enough to notice.
+HISTORY_CARRY_WEIGHT = 4.0
+
+
+def history_band(match: int) -> int:
+    """The length band of a history match (an index into HISTORY_BANDS)."""
+    return sum(match >= lo for lo in HISTORY_BANDS[1:])
+
+
+def history_estimates() -> dict[int, AcceptanceEstimate]:
+    """Fresh acceptance estimates for history matches, one per band (a pair keeps them across generations)."""
+    return {i: AcceptanceEstimate(p) for i, p in enumerate(HISTORY_PRIORS)}
+
+
+class Candidate:
+    """A method as auto offers it each round: its drafter and the acceptance estimates behind its choice.
+
+    A drafter that guesses for free (a search: lookup, history) guesses before auto chooses, and the
+    estimate is picked by what backs the guess (``key``: the length of the match); one that runs a
+    model guesses only once chosen. See the ``*_candidate`` factories for the built-in ones.
+
+    Args:
+        method: the registered method.
+        drafter: its drafter.
+        estimates: acceptance estimates by key; updated in place (a caller may keep them).
+        free: guessing costs nothing, so the guess is made before choosing (False: a model runs).
+        key: the estimate that backs the drafter's last guess (default: the first).
+        names: how the report names each estimate (default: the method's name).
+        ceiling: the most of its guessed tokens it is taken to keep when auto chooses (see ``ALPHA_CEILING``).
+    """
+
+    def __init__(self, method: Method, drafter: Drafter, estimates: dict[Any, AcceptanceEstimate], free: bool = True,
+                 key: Optional[Callable[[], Any]] = None, names: Optional[Callable[[Any], str]] = None,
+                 ceiling: float = ALPHA_CEILING):
+        self.method = method
+        self.drafter = drafter
+        self.estimates = estimates
+        self.free = free
+        self.key = key
+        self.names = names
+        self.ceiling = ceiling
+        self.models: tuple[Model, ...] = drafter.models
+
+    @property
+    def name(self) -> str:
+        return self.method.name
+
+    def offer(self, context: np.ndarray, kmax: int, rng: np.random.Generator
+              ) -> Optional[tuple[AcceptanceEstimate, Draft]]:
+        """The estimate to decide by, and the free guess (empty for a model); None: nothing to offer."""
+        if not self.free:
+            return next(iter(self.estimates.values())), EMPTY_DRAFT
+        guess = self.drafter.propose(context, kmax, rng)
+        if not guess.tokens:
+            return None
+        return self.estimates[self.key() if self.key else next(iter(self.estimates))], guess
+
+    def alphas(self) -> dict[str, float]:
+        """The estimates, rounded, by their report names."""
+        return {(self.names(k) if self.names else self.name): round(e.alpha, 3) for k, e in self.estimates.items()}
+
+
+class AutoDrafter(Drafter):
+    """A drafter that picks one of its candidates (lookup, history, the draft model...) or plain, each round.
+
+    Args:
+        profile: the machine's costs (see ``calibration.calibrate``).
+        candidates: what auto may choose from, in order of preference on ties.
+        kmax: the longest draft considered.
+        explore_every: at most one exploratory round per this many rounds,
+            to re-check a method the estimates have ruled out.
+        correction: real rounds' costs, folded into ``profile`` when it is next read (see ``costs.CostCorrection``);
+            shared with the caller, who may keep it for the next generation. None: the profile as it is.
+    """
+
+    name = AUTO.name
+
+    def __init__(self, profile: CostProfile, candidates: Sequence[Candidate], kmax: int = AUTO_KMAX,
+                 explore_every: int = 32, correction: Optional[CostCorrection] = None):
+        self.base_profile = profile
+        self.correction = correction
+        self._profile = correction.apply(profile) if correction is not None else profile
+        self._profile_stale = False  # rounds were timed since: fold them in when the profile is next needed
+        self.kmax = min(kmax, profile.kmax)
+        self.candidates = list(candidates)
+        self.models: tuple[Model, ...] = tuple(m for c in self.candidates for m in c.models)
+        self.explore_every = explore_every
+        self._report = AutoReport(rounds={m.name: 0 for m in REGISTRY if m.candidate or m.name == PLAIN.name},
+                                  profile=profile.relative())
+        self._pending: Optional[AcceptanceEstimate] = None
+        # free guessers' unused guesses in plain rounds (estimate, guess, context length), scored once the
+        # tokens they guessed have come
+        self._shadows: list[tuple[AcceptanceEstimate, tuple[int, ...], int]] = []
+        self._last_tried = {c.name: 0 for c in self.candidates}
+        self._by_name = {c.name: c for c in self.candidates}
+        self._round = 0
+        self._last_choice: Optional[tuple[str, int]] = None
+        # a free guesser's drafting round under way: the tokens and cost (in steps) it was chosen for, and
+        # the tokens it gave once verified
+        self._bet: Optional[_Bet] = None
+
+    @property
+    def profile(self) -> CostProfile:
+        """The costs decided by: the profile, corrected by what real rounds cost."""
+        if self._profile_stale and self.correction is not None:
+            self._profile, self._profile_stale = self.correction.apply(self.base_profile), False
+        return self._profile
+
+    def prefill(self, context: np.ndarray) -> None:
+        if self.correction is not None:  # a generation starts: earlier generations' gains count less
+            self.correction.new_generation()
+        for c in self.candidates:  # a draft model processes the prompt now; a search notes where it ends
+            c.drafter.prefill(context)
+
+    def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
+        """Choose a method and K for this round and return its draft (empty for plain)."""
+        return self._propose(context, k, rng, None)
+
+    def propose_guided(self, context: np.ndarray, k: int, rng: np.random.Generator, guide: DraftGuide) -> Draft:
+        """As ``propose``, under a grammar: the free guesses are weighed by their part the grammar allows, a
+        guess after forced tokens by what it adds to their batch, and a model drafts knowing the grammar."""
+        return self._propose(context, k, rng, guide)
+
+    def _propose(self, context: np.ndarray, k: int, rng: np.random.Generator, guide: Optional[DraftGuide]) -> Draft:
+        self._round += 1
+        self._bet = None
+        self._score_shadows(context)
+        forced = guide.forced if guide is not None else 0
+        choices = self._choices(context, min(k, self.kmax), rng, guide)
+        best = max(choices, key=lambda ch: ch.speed)  # plain on ties: it comes first
+        if best.k and not forced:  # (a forced batch is timed by its whole size, not the guess's)
+            best = self._longer(best)
+        if best.k == 0:  # nothing pays: plain, unless a method is due for a look
+            best = self._explore(choices, forced) or PLAIN_CHOICE
+        if best.method == PLAIN.name:
+            self._pending = None
+            for choice in choices:
+                if choice.draft.tokens and choice.estimate is not None:  # the free guessers' guesses
+                    unused = tuple(choice.draft.tokens[:SHADOW_K])
+                    self._shadows = [*self._shadows[-(4 * SHADOW_K):], (choice.estimate, unused, len(context))]
+            if not forced:  # a round of forced tokens alone is the grammar's, not a plain one
+                self._note(best)
+            return EMPTY_DRAFT
+        self._last_tried[best.method] = self._round
+        chosen = self._by_name[best.method]
+        if best.draft.tokens:
+            draft = Draft(best.draft.tokens[: best.k], None, best.method)
+        elif guide is not None:
+            draft = chosen.drafter.propose_guided(context, best.k, rng, guide)
+        else:
+            draft = chosen.drafter.propose(context, best.k, rng)
+        if forced and not draft.tokens:  # the forced tokens go alone: the grammar's round, not this method's
+            self._pending = None
+            return draft
+        self._note(best)
+        self._pending = best.estimate
+        if chosen.free and not forced:  # what a guesser's own rounds deliver (forced tokens would blur it)
+            self._bet = _Bet(best.method, expected_tokens(best.alpha, best.k),
+                             round_cost(self.profile, chosen.method, best.k) / self.profile.verify[0])
+        return draft
+
+    def _choices(self, context: np.ndarray, kmax: int, rng: np.random.Generator,
+                 guide: Optional[DraftGuide]) -> list[Choice]:
+        """Plain, and each candidate with something to offer at its best K and predicted speed."""
+        choices = [PLAIN_CHOICE]
+        if kmax <= 0:
+            return choices
+        forced = guide.forced if guide is not None else 0
+        for c in self.candidates:
+            if forced and isinstance(c.drafter, MtpDrafter):  # the head drafts only where the target has been
+                continue
+            offer = c.offer(context, kmax, rng)
+            if offer is None:
+                continue
+            est, guess = offer
+            if guide is not None and guess.tokens:  # what the grammar refuses would be verified for nothing
+                guess = guess.cut(guide.grammar.valid_prefix(guess.tokens))
+                if not guess.tokens:
+                    continue
+            most = min(kmax, len(guess.tokens)) if c.free else kmax
+            # what a free guesser's rounds have really delivered of their predictions raises its bar (a
+            # model's rounds also pay its catch-up after plain rounds, which would mislead the measure)
+            f = self.correction.gain_factor(c.name) if self.correction is not None and c.free else 1.0
+            alpha = min(c.ceiling, est.alpha)
+            kk, speed = best_k(self.profile, c.method, alpha, most, min_gain=MIN_GAIN / f, forced=forced)
+            choices.append(Choice(speed * f, c.name, kk, alpha, est, guess, f, most))
+        return choices
+
+    def _longer(self, best: Choice) -> Choice:
+        """The chosen draft one token longer while rounds of that length are untimed, where the profile says it
+        pays even so: a profile that overstates long batches is otherwise never corrected past the K it allows
+        (the correction learns only the batch sizes it sees)."""
+        if not 0 < best.k < best.most or not self._untimed(best.k + 2):
+            return best
+        longer = round_speedup(self.profile, self._by_name[best.method].method, best.alpha, best.k + 1)
+        if longer * best.factor < MIN_GAIN:
+            return best
+        return dataclasses.replace(best, speed=longer * best.factor, k=best.k + 1)
+
+    def _untimed(self, n: int) -> bool:
+        """Whether rounds verifying ``n`` tokens are yet to be timed often enough to trust their cost."""
+        return self.correction is not None and self.correction.evidence(n) < COST_EVIDENCE
+
+    def _score_shadows(self, context: np.ndarray) -> None:
+        """Score each unused guess as the round it sat out would have scored it, once that is known: the
+        guessed tokens that the output then really had, up to the first wrong one."""
+        pending = []
+        for est, guess, at in self._shadows:
+            came = context[at: at + len(guess)]
+            kept = next((i for i, t in enumerate(came) if int(t) != guess[i]), len(came))
+            if kept < len(came) or len(came) == len(guess):  # a wrong token, or all of them came
+                est.update(len(guess), kept)
+            else:
+                pending.append((est, guess, at))
+        self._shadows = pending
+
+    def _explore(self, choices: list[Choice], forced: int = 0) -> Optional[Choice]:
+        """A cheap K=1 round of a method not tried for a while, if verifying two tokens has not really been
+        timed yet (the profile may overstate it), or if a drafting model could pay were its acceptance higher.
+
+        A free guesser is never explored for its acceptance: its guesses are scored in the plain rounds it
+        sits out, at no cost, and on a machine where it cannot pay a look would only lose time.
+        """
+        untimed = self._untimed(2)
+        for c in choices[1:]:
+            stale = self._round - self._last_tried[c.method] >= self.explore_every
+            optimistic = untimed or (not self._by_name[c.method].free and
+                                     best_k(self.profile, self._by_name[c.method].method,
+                                            min(self._by_name[c.method].ceiling, c.alpha + 0.25),
+                                            1, forced=forced)[1] > 1.0)
+            if stale and optimistic:
+                return Choice(c.speed, c.method, 1, c.alpha, c.estimate, c.draft)
+        return None
+
+    def observe_timing(self, timing: RoundTiming) -> None:
+        """A round's real cost: into the evidence that corrects the profile decided by, and a drafting round's
+        tokens and cost, in steps of the profile it was chosen by, into its method's realized gain."""
+        bet, self._bet = self._bet, None
+        if self.correction is None:
+            return
+        if bet is not None and bet.tokens:
+            steps = (timing.verify_seconds + timing.draft_seconds + timing.rollback_seconds) / self.profile.verify[0]
+            self.correction.observe_gain(bet.method, bet.predicted_tokens, bet.predicted_steps, bet.tokens, steps)
+        self.correction.observe(timing)
+        self._profile_stale = True  # folded in when read: a round with nothing on offer never reads the costs
+
+    def observe(self, drafted: int, kept: int) -> None:
+        """Feedback after verification: update the estimate of the method just used."""
+        if self._pending is not None and drafted > 0:
+            self._pending.update(drafted, kept)
+        self._pending = None
+        if self._bet is not None:
+            self._bet.tokens = kept + 1
+
+    def settle(self, context: np.ndarray) -> None:
+        for c in self.candidates:
+            c.drafter.settle(context)
+
+    def report(self) -> AutoReport:
+        """Rounds per method, the choices made and the estimates and costs they were made by, as they stand."""
+        self._report.alpha = {name: a for c in self.candidates for name, a in c.alphas().items()}
+        self._report.profile = self.profile.relative()
+        return self._report
+
+    def _note(self, choice: Choice) -> None:
+        self._report.rounds[choice.method] = self._report.rounds.get(choice.method, 0) + 1
+        if self._last_choice != (choice.method, choice.k):
+            self._last_choice = (choice.method, choice.k)
+            if len(self._report.changes) < 50:
+                self._report.changes.append(AutoChange(self._round, choice.method, choice.k, round(choice.alpha, 3),
+                                                       round(choice.speed, 3)))
+
+
+# -- the built-in candidates, registered with their methods (see ``localspec.methods``) ----------------
+
+
+def lookup_candidate(ctx: DraftingContext, prior: Optional[float] = None) -> Candidate:
+    """Prompt lookup, with one estimate per n-gram length of the match, their priors read from the prompt."""
+    lookup = build_lookup(ctx)
+    if prior is None:
+        prior = prompt_prior(ctx.prompt_text(), ctx.prompt_tokens)
+    # lookup acceptance depends on the n-gram length of the match (1, 2, 3...)
+    estimates = {n: AcceptanceEstimate(min(0.95, prior + 0.1 * (n - 1)), LOOKUP_PRIOR_WEIGHT)
+                 for n in range(1, lookup.max_ngram + 1)}
+    return Candidate(LOOKUP, lookup, estimates, key=lambda: lookup.last_match, names=lambda n: f"{LOOKUP.name}{n}")
+
+
+def prediction_candidate(ctx: DraftingContext) -> Optional[Candidate]:
+    """The request's predicted output, when it gave one: a free guesser trusted as a near copy at first
+    (it is the caller's own guess of the output), one estimate per n-gram length of the alignment. No ceiling
+    caps it: a true copy is the case it exists for, and the recordings that judged the ceiling have none."""
+    if ctx.prediction is None or not len(ctx.prediction):
+        return None
+    drafter = build_prediction(ctx)
+    estimates = {n: AcceptanceEstimate(min(0.95, 0.7 + 0.05 * (n - 1))) for n in range(1, drafter.max_ngram + 1)}
+    return Candidate(PREDICTION, drafter, estimates, key=lambda: drafter.last_match,
+                     names=lambda n: f"{PREDICTION.name}{n}", ceiling=1.0)
+
+
+def history_candidate(ctx: DraftingContext) -> Optional[Candidate]:
+    """History, with one estimate per match-length band, carried over from the pair's earlier generations."""
+    if ctx.history is None:
+        return None
+    estimates = ctx.history_alpha if ctx.history_alpha is not None else history_estimates()
+    for est in estimates.values():
+        est.shrink(HISTORY_CARRY_WEIGHT)
+    drafter = HistoryDrafter(ctx.history)
+    return Candidate(HISTORY, drafter, estimates, key=lambda: history_band(drafter.last_match),
+                     names=lambda band: f"{HISTORY.name}{HISTORY_BANDS[band]}+")
+
+
+def model_candidate(ctx: DraftingContext) -> Optional[Candidate]:
+    """The draft model, unless it could not pay even if it were always right (then it is never run, nor
+    fed the prompt: on a compute-bound CPU the usual case)."""
+    if ctx.draft is None:
+        return None
+    return drafting_model_candidate(ctx, ModelDrafter(ctx.draft, ctx.options.sampling))
+
+
+def mtp_candidate(ctx: DraftingContext) -> Optional[Candidate]:
+    """The target's MTP head, unless the target has none (or this build cannot run it), its step was not
+    measured, or it could not pay even if it were always right."""
+    if ctx.head is None or ctx.profile is None:
+        return None
+    profile = _decided_profile(ctx)
+    head = ctx.head()
+    if head is None or not profile.mtp_step or best_k(profile, MTP, ALPHA_CEILING, ctx.k)[0] == 0:
+        return None
+    return Candidate(MTP, MtpDrafter(head, ctx.options.sampling), {0: AcceptanceEstimate(0.6)}, free=False)
+
+
+def drafting_model_candidate(ctx: DraftingContext, drafter: Drafter) -> Optional[Candidate]:
+    """A candidate for the draft-model method with this drafter (the replay's recorded draft, or the model)."""
+    if ctx.profile is None or best_k(_decided_profile(ctx), DRAFT, ALPHA_CEILING, ctx.k)[0] == 0:
+        return None  # best_k stops at the profile's longest K
+    return Candidate(DRAFT, drafter, {0: AcceptanceEstimate(0.6)}, free=False)
+
+
+def _decided_profile(ctx: DraftingContext) -> CostProfile:
+    """The pair's profile, corrected by the rounds it has timed."""
+    assert ctx.profile is not None
+    return ctx.correction.apply(ctx.profile) if ctx.correction is not None else ctx.profile
+
+
+def build_auto(ctx: DraftingContext, extra: Sequence[Candidate] = ()) -> AutoDrafter:
+    """Method "auto": every registered method with a candidate that can take part in this generation.
+
+    Args:
+        extra: candidates to offer as well (the replay's recorded draft model).
+    """
+    if ctx.profile is None:
+        raise ConfigError("Method 'auto' needs the machine's cost profile; build it through a Pair, or give one.")
+    candidates = [c for m in REGISTRY if m.candidate is not None for c in [m.candidate(ctx)] if c is not None]
+    return AutoDrafter(ctx.profile, [*candidates, *extra], kmax=ctx.k, correction=ctx.correction)
+
+
+REGISTRY.attach(AUTO.name, build=build_auto)
+REGISTRY.attach(LOOKUP.name, candidate=lookup_candidate)
+REGISTRY.attach(PREDICTION.name, candidate=prediction_candidate)
+REGISTRY.attach(HISTORY.name, candidate=history_candidate)
+REGISTRY.attach(DRAFT.name, candidate=model_candidate)
+REGISTRY.attach(MTP.name, candidate=mtp_candidate)

@@ -1,0 +1,580 @@
+"""One loaded GGUF model over llama-cpp-python's low-level API.
+
+``Model`` is the only place in localspec that touches llama.cpp's KV cache.
+It keeps a record of exactly which tokens the cache holds (``tokens``), so
+callers reason about the cache as a token list: ``eval`` appends tokens and
+returns the logits rows asked for, ``truncate`` drops positions whatever the
+memory (``localspec.runtime.memory``: llama.cpp's ``seq_rm``, a recurrent state's
+bounded rollback, or a checkpoint and a replay), ``checkpoint`` saves a state
+a recurrent model cannot cut back, and ``sync`` reuses the longest cached
+prefix. If an evaluation is interrupted (Ctrl-C between llama.cpp returning
+and the bookkeeping, or a failed decode), the next call first makes the cache
+and the record agree again.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any, Literal, Optional, Union
+
+import llama_cpp as ll
+import numpy as np
+
+from ..errors import BackendError, ConfigError, ContextOverflowError, GenerationCancelled, ModelFileError
+from . import memory
+from .gguf_metadata import check_gguf
+from .hugepages import HugePages
+from .process import (
+    CACHE_TYPES,
+    LlamaLog,
+    abort_hook,
+    context_params,
+    default_threads,
+    gpu_offload_supported,
+    load_weights,
+    one_sequence_batch,
+)
+from .vocabulary import ModelVocabulary, Tokens
+from .vocabulary import common_prefix as prefix_length
+
+LogitsWanted = Literal["last", "all", "none"]
+#: Checkpoints a model keeps at once (one per round, one at a prompt's end, one spare).
+MAX_CHECKPOINTS = 3
+#: On the CPU, contexts of this many tokens or more get flash attention unless told otherwise: they are
+#: made for long prompts (``serve`` fits the largest trained context), which it processes faster.
+FLASH_ATTN_CONTEXT = 16384
+
+
+class Model(ModelVocabulary):
+    """A GGUF model with one context and one sequence, and a record of its cache.
+
+    Args:
+        path: the .gguf file.
+        n_ctx: context length in tokens (0: the model's training context).
+        n_threads: CPU threads for single-token steps
+            (default: all available cores, see ``default_threads``).
+        n_threads_batch: CPU threads for batches (verification, prompts); default: ``n_threads``.
+            Steps are memory-bound and batches compute-bound, so their best counts can differ.
+        n_gpu_layers: layers to offload; -1 for all. Default: all on a GPU
+            build, none on a CPU-only build.
+        n_batch: most tokens sent to llama.cpp in one decode call.
+        cache_type: KV cache element type, "f16" (llama.cpp's default), "f32" or "q8_0".
+        flash_attn: force flash attention on or off. Default on the CPU: on
+            for contexts of ``FLASH_ATTN_CONTEXT`` tokens or more, made for long
+            prompts, which it processes faster; off below (its f16 rounding makes
+            logits depend on batch shape, for little gain on short contexts).
+            llama.cpp's automatic choice when layers are on a GPU.
+        huge_pages: on a CPU build under Linux, ask for transparent huge pages
+            for llama.cpp's buffers (see ``localspec.runtime.hugepages``); False to leave
+            them as llama.cpp allocated them.
+        rollback_tokens: for a recurrent model whose architecture can roll its
+            state back, how many trailing tokens of a decode it can remove
+            (llama.cpp's ``n_rs_seq``; each costs one copy of the state).
+            Longer drafts take a checkpoint instead. Ignored for other models.
+        verbose: let llama.cpp print its log to stderr, and say when the cache
+            had to go back to a checkpoint or to the start.
+
+    Raises:
+        ModelFileError: the file is missing, not a GGUF, or llama.cpp cannot load it.
+        BackendError: the context cannot be created (e.g. too large for memory).
+    """
+
+    def __init__(
+        self,
+        path: Union[str, os.PathLike],
+        *,
+        n_ctx: int = 4096,
+        n_threads: Optional[int] = None,
+        n_threads_batch: Optional[int] = None,
+        n_gpu_layers: Optional[int] = None,
+        n_batch: int = 512,
+        cache_type: str = "f16",
+        flash_attn: Optional[bool] = None,
+        huge_pages: bool = True,
+        rollback_tokens: int = 8,
+        verbose: bool = False,
+    ):
+        self.path = check_gguf(path)
+        if n_ctx < 0:
+            raise ConfigError(f"Context length must be >= 0 (0 = the model's own), got {n_ctx}.")
+        if cache_type not in CACHE_TYPES:
+            raise ConfigError(f"Unknown KV cache type {cache_type!r}; choose one of {', '.join(CACHE_TYPES)}.")
+        if rollback_tokens < 0:
+            raise ConfigError(f"rollback_tokens must be >= 0, got {rollback_tokens}.")
+        self._log = LlamaLog(verbose)
+        self.verbose = verbose
+        # what ``reopen`` loads again (the thread counts are read when it is called: they may have been set since)
+        self._settings: dict[str, Any] = dict(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_batch=n_batch,
+                                              cache_type=cache_type, flash_attn=flash_attn, huge_pages=huge_pages,
+                                              rollback_tokens=rollback_tokens, verbose=verbose)
+        #: True when the caller left the thread count to localspec (see ``calibration.choose_threads``).
+        self.threads_unset = not n_threads
+        self.n_threads = n_threads if n_threads else default_threads()
+        #: True when the caller left the batch thread count to localspec.
+        self.batch_threads_unset = not n_threads_batch
+        self.n_threads_batch = n_threads_batch if n_threads_batch else self.n_threads
+        if n_gpu_layers is None:
+            n_gpu_layers = -1 if gpu_offload_supported() else 0
+        self.n_gpu_layers = n_gpu_layers
+        self._model = None
+        self._ctx = None
+        self._batch: Optional[ll.llama_batch] = None
+        # Only on CPU builds: a GPU build's host buffers may be pinned for the device,
+        # and their pages are best left where the driver put them.
+        pages = HugePages(huge_pages and not gpu_offload_supported())
+        self._model = load_weights(self.path, n_gpu_layers, self._log)
+        self._create_context(n_ctx, n_batch, cache_type, flash_attn, rollback_tokens)
+        pages.apply()
+        #: Bytes of llama.cpp's buffers advised to use huge pages (0: none; see ``hugepages``).
+        self.huge_page_bytes = pages.advised
+        self._init_vocabulary()
+        self._init_memory()
+        self._file_identity = self._identity_at_load()
+        # One batch reused for every decode, filled through numpy views of its arrays.
+        self._batch, self._b_token, self._b_pos, self._b_logits = one_sequence_batch(self.n_batch)
+
+    def _create_context(self, n_ctx: int, n_batch: int, cache_type: str, flash_attn: Optional[bool],
+                        rollback_tokens: int) -> None:
+        if n_ctx == 0:
+            n_ctx = int(ll.llama_model_n_ctx_train(self._model))
+        if flash_attn is None and not (self.n_gpu_layers != 0 and gpu_offload_supported()):
+            # On CPU, flash attention rounds through f16 and moves logits between batch
+            # shapes, which can flip near-ties between plain decoding and batched
+            # verification, for 1-2% on short contexts; a long context is for long
+            # prompts, which it processes about a tenth faster. GPU builds keep llama.cpp's choice.
+            flash_attn = n_ctx >= FLASH_ATTN_CONTEXT
+        self.flash_attn = flash_attn
+        cparams = context_params(n_ctx, min(n_batch, n_ctx), self.n_threads, self.n_threads_batch, cache_type,
+                                 flash_attn)
+        self._cparams = cparams  # for a second context over the same weights (an MTP head)
+        recurrent = ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model)
+        cparams.n_rs_seq = rollback_tokens if recurrent else 0  # llama.cpp clamps it to 0 where it cannot
+        with self._log:
+            self._ctx = ll.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            self.close()
+            raise BackendError(
+                f"llama.cpp could not create a {n_ctx}-token context for {self.path.name}; "
+                "try a smaller context length."
+            )
+        self.n_ctx: int = int(ll.llama_n_ctx(self._ctx))
+        self.n_batch: int = min(n_batch, n_ctx)
+
+    def _init_memory(self) -> None:
+        """The context's memory, what it can undo, and the record of what it holds (empty)."""
+        self._mem = ll.llama_get_memory(self._ctx)
+        if not self._mem:
+            self.close()
+            raise ModelFileError(f"{self.path.name} has no memory llama.cpp can decode with (an encoder or "
+                                 "embedding-only model); localspec needs a model that generates text.")
+        #: What this model's memory can undo (see ``localspec.runtime.memory``); its checkpoint size once measured.
+        self.memory = memory.inspect(self._model, self._ctx)
+        #: Sliding-window size of its windowed attention layers (0: none).
+        self.n_swa = int(ll.llama_model_n_swa(self._model))
+        #: Next-n (MTP) layers in the GGUF: a head that drafts from this model's own hidden states.
+        self.n_nextn = int(ll.llama_model_n_layer_nextn(self._model)) if hasattr(ll, "llama_model_n_layer_nextn") else 0
+        #: Hidden state after each position (row p: after token p), kept once ``keep_hidden`` is called.
+        self.hidden = np.zeros((0, 0), dtype=np.float32)
+        self._ext: Optional[object] = None
+        self._tokens = np.zeros(self.n_ctx, dtype=np.int32)
+        self._n = 0
+        self._dirty = False
+        #: The shortest length ``truncate`` reaches with llama.cpp's own ``seq_rm`` (lower needs a checkpoint).
+        self._undo_floor = 0
+        self._checkpoints: list[memory.Checkpoint] = []
+        #: Times the cache went back to a checkpoint or to the start, and tokens evaluated again for it.
+        self.rewinds = 0
+        self.replayed_tokens = 0
+        #: Seconds spent inside llama.cpp decode calls (and reading their logits).
+        self.busy_seconds = 0.0
+        #: Number of decode calls made.
+        self.decode_calls = 0
+
+    # -- lifetime -----------------------------------------------------------
+
+    def reopen(self) -> Model:
+        """The same file loaded again with the same settings and thread counts: a second model with a cache of
+        its own, so that two generations can run side by side (the bench's lockstep mode)."""
+        return Model(self.path, n_threads=self.n_threads, n_threads_batch=self.n_threads_batch, **self._settings)
+
+    def close(self) -> None:
+        """Free the context and the model. The object cannot be used afterwards."""
+        if self._batch is not None:
+            ll.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            ll.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            ll.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def set_threads(self, n: int, n_batch: Optional[int] = None) -> None:
+        """Use ``n`` threads for single-token steps and ``n_batch`` (default: ``n``) for batches from now on."""
+        n_batch = n if n_batch is None else n_batch
+        if n < 1 or n_batch < 1:
+            raise ConfigError(f"Thread counts must be at least 1, got {n} and {n_batch} for batches.")
+        ll.llama_set_n_threads(self._ctx, n, n_batch)
+        self.n_threads, self.n_threads_batch = n, n_batch
+
+    # -- the cache ------------------------------------------------------------
+
+    @property
+    def n_past(self) -> int:
+        """Number of positions the cache holds."""
+        return self._n
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The tokens the cache holds, in order (a read-only view)."""
+        view = self._tokens[: self._n]
+        view.flags.writeable = False
+        return view
+
+    def eval(self, tokens: Tokens, *, logits: LogitsWanted = "last",
+             abort: Optional[threading.Event] = None) -> np.ndarray:
+        """Append ``tokens`` to the cache and return logits rows.
+
+        Args:
+            tokens: token ids to evaluate after what the cache holds.
+            logits: "last" for the row after the last token, "all" for one
+                row per token (row i predicts the token after tokens[i]),
+                "none" for no rows.
+            abort: an event another thread may set to stop a long batch
+                (a prompt) within milliseconds, between or inside llama.cpp's
+                decode calls; single tokens are not worth the hook's cost.
+
+        Returns:
+            float32 array of shape (rows, n_vocab). Rows from the final decode
+            call are a read-only view of llama.cpp's buffer, valid until the
+            next call on this model; copy them to keep them.
+
+        Raises:
+            ContextOverflowError: the tokens do not fit in the context.
+            TokenIdError: a token id is outside the vocabulary (nothing is evaluated).
+            GenerationCancelled: ``abort`` was set; the chunks evaluated before it stay, as for BackendError.
+            BackendError: llama.cpp failed to decode. The chunks of ``n_batch``
+                tokens before the failing one stay in the cache (and in
+                ``tokens``); the failing chunk is removed.
+        """
+        n = len(tokens)
+        if n == 0:
+            return np.zeros((0, self.n_vocab), dtype=np.float32)
+        arr = self.check_tokens(tokens)
+        self._repair()
+        if self._n + n > self.n_ctx:
+            raise ContextOverflowError(
+                f"{self._n + n} tokens do not fit in the {self.n_ctx}-token context of {self.path.name}; "
+                "shorten the input or raise the context length."
+            )
+        earlier: list[np.ndarray] = []
+        out = np.zeros((0, self.n_vocab), dtype=np.float32)
+        with abort_hook(self._ctx, abort if n > 1 else None):
+            for start in range(0, n, self.n_batch):
+                if abort is not None and abort.is_set():
+                    raise GenerationCancelled(f"Cancelled before position {self._n} of {self.path.name}.")
+                chunk = arr[start : start + self.n_batch]
+                final = start + len(chunk) == n
+                rows = self._decode(chunk, logits, final, abort)
+                if rows is not None:
+                    out = rows
+                    if not final:
+                        earlier.append(out.copy())  # the next decode overwrites the buffer
+        if earlier:
+            return np.concatenate(earlier + [out])
+        out.flags.writeable = False
+        return out
+
+    def _decode(self, chunk: np.ndarray, logits: LogitsWanted, final: bool,
+                abort: Optional[threading.Event]) -> Optional[np.ndarray]:
+        """One llama.cpp decode call appending ``chunk``; its logits rows (a view), or None when none were asked."""
+        m = len(chunk)
+        self._b_token[:m] = chunk
+        self._b_pos[:m] = np.arange(self._n, self._n + m, dtype=np.int32)
+        self._b_logits[:m] = 1 if logits == "all" else 0
+        if logits == "last" and final:
+            self._b_logits[m - 1] = 1
+        self._batch.n_tokens = m  # type: ignore[union-attr]
+        t0 = time.perf_counter()
+        self._dirty = True  # until the record below matches the cache again
+        with self._log:
+            rc = ll.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            ll.llama_set_abort_callback(self._ctx, ll.ggml_abort_callback(), None)  # the repair must not abort too
+            self._repair(failed=True)
+            if rc == 2 and abort is not None and abort.is_set():  # 2: the abort callback said stop
+                raise GenerationCancelled(f"Cancelled at position {self._n} of {self.path.name}.")
+            raise BackendError(
+                f"llama.cpp decode failed with code {rc} on {self.path.name} "
+                f"({m} tokens at position {self._n}); that chunk was removed from the cache."
+            )
+        self._keep_hidden_rows(m)
+        self._tokens[self._n : self._n + m] = chunk
+        self._n += m
+        self._dirty = False
+        self._after_decode(m)
+        rows = m if logits == "all" else (1 if logits == "last" and final else 0)
+        if not rows:  # on a GPU, decode returns before the work is done; reading logits waits for it, so wait here
+            ll.llama_synchronize(self._ctx)
+        out = np.ctypeslib.as_array(ll.llama_get_logits(self._ctx), shape=(rows, self.n_vocab)) if rows else None
+        self.busy_seconds += time.perf_counter() - t0
+        self.decode_calls += 1
+        return out
+
+    def _after_decode(self, m: int) -> None:
+        """Where ``truncate`` can go back to by ``seq_rm`` alone after a decode of ``m`` tokens."""
+        info = self.memory
+        if info.kind == memory.FULL:
+            return
+        if not info.state_bytes:
+            self.memory = memory.with_state_size(info, self._ctx)  # measurable once the state holds a token
+            if self.verbose:
+                sys.stderr.write(f"localspec: {self.path.name}: {self.memory.describe()}\n")
+        # A rollback reaches the state after any but the first of the last decode's tokens (llama.cpp
+        # snapshots the last n_rs_seq + 1 of them); the state before the decode is gone.
+        self._undo_floor = self._n - min(info.rollback_tokens, m - 1) if info.kind == memory.ROLLBACK else self._n
+
+    def _keep_hidden_rows(self, m: int) -> None:
+        """Copy the last decode's ``m`` hidden rows to their positions (the MTP head's input), if kept."""
+        if self._ext is not None:
+            staged = np.ctypeslib.as_array(self._ext.llama_get_embeddings_nextn(self._ctx),  # type: ignore[attr-defined]
+                                           shape=(m, self.hidden.shape[1]))
+            self.hidden[self._n : self._n + m] = staged
+
+    def keep_hidden(self) -> None:
+        """From now on, keep the hidden state after every position (``hidden``), for an MTP head.
+
+        The cache is emptied: positions evaluated before have no hidden rows.
+        """
+        if self._ext is not None:
+            return
+        from llama_cpp import (
+            llama_cpp_ext,  # C++ symbols, not a stable API: localspec.drafting.mtp_head checks for them
+        )
+
+        llama_cpp_ext.llama_set_embeddings_nextn(self._ctx, True, False)  # one row per batch token
+        self.hidden = np.zeros((self.n_ctx, int(ll.llama_model_n_embd_out(self._model))), dtype=np.float32)
+        self._ext = llama_cpp_ext
+        self.reset()
+
+    def open_context(self, ctx_type: int) -> Optional[ll.llama_context_p]:
+        """A second llama.cpp context over these weights, with this one's settings (the caller frees it)."""
+        cparams = ll.llama_context_params.from_buffer_copy(self._cparams)
+        cparams.ctx_type = ctx_type
+        cparams.n_rs_seq = 0
+        cparams.n_threads, cparams.n_threads_batch = self.n_threads, self.n_threads_batch
+        with self._log:
+            return ll.llama_init_from_model(self._model, cparams)
+
+    def can_undo(self, removed: int) -> bool:
+        """Whether, after evaluating ``removed + 1`` tokens, removing up to ``removed`` needs no checkpoint
+        (a batch split into chunks can only roll back within its last chunk)."""
+        return self.memory.covers(removed) and (self.memory.kind == memory.FULL or removed < self.n_batch)
+
+    def checkpoint(self, refresh: bool = False) -> None:
+        """Save the state at the current length, so a later ``truncate`` to it (or past it) is cheap.
+
+        A no-op for an attention cache, which cuts back anywhere, and where a
+        checkpoint at this length exists (``refresh``: save it again). The newest
+        ``MAX_CHECKPOINTS`` are kept; truncating below one drops it.
+        """
+        if self.memory.kind == memory.FULL:
+            return
+        if any(c.position == self._n for c in self._checkpoints):
+            if not refresh:
+                return
+            self._checkpoints = [c for c in self._checkpoints if c.position != self._n]
+        self._repair()
+        t0 = time.perf_counter()
+        with self._log:
+            self._checkpoints.append(memory.save(self._ctx, self._n))
+        del self._checkpoints[:-MAX_CHECKPOINTS]
+        self.busy_seconds += time.perf_counter() - t0
+
+    def truncate(self, n: int, *, replay: bool = True) -> None:
+        """Drop every cached position from ``n`` on (keep the first n tokens).
+
+        Where the memory cannot remove them (a recurrent state, beyond its
+        rollback), the newest checkpoint at or before ``n`` is restored, or the
+        cache is emptied, and the recorded tokens up to ``n`` are evaluated
+        again. Output never changes; only the time does.
+
+        Args:
+            n: tokens to keep.
+            replay: False to stop at the checkpoint (or the start) instead of
+                evaluating up to ``n`` again: the cache then holds a prefix of
+                the first n tokens, for a caller about to evaluate more.
+
+        Raises:
+            BackendError: llama.cpp refused to restore the state or to cut the cache back.
+        """
+        self._repair()
+        if n < 0:
+            raise ValueError(f"cannot truncate to {n} tokens")
+        if n >= self._n:
+            return
+        if n == 0:
+            self.reset()
+            return
+        self._checkpoints = [c for c in self._checkpoints if c.position <= n]
+        if n >= self._undo_floor and ll.llama_memory_seq_rm(self._mem, 0, n, -1):
+            self._n = n
+            if self.memory.kind == memory.ROLLBACK:
+                self._undo_floor = n  # a rollback is single-use until the next decode
+            return
+        self._rewind(n, replay)
+
+    def _rewind(self, n: int, replay: bool) -> None:
+        """Go back to the newest checkpoint at or before ``n`` (or to the start), then evaluate up to n again."""
+        t0 = time.perf_counter()
+        start = self._checkpoints[-1] if self._checkpoints else None  # every checkpoint is at most n
+        with self._log:
+            if start is None or not memory.restore(self._ctx, start):
+                ll.llama_memory_clear(self._mem, True)
+                start = None
+                self._checkpoints.clear()  # one llama.cpp refused is no use, nor are the older ones it hid
+            at = start.position if start is not None else 0
+            if not ll.llama_memory_seq_rm(self._mem, 0, at, -1):  # the attention part of a hybrid, past the state
+                raise BackendError(f"llama.cpp could not cut the cache of {self.path.name} back to position {at}.")
+        self._n = self._undo_floor = at
+        self.rewinds += 1
+        self.busy_seconds += time.perf_counter() - t0
+        again = self._tokens[at:n].copy() if replay else self._tokens[:0]
+        if self.verbose and start is None and n:  # a checkpoint's restore is routine; a start again is not
+            sys.stderr.write(f"localspec: {self.path.name}: its {self.memory.kind} memory cannot cut back to {n} "
+                             f"tokens and no checkpoint was at or before that, so it starts again from the "
+                             f"beginning" + (f" and evaluates {len(again)} tokens again\n" if replay else "\n"))
+        if len(again):
+            self.replayed_tokens += len(again)
+            self.eval(again, logits="none")
+
+    def reset(self) -> None:
+        """Empty the cache."""
+        ll.llama_memory_clear(self._mem, True)
+        self._n = self._undo_floor = 0
+        self._dirty = False
+        self._checkpoints.clear()
+
+    def state_identity(self) -> str:
+        """What a saved state of this context depends on: the model file, llama.cpp's build and the settings
+        that shape the state (cache types, flash attention, offload, the rollback snapshots). A state saved
+        under another identity is never loaded."""
+        return f"{self._file_identity}|nextn={int(self._ext is not None)}"
+
+    def _identity_at_load(self) -> str:
+        """The file and settings part of ``state_identity``, read once: a file replaced or moved while it is
+        loaded changes nothing about the weights in memory."""
+        import llama_cpp
+
+        st = self.path.stat()
+        kept = {k: self._settings[k] for k in ("cache_type", "flash_attn", "rollback_tokens")}
+        return "|".join([str(self.path.resolve()), str(st.st_size), str(st.st_mtime_ns), llama_cpp.__version__,
+                         f"ngl={self.n_gpu_layers}", f"fa={self.flash_attn}", "swa_full=1",
+                         *(f"{k}={v}" for k, v in sorted(kept.items()))])
+
+    @property
+    def cuts_after_load(self) -> bool:
+        """Whether a state ``load_state`` put back can be cut to any shorter length in place: a plain attention
+        cache can; a recurrent state cannot, and a sliding-window cache is not cut after a load either (each
+        shorter length is evaluated again from the start instead)."""
+        return self.memory.kind == memory.FULL and not self.n_swa
+
+    def save_state(self) -> bytearray:
+        """The whole state of the cache as it stands (``tokens`` says what it holds), for ``load_state``; with
+        the hidden rows of its positions once they are kept for an MTP head (the head catches up from them)."""
+        self._repair()
+        t0 = time.perf_counter()
+        with self._log:
+            data = memory.save_sequence(self._ctx)
+        if self._ext is not None:
+            data += self.hidden[: self._n].data.cast("B")  # the rows' bytes, without a copy of them first
+        self.busy_seconds += time.perf_counter() - t0
+        return data
+
+    def load_state(self, tokens: np.ndarray, data: Union[bytes, bytearray]) -> bool:
+        """Replace the cache with a state ``save_state`` gave when the cache held ``tokens``.
+
+        Returns:
+            True if llama.cpp took it; False if it refused (the cache is then empty).
+        """
+        arr = self.check_tokens(tokens)
+        n = len(arr)
+        rows = n * self.hidden.shape[1] * 4 if self._ext is not None else 0
+        if n > self.n_ctx or rows > len(data):
+            return False
+        self._repair()
+        t0 = time.perf_counter()
+        with self._log:
+            ok = memory.restore_sequence(self._ctx, data, len(data) - rows)
+        self.busy_seconds += time.perf_counter() - t0
+        self._checkpoints.clear()
+        if not ok:
+            self.reset()
+            return False
+        if rows:
+            self.hidden[:n] = np.frombuffer(data, dtype=np.float32, offset=len(data) - rows).reshape(n, -1)
+        self._tokens[:n] = arr
+        self._n = n
+        # a plain attention cache cuts back anywhere; the rest hold nothing from before the load
+        self._undo_floor = 0 if self.cuts_after_load else n
+        self._dirty = False
+        return True
+
+    def common_prefix(self, tokens: np.ndarray) -> int:
+        """Length of the longest common prefix of the cache and ``tokens``."""
+        return prefix_length(self._tokens[: self._n], tokens)
+
+    def sync(self, tokens: Tokens, abort: Optional[threading.Event] = None) -> np.ndarray:
+        """Make the cache hold exactly ``tokens`` and return the last token's logits.
+
+        The longest cached prefix is kept; only the rest is evaluated. At
+        least the last token is evaluated again, since its logits are needed.
+        ``abort`` stops the evaluation early, as in ``eval``.
+
+        Returns:
+            the logits row after the last token (a view, see ``eval``).
+        """
+        arr = self.check_tokens(tokens)
+        if len(arr) == 0:
+            raise ValueError("cannot sync to an empty token list")
+        self._repair()
+        self.truncate(min(self.common_prefix(arr), len(arr) - 1), replay=False)
+        return self.eval(arr[self._n:], logits="last", abort=abort)[0]
+
+    def _repair(self, failed: bool = False) -> None:
+        """After an interrupted or failed decode, make the cache and the record agree again.
+
+        A decode that finished before its bookkeeping was interrupted is kept
+        (``failed`` False); otherwise whatever llama.cpp left past the record goes.
+        """
+        if not self._dirty:
+            return
+        self._dirty = False
+        if self.memory.kind != memory.FULL:
+            # A recurrent state cannot tell a finished decode from an aborted one, and llama.cpp's own
+            # clean-up after a failure may have "rolled back" to a snapshot that was never written.
+            self._rewind(self._n, replay=True)
+            return
+        held = int(ll.llama_memory_seq_pos_max(self._mem, 0)) + 1
+        m = int(self._batch.n_tokens) if self._batch is not None else 0  # the chunk that was being decoded
+        if not failed and m and held == self._n + m and self._b_pos[0] == self._n:
+            self._keep_hidden_rows(m)  # it finished (llama.cpp removes a failed chunk itself): adopt it
+            self._tokens[self._n : held] = self._b_token[:m]
+            self._n = held
+        elif held > self._n:
+            ll.llama_memory_seq_rm(self._mem, 0, self._n, -1)
