@@ -9,7 +9,7 @@ itself offers behind ``LLAMA_LLGUIDANCE``: it compiles JSON Schema, Lark,
 regexes and GBNF into one grammar, computes a token mask in tens of
 microseconds, validates a draft's tokens, rolls back after a rejection and
 says which tokens the grammar forces. It is the optional ``structured``
-extra (``pip install localspec[structured]``).
+extra (``bash scripts/install.sh structured`` in the checkout, or ``pip install llguidance``).
 
 The engine masks the target's logits at every position the target decides,
 so greedy output is exactly what plain constrained decoding gives and sampled
@@ -42,7 +42,8 @@ def llguidance() -> Any:
         import llguidance
     except ImportError:
         raise NotInstalledError("Structured output needs llguidance, localspec's optional 'structured' extra: "
-                                "pip install 'localspec[structured]' (or pip install llguidance).") from None
+                                "pip install llguidance (or run `bash scripts/install.sh server,structured` "
+                                "in the localspec checkout).") from None
     return llguidance
 
 

@@ -8,7 +8,9 @@
 # do not grant AMX state. Set CMAKE_ARGS yourself for other builds, e.g.
 #   CMAKE_ARGS="-DGGML_CUDA=on" bash scripts/install.sh
 # The built wheel is kept under ~/.cache/localspec/wheels, keyed by version,
-# platform and CMAKE_ARGS, so a second install (or CI) does not rebuild it.
+# platform, Python version and CMAKE_ARGS, so a second install (or CI) does not
+# rebuild it, and a build with other CMAKE_ARGS (CUDA after a CPU build) gets a
+# folder of its own and replaces the llama-cpp-python installed in .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +29,10 @@ for arg in "$@"; do
   esac
 done
 
+if [[ -z "${CMAKE_ARGS:-}" ]] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  echo "install.sh: an NVIDIA GPU is present but CMAKE_ARGS is unset, so this builds for the CPU only; for CUDA run" >&2
+  echo "  CMAKE_ARGS=\"-DGGML_CUDA=on\" bash scripts/install.sh $*" >&2
+fi
 if [[ -z "${CMAKE_ARGS:-}" && "$(uname -s)" == Linux && "$(uname -m)" == x86_64 ]]; then
   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAVA_BUILD=OFF"
 fi
@@ -39,7 +45,18 @@ export CMAKE_ARGS="$CMAKE_ARGS -DCMAKE_PROJECT_llama.cpp_INCLUDE=$PWD/$lean"
 # Compile on every core whichever generator CMake picks (Make alone would compile one file at a time).
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)}"
 
-[[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
+if [[ ! -x .venv/bin/python ]]; then
+  if ! command -v "$PYTHON" >/dev/null 2>&1; then
+    echo "install.sh: $PYTHON not found; install Python 3.10 or newer and name it: PYTHON=python3.12 bash scripts/install.sh ..." >&2
+    exit 1
+  fi
+  if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+    echo "install.sh: localspec needs Python 3.10 or newer; $PYTHON is $("$PYTHON" -c 'import platform; print(platform.python_version())')." >&2
+    echo "  Install a newer one (macOS: brew install python@3.12) and name it: PYTHON=python3.12 bash scripts/install.sh ..." >&2
+    exit 1
+  fi
+  "$PYTHON" -m venv .venv
+fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 fetch_pid=
 if [[ -n "$fetch_models" ]]; then
@@ -56,6 +73,9 @@ if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   .venv/bin/python -m pip wheel --quiet --no-deps --no-cache-dir -w "$wheels.tmp" "llama-cpp-python==$LLAMA_VERSION"
   rm -rf "$wheels" && mv "$wheels.tmp" "$wheels"
 fi
+# --force-reinstall: the same version built with other CMAKE_ARGS (a CPU build, then CUDA) must replace it
+.venv/bin/python -m pip install --quiet --force-reinstall --no-deps "$wheels"/llama_cpp_python-*.whl
+# its dependencies (numpy, diskcache, jinja2, typing-extensions), which --no-deps left out
 .venv/bin/python -m pip install --quiet "$wheels"/llama_cpp_python-*.whl
 if [[ -n "$extras" ]]; then
   .venv/bin/python -m pip install --quiet -e ".[$extras]"

@@ -1,12 +1,16 @@
-"""MkDocs hooks: publish the dated benchmark results next to the docs.
+"""MkDocs hooks: the README as the home page, and the dated benchmark results next to the docs.
 
-``benchmarks/results/*.md`` stay where the benchmarks write them; this hook adds
-each one to the site as ``results/<same name>.md`` (so a docs page links
-``results/2026-12-03-busy-first-calibration.md``), adds a ``results/index.md``
-(the folder's README.md when it has one, else a generated list of the files,
-newest first), and fills the ``Results`` entry of the nav with the index and
-every file, newest first. The hook lives outside ``docs_dir`` so it is not
-published itself; ``mkdocs.yml`` names it under ``hooks:``.
+* The site's home page (``index.md``) is the repository's README.md, so the two cannot drift apart;
+  its links, written from the repository's root (``docs/install.md``), are made relative to the site.
+* ``benchmarks/results/*.md`` stay where the benchmarks write them; this hook adds each one to the site
+  as ``results/<same name>.md``, adds a ``results/index.md`` (the folder's README.md when it has one,
+  else a generated list of the files, newest first), and fills the ``Results`` entry of the nav with
+  the index and every file, newest first.
+* A docs page links a results file by its path in the repository, ``../benchmarks/results/X.md``, which
+  resolves where GitHub shows the page; the hook points that link at the site's ``results/X.md``.
+
+The hook lives outside ``docs_dir`` so it is not published itself; ``mkdocs.yml`` names it under
+``hooks:``.
 """
 
 from __future__ import annotations
@@ -20,7 +24,29 @@ from mkdocs.structure.files import File, Files
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
+README = REPO / "README.md"
 NAV_TITLE = "Results"
+#: A Markdown link's or image's target: ``](target`` up to the closing parenthesis, a space or a ``#``.
+LINK = re.compile(r"\]\(\s*<?([^)\s>#]*)")
+
+
+def site_link(target: str, from_readme: bool) -> str:
+    """Where a link of a docs page (or, ``from_readme``, of README.md) points in the site: results files by
+    their place in the repository to the site's ``results/``, and the README's ``docs/`` pages to the site's
+    own pages. Other links are returned as they are."""
+    prefix = "" if from_readme else "../"
+    if target == f"{prefix}benchmarks/results/README.md":
+        return "results/index.md"
+    if target.startswith(f"{prefix}benchmarks/results/"):
+        return "results/" + target[len(f"{prefix}benchmarks/results/"):]
+    if from_readme and target.startswith("docs/"):
+        return target[len("docs/"):]
+    return target
+
+
+def site_markdown(markdown: str, from_readme: bool = False) -> str:
+    """A page's Markdown with every link target passed through ``site_link``."""
+    return LINK.sub(lambda m: m.group(0)[: m.start(1) - m.start(0)] + site_link(m.group(1), from_readme), markdown)
 
 
 def results_files(folder: Path = RESULTS) -> list[Path]:
@@ -62,8 +88,19 @@ def on_config(config: MkDocsConfig, **kwargs: Any) -> MkDocsConfig:
 
 
 def on_files(files: Files, config: MkDocsConfig, **kwargs: Any) -> Files:
-    """Add the results files and their index to the site."""
+    """Add the README as the home page, and the results files and their index, to the site."""
+    old = files.get_file_from_path("index.md")
+    if old is not None:
+        files.remove(old)
+    files.append(File.generated(config, "index.md", content=site_markdown(README.read_text(encoding="utf-8"), True)))
     for path in results_files():
         files.append(File.generated(config, f"results/{path.name}", abs_src_path=str(path)))
     files.append(File.generated(config, "results/index.md", content=index_page()))
     return files
+
+
+def on_page_markdown(markdown: str, page: Any, config: MkDocsConfig, files: Files, **kwargs: Any) -> str:
+    """Point a docs page's links to results files at the site's copies (the home page was done in on_files)."""
+    if page.file.src_uri.startswith("results/") or page.file.src_uri == "index.md":
+        return markdown
+    return site_markdown(markdown)

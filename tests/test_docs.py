@@ -1,13 +1,13 @@
 """The documentation builds and stays true: the MkDocs site with --strict, docs/cli.md against the commands'
---help, the links and anchors of the Markdown files GitHub shows, README's shell blocks, and the text speaks
-of the software (no issue numbers, no account of how it was developed).
+--help, docs/api.md and docs/chat.md against the code, the links and anchors of every page read from its own
+place in the repository, README's shell blocks and install command, and the text speaks of the software (no
+issue numbers, no account of how it was developed, measured machines named on the performance page).
 
 The examples in docs/*.md are run by tests/test_docs_examples.py.
 """
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib.util
 import os
@@ -24,11 +24,13 @@ from mdblocks import fenced_blocks, prose_lines
 
 REPO = Path(__file__).resolve().parent.parent
 
-#: Markdown that GitHub renders from the repository (the docs pages are checked by the MkDocs build).
-GITHUB_PAGES = [REPO / "README.md", REPO / "benchmarks" / "README.md",
-                *sorted((REPO / "benchmarks" / "results").glob("*.md"))]
-#: Everything a reader sees: the pages above and the docs site.
-PROSE = GITHUB_PAGES[:2] + sorted((REPO / "docs").rglob("*.md")) + GITHUB_PAGES[2:]
+DOCS = sorted((REPO / "docs").rglob("*.md"))
+#: Every page a reader sees, on the repository's pages and (README, docs, results) in the built site: the
+#: README, the docs, the benchmarks' README and the results files with their index.
+PAGES = [REPO / "README.md", *DOCS, REPO / "benchmarks" / "README.md",
+         *sorted((REPO / "benchmarks" / "results").glob("*.md"))]
+#: The pages whose prose is checked for narrative (all of them).
+PROSE = PAGES
 #: The product's code, whose docstrings, comments and messages a user reads too.
 CODE = sorted([*(REPO / "localspec").rglob("*.py"), *(REPO / "benchmarks").rglob("*.py"),
                *(p for p in (REPO / "scripts").iterdir() if p.is_file())])
@@ -52,6 +54,8 @@ def test_site_builds_strict(tmp_path: Path):
     problems = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith(("WARNING", "ERROR"))]
     assert r.returncode == 0, "\n".join(problems) or (r.stdout + r.stderr)[-4000:]
     assert (tmp_path / "site" / "results" / "index.html").is_file()
+    home = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    assert 'href="install/"' in home and "benchmarks/results/" not in home, "the home page's links were not mapped"
 
 
 def test_cli_reference_matches_the_commands():
@@ -72,36 +76,88 @@ def test_every_results_file_is_in_the_results_index():
     assert not missing, f"benchmarks/results/README.md does not link {', '.join(sorted(missing))}"
 
 
-def as_home_page(readme: str) -> str:
-    """README.md as the site's home page words it: its links made relative to docs/ (``docs/x.md`` is
-    ``x.md``, the results folder the site's ``results/``)."""
-    readme = readme.replace("](benchmarks/results/README.md)", "](results/index.md)")
-    return readme.replace("](benchmarks/results/", "](results/").replace("](docs/", "](")
-
-
-def without_markers(page: str) -> str:
-    """A docs page without its docs-test marker lines, which the examples' runner reads and no reader sees."""
-    return "".join(ln for ln in page.splitlines(keepends=True) if not re.fullmatch(r"<!--\s*docs-test\b.*-->\s*", ln))
+def hooks():
+    """scripts/mkdocs_hooks.py as a module (it needs mkdocs to import)."""
+    pytest.importorskip("mkdocs", reason="mkdocs is not installed (pip install -e '.[docs]'; the test extra has it)")
+    spec = importlib.util.spec_from_file_location("mkdocs_hooks", REPO / "scripts" / "mkdocs_hooks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_the_home_page_is_the_readme():
-    """docs/index.md is README.md with its links pointing within the site and the examples' markers: a
-    change to one that is not made to the other fails here. (Two files rather than one generated from the
-    other, so each reads right where it is shown, GitHub's links from the repository's root and the site's
-    from docs/, and the docs' examples runner finds the home page's blocks as it finds every page's.)"""
-    readme = as_home_page((REPO / "README.md").read_text(encoding="utf-8")).splitlines()
-    home = without_markers((REPO / "docs" / "index.md").read_text(encoding="utf-8")).splitlines()
-    diff = list(difflib.unified_diff(readme, home, "README.md (links as the site's)", "docs/index.md", lineterm="",
-                                     n=1))
-    assert not diff, "README.md and docs/index.md differ; make the same change to both:\n" + "\n".join(diff[:60])
+    """The site's home page is README.md itself, published by the hook with its links pointed within the
+    site, so the two cannot drift apart: there is no docs/index.md to keep equal, and the published text
+    differs from the README in link targets only."""
+    assert not (REPO / "docs" / "index.md").exists(), \
+        "docs/index.md exists, but the site's home page is README.md (scripts/mkdocs_hooks.py); delete it"
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    home = hooks().site_markdown(readme, from_readme=True)
+    strip = functools.partial(re.sub, r"\]\([^)]*\)", "]()")
+    assert strip(home) == strip(readme)
+    assert "](docs/" not in home and "](benchmarks/results/" not in home
 
 
-def test_home_page_comparison_rules():
-    assert as_home_page("[install](docs/install.md), [runs](benchmarks/results/README.md), "
-                        "[one](benchmarks/results/2026-12-03-x.md#a)") == \
-        "[install](install.md), [runs](results/index.md), [one](results/2026-12-03-x.md#a)"
-    assert without_markers("a\n<!-- docs-test: skip (x) -->\n```bash\n<!-- other -->\n") == \
-        "a\n```bash\n<!-- other -->\n"
+def test_site_link_rules():
+    h = hooks()
+    assert h.site_markdown("[install](docs/install.md), [runs](benchmarks/results/README.md), "
+                           "[one](benchmarks/results/2026-12-03-x.md#a), [web](https://x.org/docs/a)", True) == \
+        "[install](install.md), [runs](results/index.md), [one](results/2026-12-03-x.md#a), [web](https://x.org/docs/a)"
+    assert h.site_markdown("[a](../benchmarks/results/2026-12-03-x.md), [i](../benchmarks/results/README.md), "
+                           "[p](performance.md#on-a-gpu), [s](#here)") == \
+        "[a](results/2026-12-03-x.md), [i](results/index.md), [p](performance.md#on-a-gpu), [s](#here)"
+
+
+def test_reference_pages_match_the_code():
+    """docs/api.md (the Python API's docstrings) and docs/chat.md (chat's /help table) are what
+    scripts/reference_docs.py generates from the code."""
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "reference_docs.py"), "--check"], cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, (r.stderr or r.stdout).strip()
+
+
+def readme_block_after(heading: str) -> str:
+    """The first bash block under a README heading."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    start = text.index(heading)
+    block = next(b for b in fenced_blocks(text[start:]) if b.info == "bash")
+    return block.code.strip()
+
+
+def test_readme_first_command_installs_what_the_readme_uses():
+    """The README's first command (install and a first answer) installs the server and structured extras,
+    which its later sections use (`localspec serve`, tool calls), and the per-platform install lines do too."""
+    first = readme_block_after("Two commands on a fresh machine")
+    install = next(w for w in simple_commands(first) if w[:2] == ["bash", "scripts/install.sh"])
+    extras = {e for a in install[2:] if not a.startswith("-") for e in a.split(",")}
+    assert {"server", "structured"} <= extras, f"the README's first command installs {extras or 'no extras'}"
+    assert "--with-models" in install
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    lines = [ln for b in fenced_blocks(text[: text.index("Two commands on a fresh machine")])
+             for ln in b.code.splitlines() if "scripts/install.sh" in ln]
+    assert len(lines) >= 3 and all("server,structured" in ln for ln in lines), lines
+
+
+def test_readme_test_command_is_what_ci_runs():
+    """`.ci/run` runs exactly the README's test command."""
+    command = readme_block_after("## Contributing")
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
+    assert command == ci, f"README: {command}\n.ci/run: {ci}"
+
+
+#: Where a machine may be called a VM or virtual machine: the performance page names each figure's machine.
+MACHINE_PAGE = REPO / "docs" / "performance.md"
+VIRTUAL = re.compile(r"\bVMs?\b|\bvirtual\s+machines?\b", re.I)
+
+
+def test_measured_machines_are_named_on_the_performance_page_only():
+    """The README and the user's pages speak of what the software does; how a figure's machine was set up
+    (a virtual machine, its cores) is said on the performance page, next to the figure."""
+    hits = [f"{rel(p)}:{no}: {m.group(0)!r}" for p in [REPO / "README.md", *DOCS] if p != MACHINE_PAGE
+            for no, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+            for m in VIRTUAL.finditer(line)]
+    assert not hits, "\n".join(hits)
 
 
 #: A command line as a results file shows one: a program, then its arguments.
@@ -365,9 +421,17 @@ def anchors(text: str) -> set[str]:
     return out
 
 
+#: Where a docs page may link outside docs/: the results files, which the site publishes as results/.
+SITE_RESULTS = REPO / "benchmarks" / "results"
+
+
 def broken_links(page: Path) -> list[str]:
+    """What does not resolve from the page's own place in the repository (as GitHub shows it): a file that
+    does not exist, an anchor its target lacks, an absolute path; and, for a docs page, a link out of docs/
+    to anything but a results file, which the built site would not have."""
     text = page.read_text(encoding="utf-8")
     problems = []
+    in_docs = REPO / "docs" in page.parents
     for no, target in links(text):
         if SCHEME.match(target) or target.startswith("//"):
             continue  # a web address: not checked (no network)
@@ -384,15 +448,20 @@ def broken_links(page: Path) -> list[str]:
         if REPO not in dest.parents and dest != REPO:
             problems.append(f"{where}: points outside the repository")
             continue
+        if in_docs and REPO / "docs" not in dest.parents and dest.parent != SITE_RESULTS:
+            problems.append(f"{where}: the site publishes docs/ and benchmarks/results/ only; link a page there "
+                            "or name the file in code")
+            continue
         if anchor and dest.is_file() and dest.suffix == ".md":
             if urllib.parse.unquote(anchor).lower() not in anchors(dest.read_text(encoding="utf-8")):
                 problems.append(f"{where}: {rel(dest)} has no heading with the anchor #{anchor}")
     return problems
 
 
-@pytest.mark.parametrize("page", GITHUB_PAGES, ids=rel)
+@pytest.mark.parametrize("page", PAGES, ids=rel)
 def test_links_and_anchors_resolve(page: Path):
-    """Relative links name files that exist, and their #anchors headings that exist (GitHub's slugs)."""
+    """Relative links, read from the page's own folder, name files that exist, and their #anchors headings
+    that exist (GitHub's slugs); the site build checks the same links as the hook maps them."""
     problems = broken_links(page)
     assert not problems, "\n".join(problems)
 

@@ -1,4 +1,5 @@
-"""Run the examples of the docs: every ```bash and ```python block of docs/*.md, each on its own.
+"""Run the examples of the docs: every ```bash and ```python block of docs/*.md and README.md (the site's
+home page), each on its own.
 
 Each block runs in a fresh sandbox, as a reader would run it on a machine that has localspec:
 
@@ -82,7 +83,8 @@ class Example:
 
 
 def pages() -> list[Path]:
-    return sorted(DOCS.glob("*.md"))
+    """The docs pages, and README.md with them when the docs are the repository's own."""
+    return sorted(DOCS.glob("*.md")) + ([REPO / "README.md"] if DOCS == REPO / "docs" else [])
 
 
 def marker_above(lines: list[str], fence_line: int) -> Optional[re.Match[str]]:

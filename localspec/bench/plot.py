@@ -18,7 +18,7 @@ def write_plot(report: BenchReport, path: Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise ConfigError("--plot needs matplotlib: pip install 'localspec[plot]'.") from exc
+        raise ConfigError("--plot needs matplotlib (the optional 'plot' extra): pip install matplotlib.") from exc
     methods = [m.name for m in REGISTRY if m.bench_k and any(r.method == m.name for r in report.rows)]
     vs_peer = any(r.speedup_peer is not None for r in report.rows)
     reference = "llama-cpp-python plain" if vs_peer else "localspec plain"

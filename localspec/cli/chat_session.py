@@ -53,7 +53,7 @@ HELP = """\
 commands:
   /help                 this list
   /reset                forget the conversation (keeps the system prompt)
-  /stats                totals for this session
+  /stats                totals for this chat
   /method NAME          how to draft: {methods}
   /k N                  tokens drafted per round, 0 to {k_limit} (for auto: the most)
   /temperature T        0 for greedy, above 0 to sample
