@@ -56,8 +56,8 @@ def chat_with_tools(target: Model, messages: Sequence[Mapping[str, Any]], use: O
                     variables: Optional[Mapping[str, Any]] = None) -> tuple[str, GenerationOptions]:
     """The chat prompt for a reply that may use tools, and the reply's options: under ``use``, the calls'
     grammar (or under "none" the call token's ban), the tools shown to the template where they should be.
-    A reasoning model's thinking is switched as ``opts.think`` asks (``thinking.ModelReasoning.switched``);
-    ``variables`` for the template win over that switch.
+    A reasoning model's thinking is switched as ``opts.think`` asks
+    (``localspec.reasoning.template.ModelReasoning.switched``); ``variables`` for the template win over that switch.
 
     Raises:
         ConfigError: as ``chat_text``, or ``tools.reply_options`` (a template or vocabulary that cannot

@@ -79,3 +79,79 @@ def test_no_module_of_localspec_imports_one_that_imports_it_back():
     # the walk sees imports
     assert graph["localspec.drafting.auto"] >= {"localspec.drafting.drafters", "localspec.methods"}
     assert cycles(graph) == []
+
+
+# localspec's layers, lowest first: a module may import from its own layer and the ones below it, never above.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("base", ("errors", "paths", "sizes")),
+    ("requests", ("methods", "options", "constraint")),
+    ("runtime", ("runtime",)),
+    ("components", ("sampling", "structured", "prompt_cache", "catalog")),
+    ("reasoning", ("reasoning",)),
+    ("drafting", ("drafting",)),
+    ("decoding", ("decoding", "events")),
+    ("api", ("", "api", "loading", "results", "prompts", "export")),
+    ("entry", ("cli", "server", "bench", "__main__")),
+]
+#: What an entry point may not import: another entry point, but for the command line, which starts them all.
+ENTRY_IMPORTS = {"cli": {"server", "bench"}, "server": set(), "bench": set(), "__main__": {"cli"}}
+
+
+def top(module: str) -> str:
+    """The first name under localspec (``""`` for the package itself)."""
+    return module.split(".")[1] if "." in module else ""
+
+
+def rank(module: str) -> int:
+    for i, (_, names) in enumerate(LAYERS):
+        if top(module) in names:
+            return i
+    raise AssertionError(f"{module} is in no layer: add its package or module to LAYERS")
+
+
+def graph() -> dict[str, set[str]]:
+    paths = list(PACKAGE.rglob("*.py"))
+    modules = {module_name(p) for p in paths}
+    return {module_name(p): imports(p, modules) for p in paths}
+
+
+def upward(g: dict[str, set[str]]) -> list[str]:
+    """Every import of a module from a higher layer, or of one entry point by another."""
+    found = []
+    for module, targets in g.items():
+        for target in targets:
+            if rank(target) > rank(module):
+                found.append(f"{module} -> {target}")
+            elif rank(target) == rank(module) == len(LAYERS) - 1 and top(target) != top(module) \
+                    and top(target) not in ENTRY_IMPORTS[top(module)]:
+                found.append(f"{module} -> {target}")
+    return sorted(found)
+
+
+def test_the_layer_check_finds_an_upward_import():
+    assert upward({"localspec.runtime.model": {"localspec.drafting.auto"}}) == [
+        "localspec.runtime.model -> localspec.drafting.auto"]
+    assert upward({"localspec.server.app": {"localspec.bench.agent"}}) == [
+        "localspec.server.app -> localspec.bench.agent"]
+    assert upward({"localspec.drafting.auto": {"localspec.runtime.model"}}) == []
+
+
+def test_every_import_goes_down_the_layers():
+    g = graph()
+    assert all(rank(m) >= 0 for m in g)  # every module is in a layer
+    assert upward(g) == []
+
+
+def test_each_package_says_its_layer():
+    for init in PACKAGE.rglob("__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert "Layer" in doc or init.parent == PACKAGE, f"{init}: its docstring names no layer"
+        assert doc, f"{init} has no docstring"
+
+
+def test_few_modules_at_the_top_and_none_too_long():
+    flat = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(flat) <= 15, flat
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert long == {}

@@ -1,5 +1,7 @@
 """``localspec bench``: speculative methods against plain decoding and the peers, in one run.
 
+Layer: an entry point, with ``cli`` and ``server``; only the command line imports it.
+
 For every prompt of a suite and every method (plain; llama-cpp-python's own
 ``Llama``, plain and with its prompt-lookup draft, the "peers"; lookup and
 draft at several K; auto), generations are repeated with the repetitions

@@ -1,8 +1,9 @@
 """The ``localspec`` command line: one module per command group, each a thin layer over the library.
 
-``shared`` holds what they share (errors as one sentence, the model and
-generation options). Commands import the library inside their bodies, so
-``localspec --help`` starts without loading llama.cpp.
+Layer: an entry point, with ``server`` and ``bench``: it may import every layer below, and nothing in
+localspec imports it. ``shared`` holds what the commands share (errors as one sentence, the model and
+generation options); ``chat_session`` is the terminal conversation behind ``chat``. Commands import the
+library inside their bodies, so ``localspec --help`` starts without loading llama.cpp.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from .chat import chat
 from .export import export
 from .generate import generate
 from .history import history
-from .pairs import add, check, models, pull
+from .models import add, check, models, pull
 from .serve import serve
 
 
@@ -26,7 +27,8 @@ from .serve import serve
 def cli() -> None:
     """Fast local generation with speculative decoding over llama.cpp.
 
-    The output is exactly what the target model would produce alone; a draft
+    Greedy output is the tokens plain decoding of the target gives (up to numeric
+    ties, more of them on a GPU) and sampling keeps its distribution; a draft
     model or prompt lookup only changes how fast it comes.
     """
 

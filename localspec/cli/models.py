@@ -1,4 +1,4 @@
-"""The model pairs: ``models`` (and ``--scan``), ``add``, ``pull`` and ``check``."""
+"""Finding and registering models: ``models`` (and ``--scan``), ``add``, ``pull`` and ``check``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``localspec serve``: the pair behind an OpenAI-compatible HTTP API."""
+"""``localspec serve``: the pair behind an HTTP server speaking OpenAI's chat completions, completions and
+Responses, Anthropic's Messages and Ollama's API."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from .shared import ModelArgs, friendly_errors, generation_options, model_option
 
 @click.command()
 @model_options
-@generation_options
+@generation_options(helps={"max_tokens": "Most tokens a request may generate, and the default for requests that "
+                                          "leave it out (default: no cap, a request may fill the context)."})
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; anything but loopback needs --api-key.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port (0: any free one).")
@@ -48,10 +50,13 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
 
     access = check_access(host, api_key, origins)
     try:
-        from ..server.worker import MAX_BODY, Server, create_app, run
+        from ..server.app import MAX_BODY, create_app
+        from ..server.runner import run
+        from ..server.worker import Server
     except ImportError as exc:
-        raise click.ClickException(f"localspec serve needs the server extra ({exc.name} is missing): "
-                                   "pip install 'localspec[server]'.") from None
+        raise click.ClickException(f"localspec serve needs the server extra ({exc.name} is missing): run "
+                                   "`bash scripts/install.sh server,structured` in the localspec checkout, or "
+                                   "`pip install fastapi uvicorn pydantic prometheus-client`.") from None
     source = click.get_current_context().get_parameter_source("max_tokens")
     max_tokens = options.max_tokens if source is not click.core.ParameterSource.DEFAULT else None
     with models.open(fit=True) as pair:
@@ -65,3 +70,4 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
             f"{'recorded' if server.limits.history else 'off'}; "
             f"{pair.cache.describe() if pair.cache is not None else 'no prompt cache'}); Ctrl-C stops")
         run(server, app, host, port)
+

@@ -15,7 +15,7 @@ import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Union
 
 import click
 
@@ -178,13 +178,18 @@ def _click_type(name: str, annotation: Any) -> Any:
     return args[0] if args else annotation
 
 
-def generation_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+def generation_options(fn: Optional[Callable[..., Any]] = None, *,
+                       helps: Optional[Mapping[str, str]] = None) -> Any:
     """Every ``GenerationOptions`` field with flags, as CLI options; passed on as ``options``.
 
     Options not given on the command line keep ``GenerationOptions``' defaults
     (and ``k`` stays unset, so a pair's suggested K applies). Bad values fail
     before any model is loaded, with the library's one-sentence message.
+    ``helps`` replaces a field's help text, default included, for a command
+    that treats it differently (``serve`` caps nothing without ``-n``).
     """
+    if fn is None:
+        return functools.partial(generation_options, helps=helps)
     hints = typing.get_type_hints(GenerationOptions)
     specs = [f for f in dataclasses.fields(GenerationOptions) if f.metadata.get("flags")]
 
@@ -201,5 +206,5 @@ def generation_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         default = "" if f.default in (None, ()) else f" [default: {shown}]"
         kind = str if repeatable else _click_type(f.name, hints[f.name])
         wrapper = click.option(*f.metadata["flags"], f.name, type=kind, default=None, multiple=repeatable,
-                               help=f.metadata["help"] + default)(wrapper)
+                               help=(helps or {}).get(f.name, f.metadata["help"] + default))(wrapper)
     return wrapper

@@ -1,4 +1,5 @@
-"""The server's HTTP boundary: OpenAI's error object, and the checks every request passes first.
+"""The server's HTTP boundary: the error every API answers (``ApiError``, rendered in the shape of the API a
+path belongs to), and the checks every request passes first.
 
 A server on 127.0.0.1 is reachable from every web page its user opens, so
 ``Guard`` (a pure ASGI middleware: it does not hide a client's disconnect
@@ -11,13 +12,15 @@ request line and headers as input too, before any endpoint runs:
 * **Origin**: a browser's cross-site request carries one; it must be one the
   operator allowed (``--allow-origin``), else 403.
 * **API key**: when set, on every path but ``/health``, checked against the
-  ASGI path itself (not a URL rebuilt from the Host header).
+  ASGI path itself (not a URL rebuilt from the Host header); it comes as
+  ``Authorization: Bearer KEY``, or as Anthropic's clients send it, ``x-api-key``.
 * **Content type**: POST bodies must be ``application/json`` (415), which a
   page cannot send cross-site without a CORS preflight.
 * **Body size**: over ``max_body`` bytes gets 413 as soon as that is known.
 
-A refusal is sent whole before the rest of the body is read and dropped (up to
-``DRAIN_BYTES``, within ``DRAIN_SECONDS``), and the connection closes after
+A refusal is answered in the shape of the API its path belongs to (``Guard``'s
+``shape``) and sent whole before the rest of the body is read and dropped (up
+to ``DRAIN_BYTES``, within ``DRAIN_SECONDS``), and the connection closes after
 that: a client that writes its whole body before it reads (as ``requests``,
 ``httpx`` and curl do) reads the answer instead of a reset connection.
 """
@@ -29,7 +32,7 @@ import hmac
 from typing import Any, Awaitable, Callable, MutableMapping, Optional, Sequence
 
 from starlette.datastructures import Headers
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -48,7 +51,7 @@ DRAINED = (401, 403, 413, 415)
 
 
 class ApiError(Exception):
-    """An error answered as OpenAI's error object."""
+    """An error a request gets: its status, and OpenAI's fields for it (each API renders it in its own shape)."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
                  param: Optional[str] = None, code: Optional[str] = None, headers: Optional[dict[str, str]] = None):
@@ -57,10 +60,23 @@ class ApiError(Exception):
         self.headers = headers
 
     def body(self) -> dict[str, Any]:
+        """OpenAI's error object."""
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
+        """The error as OpenAI's API answers one."""
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+#: How an API answers an error.
+Render = Callable[[ApiError], Response]
+#: The way errors are answered on a request's path (and headers): by the API it belongs to.
+Shape = Callable[[Scope], Render]
+
+
+def openai_shape(scope: Scope) -> Render:
+    """OpenAI's error object, whatever the path."""
+    return ApiError.response
 
 
 def host_name(host: str) -> Optional[str]:
@@ -87,11 +103,13 @@ class Guard:
         api_key: required as ``Authorization: Bearer KEY`` on every path but ``/health``; None for none.
         max_body: the largest request body, in bytes.
         body_seconds: how long a client may take to send the body (408 after that).
+        shape: how a refusal is answered on a request's path: in the shape of the API the path belongs to.
     """
 
     def __init__(self, app: ASGIApp, *, hosts: Sequence[str], origins: Sequence[str], api_key: Optional[str],
-                 max_body: int, body_seconds: float = BODY_SECONDS):
+                 max_body: int, body_seconds: float = BODY_SECONDS, shape: Shape = openai_shape):
         self.app = app
+        self.shape = shape
         self.body_seconds = body_seconds
         self.hosts = frozenset(hosts)
         self.origins = frozenset(origins)
@@ -108,7 +126,7 @@ class Guard:
             if scope["method"] == "POST":
                 receive = await self._buffered(receive)
         except ApiError as exc:
-            response = exc.response()
+            response = self.shape(scope)(exc)
             origin = headers.get("origin")
             if origin is not None and self._allowed(origin):  # so the page can read why
                 response.headers["Access-Control-Allow-Origin"] = origin
@@ -138,8 +156,7 @@ class Guard:
                            type="permission_error", code="origin_not_allowed")
         preflight = scope["method"] == "OPTIONS" and origin is not None  # carries no credentials by design
         if self.api_key and not preflight and scope["path"] not in OPEN_PATHS:
-            auth = headers.get("authorization", "")
-            token = auth[7:] if auth.lower().startswith("bearer ") else ""
+            token = _key(headers)
             if not hmac.compare_digest(token.encode("latin-1", "replace"), self.api_key.encode()):
                 raise ApiError(401, "Missing or wrong API key: send 'Authorization: Bearer KEY' with the key "
                                "the server was started with.", code="invalid_api_key")
@@ -187,7 +204,15 @@ class Guard:
         return replay
 
 
-async def _answer_then_drain(response: JSONResponse, scope: Scope, receive: Receive, send: Send) -> None:
+def _key(headers: Headers) -> str:
+    """The API key a request carries: ``Authorization: Bearer KEY``, else Anthropic's ``x-api-key``."""
+    auth = headers.get("authorization")
+    if auth is None:
+        return headers.get("x-api-key", "")
+    return auth[7:] if auth.lower().startswith("bearer ") else ""
+
+
+async def _answer_then_drain(response: Response, scope: Scope, receive: Receive, send: Send) -> None:
     """Send ``response`` (all its bytes, ``Connection: close``), read what is left of the body, then end it."""
     response.headers["Connection"] = "close"
 

@@ -1,101 +1,160 @@
-"""The generation of one admitted request, relayed to a client in the shape of the API it came in by.
+"""The one relay between a request and its generation, whatever API the request came by.
 
-The Anthropic Messages and OpenAI Responses routes translate their bodies into a ``ChatRequest`` and admit
-it on the server's one worker and queue, as chat completions does; this module waits for the job's events
-(the answer's text, its reasoning, the end or an error) and hands them to the API's reply builder
-(``Reply``): one object once the generation is done, or server-sent events as it goes, with a keep-alive
-while a long prompt is processed.
+A route checks its body into a ``GenerationRequest`` and hands it here with its API's ``Reply`` (how the
+API writes a generation's events, and its whole-object answer) and ``Render`` (how it answers an error).
+The relay admits the request to the server's worker, waits for the job's events and writes them through
+the reply: one object once the generation is done, or a stream as it goes. A stream's first bytes go out
+once the prompt's length and the part of it the caches give are known (within ``FIRST_SECONDS`` of
+that), with the reply's keep-alive at once and every ``PING_SECONDS`` while a long prompt is processed. The
+answer's text is read for tool calls by one reader, as it streams, when the request offered tools. A
+client that goes away, at any point, gives its job up; an error before a stream starts is an error
+response, one after it is said in the stream.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Protocol
+import time
+from typing import Any, AsyncIterator, Callable, Optional, Protocol
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..results import Result
-from .http import ApiError
+from ..structured.call_reader import CallEvent, CallReader, call_reader
+from .generation import GenerationRequest
+from .http import ApiError, Render
+from .worker import Job, Server, Task
 
 #: Seconds between keep-alives while the first token is awaited (a long prompt being processed).
 PING_SECONDS = 5.0
 #: Seconds to wait for a first event before a stream starts with only the prompt's length known.
 FIRST_SECONDS = 0.5
+#: Seconds between looks at whether a waiting client is still connected.
+CHECK_SECONDS = 0.25
+#: The status answered to a client that went away (nginx's "client closed request"): nobody reads it.
+CANCELLED = 499
+#: The events that carry part of the answer; a whole answer reads them from the result.
+PIECES = ("text", "reasoning", "logprobs")
+
+Event = tuple[str, Any]
 
 
 class Reply(Protocol):
-    """One API's reply to one request: events as strings of server-sent events, or a whole object."""
+    """How one API answers one request: a stream's pieces (each a string of its wire format: server-sent
+    events or JSON lines), or the whole object."""
 
-    def start(self, prompt_tokens: int, cached_tokens: int) -> list[str]: ...
+    #: The stream's media type.
+    media_type: str
 
-    def reasoning(self, text: str) -> list[str]: ...
+    def start(self, prompt_tokens: int, cached_tokens: int) -> list[str]:
+        """A stream's first pieces, sent once the prompt is known (possibly none)."""
 
-    def text(self, text: str) -> list[str]: ...
+    def ping(self) -> list[str]:
+        """A keep-alive its clients skip, while a long prompt is processed (possibly none)."""
 
-    def end(self, result: Result) -> list[str]: ...
+    def logprobs(self, entry: dict[str, Any]) -> None:
+        """A token's log-probabilities, before the text it belongs to."""
 
-    def error(self, error: ApiError) -> list[str]: ...
+    def reasoning(self, text: str) -> list[str]:
+        """More of a reasoning model's thinking."""
 
-    def ping(self) -> list[str]: ...
+    def content(self, found: list[CallEvent]) -> list[str]:
+        """More of the answer: its text, and the tool calls read in it."""
 
-    def whole(self, result: Result) -> dict[str, Any]: ...
+    def end(self, result: Result, tail: list[CallEvent]) -> list[str]:
+        """A stream's last pieces: what the call reader held back to the end (``tail``), then the end."""
 
+    def error(self, error: ApiError) -> list[str]:
+        """A failure after the stream began, said in the stream."""
 
-class Admits(Protocol):
-    """What the relay needs of the server: admission, and giving a job up when its client leaves."""
-
-    def admit(self, request: Any) -> Any: ...
-
-    def abandon(self, job: Any) -> None: ...
-
-
-NextEvent = Callable[[Any, Any, Request], Awaitable[tuple[str, Any]]]
+    def whole(self, result: Result) -> dict[str, Any]:
+        """The answer to a request that did not ask to stream."""
 
 
 class Events:
-    """A job's events, awaited with a time limit that does not lose the event being waited for."""
+    """A job's events, as its relay waits for them: a client found gone (looked at every ``CHECK_SECONDS``)
+    gives the job up, and a wait with a time limit does not lose the event it waited for."""
 
-    def __init__(self, server: Admits, job: Any, request: Request, next_event: NextEvent):
-        self.server, self.job, self.request, self._next = server, job, request, next_event
+    def __init__(self, server: Server, job: Job, request: Request):
+        self.server, self.job, self.request = server, job, request
         self._pending: Optional[asyncio.Future] = None
 
-    async def get(self, timeout: Optional[float] = None) -> Optional[tuple[str, Any]]:
+    async def get(self, timeout: Optional[float] = None) -> Optional[Event]:
         """The next event, or None when ``timeout`` seconds pass first."""
         if self._pending is None:
-            self._pending = asyncio.ensure_future(self._next(self.server, self.job, self.request))
+            self._pending = asyncio.ensure_future(self._next())
         done, _ = await asyncio.wait({self._pending}, timeout=timeout)
         if not done:
             return None
         event, self._pending = self._pending.result(), None
         return event
 
+    async def _next(self) -> Event:
+        job = self.job
+        while True:
+            if not job.cancelled.is_set() and time.monotonic() - job.checked >= CHECK_SECONDS:
+                job.checked = time.monotonic()
+                if await self.request.is_disconnected():
+                    self.server.abandon(job)
+                    if job not in self.server.jobs:  # it never started: nothing more will come
+                        return "done", None
+            try:
+                return await asyncio.wait_for(job.events.get(), timeout=CHECK_SECONDS)
+            except asyncio.TimeoutError:
+                continue
+
     def close(self) -> None:
+        """Stop waiting, and give the job up (a finished one: nothing happens)."""
         if self._pending is not None:
             self._pending.cancel()
         self.server.abandon(self.job)
 
 
-async def answer(server: Admits, job: Any, request: Request, reply: Reply, stream: bool,
-                 fail: Callable[[ApiError], Any], next_event: NextEvent) -> Any:
-    """The response to an admitted ``job``: ``reply``'s whole object or its stream; ``fail`` makes an
-    error response (an error before the stream starts is answered as one)."""
-    events = Events(server, job, request, next_event)
+async def answer(server: Server, request: Request, req: GenerationRequest, reply: Reply, render: Render) -> Any:
+    """Admit ``req`` and answer it: ``reply``'s whole object, or its stream if ``req`` asks for one; errors
+    (a full queue, a failure before the stream starts) through ``render``."""
+    events = _admitted(server, request, req, render)
+    if isinstance(events, Response):
+        return events
     try:
-        first = await _first(events, stream)
+        first = await _first(events, req.stream)
     except BaseException:  # the handler was cancelled
         events.close()
         raise
     if first is not None and first[0] == "error":
         events.close()
-        return fail(first[1])
-    if not stream:
-        return await _whole(events, first, reply, fail)
-    return StreamingResponse(_events(events, first, reply), media_type="text/event-stream",
+        return render(first[1])
+    if not req.stream:
+        return await _whole(events, first, render, reply.logprobs, reply.whole)
+    return StreamingResponse(_stream(events, first, reply, call_reader(req.tools)), media_type=reply.media_type,
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def _first(events: Events, stream: bool) -> Optional[tuple[str, Any]]:
+async def run_task(server: Server, request: Request, req: GenerationRequest, task: Task, render: Render,
+                   build: Callable[[Any], Any]) -> Any:
+    """Admit ``task`` (work on the pair other than a generation) for ``req`` and answer ``build`` of what it
+    returns; errors through ``render``."""
+    events = _admitted(server, request, req, render, task)
+    if isinstance(events, Response):
+        return events
+    try:
+        first = await events.get()
+    except BaseException:
+        events.close()
+        raise
+    return await _whole(events, first, render, lambda entry: None, build)
+
+
+def _admitted(server: Server, request: Request, req: GenerationRequest, render: Render,
+              task: Optional[Task] = None) -> Events | Response:
+    try:
+        return Events(server, server.admit(req, task), request)
+    except ApiError as exc:  # the queue is full, or the server is stopping
+        return render(exc)
+
+
+async def _first(events: Events, stream: bool) -> Optional[Event]:
     """The first event; for a stream, None once the prompt and the part of it the caches give are known but
     processing the rest takes a while."""
     while True:
@@ -105,42 +164,54 @@ async def _first(events: Events, stream: bool) -> Optional[tuple[str, Any]]:
             return event
 
 
-async def _whole(events: Events, event: Optional[tuple[str, Any]], reply: Reply,
-                 fail: Callable[[ApiError], Any]) -> Any:
+async def _whole(events: Events, event: Optional[Event], render: Render, logprobs: Callable[[Any], None],
+                 build: Callable[[Any], Any]) -> Any:
     try:
-        while event is None or event[0] in ("text", "reasoning", "logprobs"):  # the result has them whole
+        while event is None or event[0] in PIECES:  # the result has the text and the reasoning whole
+            if event is not None and event[0] == "logprobs":
+                logprobs(event[1])
             event = await events.get()
     finally:
         events.close()
     kind, value = event
     if kind == "error":
-        return fail(value)
+        return render(value)
     if value is None:  # cancelled: nobody is listening
-        return JSONResponse({}, status_code=499)
-    return reply.whole(value)
+        return JSONResponse({}, status_code=CANCELLED)
+    return build(value)
 
 
-async def _events(events: Events, event: Optional[tuple[str, Any]], reply: Reply) -> AsyncIterator[str]:
+async def _stream(events: Events, event: Optional[Event], reply: Reply,
+                  reader: Optional[CallReader]) -> AsyncIterator[str]:
     try:
         stream = events.job.stream
         known = (stream.prompt_tokens, stream.cached_prompt_tokens or 0) if stream is not None else (0, 0)
         for piece in reply.start(*known):
             yield piece
         while True:
-            if event is None:
-                pieces = reply.ping()
-            elif event[0] in ("text", "reasoning"):
-                pieces = reply.text(event[1]) if event[0] == "text" else reply.reasoning(event[1])
-            elif event[0] == "error":
-                pieces = reply.error(event[1])
-            elif event[0] == "done":
-                pieces = reply.end(event[1]) if event[1] is not None else []
-            else:
-                pieces = []
-            for piece in pieces:
+            for piece in _pieces(reply, reader, event):
                 yield piece
             if event is not None and event[0] in ("error", "done"):
                 break
             event = await events.get(PING_SECONDS)
     finally:
         events.close()  # the client went away (or we are done): stop generating
+
+
+def _pieces(reply: Reply, reader: Optional[CallReader], event: Optional[Event]) -> list[str]:
+    """What ``reply`` writes for one event (None: the first token is still awaited)."""
+    if event is None:
+        return reply.ping()
+    kind, value = event
+    if kind == "logprobs":
+        reply.logprobs(value)
+        return []
+    if kind == "reasoning":
+        return reply.reasoning(value)
+    if kind == "text":
+        return reply.content(reader.feed(value) if reader is not None else [CallEvent("content", value)])
+    if kind == "error":
+        return reply.error(value)
+    if value is None:  # cancelled: its client has gone
+        return []
+    return reply.end(value, reader.close() if reader is not None else [])

@@ -1,45 +1,25 @@
-"""``localspec serve``: an OpenAI-compatible HTTP API over one loaded pair.
-
-Endpoints: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/{name}``), ``POST /v1/chat/completions``
-and ``POST /v1/completions``, streamed as server-sent events in OpenAI's chunk
-format (ending with ``data: [DONE]``) or not. Every request runs through
-``Pair.stream`` with speculative decoding (auto mode by default), so the output
-is the target model's own. Responses carry OpenAI's ``usage``, llama-server's
-``timings`` (``prompt_n``, ``prompt_ms``, ``predicted_n``, ``predicted_ms``,
-``predicted_per_second``, ``draft_n``, ``draft_n_accepted``) and localspec's
-own ``localspec`` stats.
+"""The server's one generation worker: admitted requests (``Job``), their queue, and their events.
 
 Both models of a pair share one cache, so generations run one at a time on a
 single worker thread; further requests wait in a bounded queue and get 503
-with ``Retry-After`` once it is full. A client that goes away, streaming or
-not, cancels its generation at the next token, or leaves the queue if it was
-still waiting; SIGTERM and Ctrl-C cancel every generation and end the process
-(``run``). Closing a stream leaves both caches consistent, so the next request
-is exact. A growing conversation reuses the cached prefix and only processes
-its new tokens.
-
-Requests are checked at two depths: the HTTP boundary (Host, Origin, API key,
-content type, body size) in ``server_http``, the JSON body in
-``server_requests``; the replies' OpenAI shapes are built in ``server_replies``.
-
-Needs the ``server`` extra (FastAPI, uvicorn); the rest of localspec does not.
+with ``Retry-After`` once it is full. A job's events (its text, reasoning and
+token log-probabilities as they come, then its end or an error) go back to the
+event loop, where the relay (``server.relay``) writes them to the client in its
+API's shape. A client that goes away, streaming or not, cancels its generation
+at the next token, or leaves the queue if it was still waiting; ``stop``
+cancels every generation when the process ends. Closing a stream leaves both
+caches consistent, so the next request is exact. A growing conversation reuses
+the cached prefix and only processes its new tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Optional, Sequence
-
-import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.cors import CORSMiddleware
+from typing import Any, Callable, Optional
 
 from ..api import Pair
 from ..errors import (
@@ -54,18 +34,10 @@ from ..errors import (
 from ..methods import REGISTRY
 from ..options import GenerationOptions
 from ..results import Stream
-from ..structured.call_reader import call_reader
-from . import agent_routes as server_apis
 from . import metrics as server_metrics
-from .access import LOOPBACK_NAMES
-from .http import ApiError, Guard
-from .ollama import routes as ollama
+from .generation import GenerationRequest, Limits
+from .http import ApiError
 from .openai import logprobs as server_logprobs
-from .openai import replies
-from .openai.requests import ChatRequest, Limits, parse_body, parse_request
-
-#: The largest request body by default, in bytes (a full 32k-token context of text is about 130 kB).
-MAX_BODY = 4 * 1024 * 1024
 
 
 def _library_error(exc: LocalspecError, chat: bool) -> ApiError:
@@ -84,7 +56,7 @@ def _library_error(exc: LocalspecError, chat: bool) -> ApiError:
 
 
 #: Work on the pair other than a generation, run on the worker for an admitted request (counting its tokens).
-Task = Callable[[Pair, ChatRequest], Any]
+Task = Callable[[Pair, GenerationRequest], Any]
 
 
 @dataclass(eq=False)  # compared (and hashed) by identity: the server keeps a set of them
@@ -92,7 +64,7 @@ class Job:
     """One admitted request: its stream's events come back through ``events`` (a task's: its value, or an
     error)."""
 
-    request: ChatRequest
+    request: GenerationRequest
     loop: asyncio.AbstractEventLoop
     task: Optional[Task] = None  # run instead of a generation; "done" carries what it returns
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -161,7 +133,7 @@ class Server:
         """(running, waiting): the generation on the worker (0 or 1) and the requests queued behind it."""
         return min(len(self.jobs), 1), max(0, len(self.jobs) - 1)
 
-    def admit(self, request: ChatRequest, task: Optional[Task] = None) -> Job:
+    def admit(self, request: GenerationRequest, task: Optional[Task] = None) -> Job:
         """Queue a generation on the worker, or ``task`` (which uses the pair too), behind the same limit
         (called on the event loop's thread).
 
@@ -296,209 +268,3 @@ class Server:
         self.counts["completed"] += 1
         self.totals.generated(result.stats)
         job.put("done", result)
-
-
-def _openai_model(name: str, created: int) -> dict[str, Any]:
-    """A model as OpenAI's API describes one."""
-    return {"id": name, "object": "model", "created": created, "owned_by": "localspec"}
-
-
-def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins: Sequence[str] = (),
-               api_key: Optional[str] = None, max_body: int = MAX_BODY, metrics: bool = False) -> FastAPI:
-    """The FastAPI application serving ``server``'s pair.
-
-    Args:
-        server: the pair and its worker.
-        hosts: the Host names accepted (loopback names for a loopback bind; empty: any).
-        origins: the web page origins allowed to call the API (``"*"``: any), with CORS headers for them.
-        api_key: if set, every request but ``/health`` needs ``Authorization: Bearer KEY``.
-        max_body: the largest request body in bytes.
-        metrics: serve ``GET /metrics`` (Prometheus' text format; behind the API key like the rest).
-    """
-    app = FastAPI(title="localspec", docs_url=None, redoc_url=None, openapi_url=None)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
-        return ApiError(exc.status_code, f"{request.method} {request.scope['path']}: {exc.detail}.",
-                        type=kind).response()
-
-    @app.api_route("/health", methods=["GET", "HEAD"])
-    async def health() -> dict[str, Any]:
-        running, queued = server.occupancy()
-        return {"status": "stopping" if server.stopping else "ok", "model": server.name,
-                "running": running, "queued": queued, "generations": dict(server.counts)}
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> dict[str, Any]:
-        names = server.limits.models
-        if server_apis.from_anthropic(request):  # Anthropic's SDK lists models in its own shape
-            return {"data": [server_apis.anthropic_model(n, server.created) for n in names], "has_more": False,
-                    "first_id": names[0] if names else None, "last_id": names[-1] if names else None}
-        return {"object": "list", "data": [_openai_model(n, server.created) for n in names]}
-
-    @app.get("/v1/models/{name:path}")
-    async def model(name: str, request: Request) -> Any:
-        if not name:  # /v1/models/ is the list
-            return await models(request)
-        if not server.limits.serves(name):
-            # in Anthropic's shape to its SDK (AnthropicHeaders)
-            return ApiError(404, f"The model {name!r} does not exist; this server has "
-                                 f"{', '.join(server.limits.models)}.", param="model",
-                            code="model_not_found").response()
-        if server_apis.from_anthropic(request):
-            return server_apis.anthropic_model(name, server.created)
-        return _openai_model(name, server.created)
-
-    async def complete(request: Request, chat: bool) -> Any:
-        try:
-            body = await request.body()
-            # Parsing a large body takes a while: off the event loop, so other clients are not kept waiting.
-            req = await asyncio.to_thread(lambda: parse_request(parse_body(body), chat, server.defaults,
-                                                                server.limits))
-            job = server.admit(req)
-        except ApiError as exc:
-            return exc.response()
-        return await (_stream(server, job, request) if req.stream else _whole(server, job, request))
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Any:
-        return await complete(request, chat=True)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Any:
-        return await complete(request, chat=False)
-
-    if origins:  # CORS headers (and preflight answers) for the allowed pages only
-        # Any request header: the SDKs' own (x-api-key, anthropic-version, x-stainless-*) change between releases,
-        # and only pages the operator named get this far.
-        app.add_middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=["GET", "POST"],
-                           allow_headers=["*"])
-    app.add_middleware(Guard, hosts=hosts, origins=origins, api_key=api_key, max_body=max_body)
-    ollama.register(app, server, _next_event)  # Ollama's API, for the apps that speak only it
-    server_apis.register(app, server, _next_event)  # Anthropic Messages and OpenAI Responses, behind the guards
-    if metrics:
-        registry = server_metrics.registry(server.totals, lambda: dict(server.counts), server.occupancy)
-
-        @app.get("/metrics")
-        async def scrape() -> Response:
-            return Response(server_metrics.render(registry), media_type=server_metrics.CONTENT_TYPE)
-
-        routes = frozenset(getattr(route, "path", "") for route in app.routes)
-        # Outermost, so the guards' refusals are counted too.
-        app.add_middleware(server_metrics.CountRequests, totals=server.totals, routes=routes)
-    return app
-
-
-async def _next_event(server: Server, job: Job, request: Request) -> tuple[str, Any]:
-    """The job's next event; a client that went away abandons the job (checked every quarter second)."""
-    while True:
-        if not job.cancelled.is_set() and time.monotonic() - job.checked >= 0.25:
-            job.checked = time.monotonic()
-            if await request.is_disconnected():
-                server.abandon(job)
-                if job not in server.jobs:  # it never started: nothing more will come
-                    return "done", None
-        try:
-            return await asyncio.wait_for(job.events.get(), timeout=0.25)
-        except asyncio.TimeoutError:
-            continue
-
-
-async def _whole(server: Server, job: Job, request: Request) -> Any:
-    """Answer once the generation is done."""
-    text: list[str] = []
-    entries: list[dict[str, Any]] = []
-    try:
-        while True:
-            kind, value = await _next_event(server, job, request)
-            if kind == "text":
-                text.append(value)
-            elif kind == "logprobs":
-                entries.append(value)
-            elif kind == "reasoning":
-                continue  # the result has it whole
-            elif kind == "error":
-                return value.response()
-            else:
-                break
-    except BaseException:  # the handler was cancelled
-        server.abandon(job)
-        raise
-    if value is None:  # cancelled: nobody is listening
-        return JSONResponse({}, status_code=499)
-    return replies.whole(server.name, job.request, value, "".join(text), entries)
-
-
-async def _stream(server: Server, job: Job, request: Request) -> Any:
-    """Server-sent events; errors before the first token are answered as plain errors."""
-    try:
-        first = await _next_event(server, job, request)  # prefill happens before it: a too-long prompt fails here
-    except BaseException:
-        server.abandon(job)
-        raise
-    if first[0] == "error":
-        return first[1].response()
-    chunks = replies.Chunks(server.name, job.request)
-    reader = call_reader(job.request.tools)
-
-    async def events() -> AsyncIterator[str]:
-        try:
-            for piece in chunks.start():
-                yield piece
-            kind, value = first
-            while True:
-                if kind == "logprobs":
-                    chunks.add_logprobs(value)
-                elif kind == "reasoning":
-                    yield chunks.reasoning(value)
-                elif kind == "text":
-                    for piece in chunks.calls(reader.feed(value)) if reader else (chunks.text(value),):
-                        yield piece
-                elif kind == "error":  # failed after streaming began: say so in the stream
-                    yield replies.sse({"error": {"message": value.message, "type": value.type, "code": value.code}})
-                    break
-                else:
-                    if value is not None:
-                        for piece in chunks.calls(reader.close()) if reader else ():
-                            yield piece
-                        for piece in chunks.end(value, job.request.include_usage):
-                            yield piece
-                    yield "data: [DONE]\n\n"
-                    break
-                kind, value = await _next_event(server, job, request)
-        finally:
-            server.abandon(job)  # the client went away (or we are done): stop generating
-
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-class _Uvicorn(uvicorn.Server):
-    """uvicorn, with SIGTERM and Ctrl-C cancelling the generations it would otherwise wait for."""
-
-    def __init__(self, config: uvicorn.Config, server: Server):
-        super().__init__(config)
-        self.localspec = server
-        self.loop: Optional[asyncio.AbstractEventLoop] = None
-
-    async def startup(self, sockets: Any = None) -> None:
-        self.loop = asyncio.get_running_loop()
-        await super().startup(sockets)
-
-    def handle_exit(self, sig: int, frame: Any) -> None:
-        if self.loop is not None:  # a signal handler: the jobs are the loop's to touch
-            self.loop.call_soon_threadsafe(self.localspec.stop)
-        super().handle_exit(sig, frame)
-
-    async def shutdown(self, sockets: Any = None) -> None:
-        await super().shutdown(sockets)
-        # The worker finishes its cancelled generation (and records it) before the process goes.
-        stop = functools.partial(self.localspec.worker.shutdown, wait=True, cancel_futures=True)
-        await asyncio.get_running_loop().run_in_executor(None, stop)
-
-
-def run(server: Server, app: FastAPI, host: str, port: int) -> None:
-    """Serve ``app`` until SIGTERM or Ctrl-C, which cancel the generations and end the process within seconds."""
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3)
-    _Uvicorn(config, server).run()

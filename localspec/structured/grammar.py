@@ -192,7 +192,8 @@ class TriggeredMatcher:
 
 class GrammarState(Protocol):
     """What the engine drives: a grammar that holds throughout (``Matcher``), one from a trigger token on
-    (``TriggeredMatcher``), or one that holds only after a reply's reasoning (``reasoning_gate.ReasoningGate``)."""
+    (``TriggeredMatcher``), or one that holds only after a reply's reasoning
+    (``localspec.reasoning.gate.ReasoningGate``)."""
 
     def mask(self, logits: np.ndarray) -> np.ndarray: ...
 

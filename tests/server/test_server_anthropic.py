@@ -369,7 +369,7 @@ def test_claude_codes_billing_header_is_dropped_so_the_rest_of_the_prompt_is_reu
 def test_keep_billing_header_leaves_the_system_prompt_as_sent():
     from localspec.options import GenerationOptions
     from localspec.server.anthropic.requests import parse_messages
-    from localspec.server.openai.requests import Limits
+    from localspec.server.generation import Limits
 
     body = {"model": "m", "max_tokens": 4, "messages": MESSAGES,
             "system": [{"type": "text", "text": "x-anthropic-billing-header: cch=1;"},
@@ -520,38 +520,42 @@ def test_not_found_and_api_errors_have_anthropics_shape(server):
                                                                     "message": "The request failed: boom."}
 
 
-def test_an_unexpected_failure_on_a_messages_path_is_an_api_error_object():
-    """What any route answers with OpenAI's shape (a failure, a refusal by the guards) comes back as Anthropic's."""
-    import asyncio
+class BrokenPair:
+    """``pair``, whose generations fail as a bug would."""
 
-    from fastapi import FastAPI
-    from fastapi.responses import JSONResponse
+    def __init__(self, pair):
+        self._pair = pair
 
-    from localspec.server.agent_routes import AnthropicHeaders
+    def __getattr__(self, name):
+        return getattr(self._pair, name)
 
-    app = FastAPI()
+    def stream_chat(self, *args, **kwargs):
+        raise RuntimeError("boom")
 
-    @app.post("/v1/messages")
-    async def failing() -> JSONResponse:
-        return JSONResponse({"error": {"message": "The request failed: boom.", "type": "server_error"}},
-                            status_code=500)
 
-    sent: list[dict] = []
+def test_an_unexpected_failure_on_a_messages_path_is_an_api_error_object(pair, monkeypatch):
+    """A failure (in the generation, or in the route itself) is answered in the shape of its path's API."""
+    from inprocess import local_server
+    from starlette.testclient import TestClient
 
-    async def receive() -> dict:
-        return {"type": "http.request", "body": b"{}", "more_body": False}
+    from localspec.server.anthropic import routes as anthropic_routes
+    from localspec.server.app import create_app
 
-    async def send(message: dict) -> None:
-        sent.append(message)
+    client = TestClient(create_app(local_server(BrokenPair(pair)), hosts=()), raise_server_exceptions=False)
+    body = {"model": "x", "max_tokens": 4, "messages": MESSAGES}
+    r = client.post("/v1/messages", json=body)
+    assert r.status_code == 500 and r.json() == {"type": "error", "error": {
+        "type": "api_error", "message": "Generation failed: RuntimeError('boom')."}}
+    chat = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4})
+    assert chat.status_code == 500 and chat.json()["error"]["type"] == "server_error"  # OpenAI's, on its path
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/messages", "raw_path": b"/v1/messages",
-             "query_string": b"beta=true", "headers": [(b"content-type", b"application/json")], "http_version": "1.1",
-             "scheme": "http", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1), "root_path": "",
-             "app": app}
-    asyncio.run(AnthropicHeaders(app)(scope, receive, send))
-    body = json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
-    assert sent[0]["status"] == 500 and body == {"type": "error", "error": {
-        "type": "api_error", "message": "The request failed: boom."}}
+    def failing(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(anthropic_routes, "parse_messages", failing)
+    r = client.post("/v1/messages?beta=true", json=body)
+    assert r.status_code == 500 and r.json() == {"type": "error", "error": {
+        "type": "api_error", "message": "The request failed: RuntimeError('boom')."}}
 
 
 def test_the_servers_sampling_defaults_apply_to_messages_that_leave_them_out(pair, tmp_path):

@@ -272,7 +272,7 @@ def test_a_huge_body_is_refused_at_once(server):
 def test_a_client_that_writes_its_whole_too_large_body_before_reading_still_reads_the_413(server):
     import requests
 
-    from localspec.server.worker import MAX_BODY
+    from localspec.server.app import MAX_BODY
 
     big = b'{"prompt": "' + b"x" * (3 * MAX_BODY) + b'"}'
     r = requests.post(f"{server.url}/completions", data=big, headers={"Content-Type": "application/json"},
@@ -582,3 +582,30 @@ def test_a_client_hanging_up_during_count_tokens_leaves_nothing_behind(server, t
         model="x", messages=short)
     assert counted.input_tokens == want
     assert "Traceback" not in server.output()[logged:]
+
+
+def _shape(body: bytes) -> str:
+    """Which API's error object ``body`` is."""
+    found = json.loads(body)
+    if found.get("type") == "error" and isinstance(found["error"], dict):
+        return "anthropic"
+    return "ollama" if isinstance(found["error"], str) else "openai"
+
+
+@pytest.mark.parametrize("path,headers,shape", [
+    ("/v1/chat/completions", {}, "openai"), ("/v1/completions", {}, "openai"), ("/v1/responses", {}, "openai"),
+    ("/v1/models", {}, "openai"), ("/v1/models", {"anthropic-version": "2023-06-01"}, "anthropic"),
+    ("/v1/messages", {}, "anthropic"), ("/v1/messages/count_tokens", {}, "anthropic"), ("/api/chat", {}, "ollama"),
+    ("/api/generate", {}, "ollama"), ("/api/nope", {}, "ollama"),
+])
+def test_the_guards_and_the_router_answer_in_the_shape_of_the_paths_api(server, path, headers, shape):
+    """A refused Host, Origin or content type, a wrong method and an unknown path: each its path's API's error."""
+    body = b'{"model": "target"}'
+    kinds = {"Content-Type": "application/json", **headers}
+    for method, more, host, status in (("POST", kinds, "evil.example", 403),
+                                       ("POST", {**kinds, "Origin": "http://evil.example"}, "default", 403),
+                                       ("POST", {**headers, "Content-Type": "text/plain"}, "default", 415),
+                                       ("DELETE", headers, "default", 404 if path == "/api/nope" else 405)):
+        got, reply = server.raw(request(method, path, server.port, body if method == "POST" else b"", more,
+                                        host=host))
+        assert got == status and _shape(reply) == shape, (method, more, host, reply)

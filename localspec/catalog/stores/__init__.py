@@ -2,7 +2,7 @@
 
 People who try localspec usually have GGUF files already, pulled by another
 tool. This package lists them from the places those tools keep them and
-reads each one's header (only the key/value section, see ``gguf_header``);
+reads each one's header (only the key/value section, see ``localspec.runtime.gguf_metadata``);
 ``localspec.catalog.pairing`` groups them into target/draft pairs that share a
 vocabulary. It never writes, moves or copies anything.
 
@@ -40,6 +40,8 @@ Decisions:
   generate text.
 * A store that does not exist is normal and silent; everything else that
   cannot be listed is reported as a ``Skipped`` (and through ``say``).
+
+Layer: catalog, above ``runtime``.
 """
 
 from .found import STORES, FoundModel, Roots, Say, Scan, Skipped, llamacpp_roots, lmstudio_roots, ollama_roots

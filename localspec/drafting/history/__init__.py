@@ -12,6 +12,8 @@ compaction, set-aside copies), ``index`` (the in-memory suffix index) and
 ``drafter`` (proposals from the index). The package itself holds the store
 and the index, below the drafters; ``localspec.drafting.history.drafter`` sits with
 the other drafters and is imported from there.
+
+Layer: drafting (the store needs only ``errors`` and ``paths``).
 """
 
 from __future__ import annotations

@@ -1,1 +1,4 @@
-"""Anthropic's Messages API: request bodies translated into the server's request type, and its replies."""
+"""Anthropic's Messages API: request bodies translated into the server's request type, its routes and replies.
+
+Layer: an entry point, inside ``server``; it imports the server's shared modules and the layers below.
+"""

@@ -4,15 +4,16 @@ Anthropic sends (``message_start``, content blocks with their deltas, ``message_
 
 from __future__ import annotations
 
+import datetime
 import json
 import uuid
 from typing import Any, Optional
 
 from ...results import Result
-from ...structured.call_reader import CallEvent, ToolCall, call_reader
+from ...structured.call_reader import CallEvent, ToolCall
+from ..generation import GenerationRequest
 from ..http import ApiError
 from ..openai.replies import stats
-from ..openai.requests import ChatRequest
 
 #: Anthropic's error type for each status the server answers with.
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -70,13 +71,20 @@ def status_of(error: ApiError) -> int:
     return 529 if error.status == 503 else error.status
 
 
-class MessageReply:
-    """The reply to one Messages request (``server_relay.Reply``)."""
+def model_object(name: str, created: int) -> dict[str, Any]:
+    """A model as Anthropic's Models API describes one (``created``: seconds since the epoch)."""
+    when = datetime.datetime.fromtimestamp(created, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"type": "model", "id": name, "display_name": name, "created_at": when, "lifecycle": "active"}
 
-    def __init__(self, model: str, request: ChatRequest):
+
+class MessageReply:
+    """The reply to one Messages request (``server.relay.Reply``)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, model: str, request: GenerationRequest):
         self.model, self.request = model, request
         self.id = "msg_" + uuid.uuid4().hex[:24]
-        self._reader = call_reader(request.tools)
         self._open: Optional[str] = None  # the kind of the content block open now, if one is
         self._index = -1  # its index
 
@@ -102,18 +110,18 @@ class MessageReply:
     def ping(self) -> list[str]:
         return [event("ping", {})]
 
+    def logprobs(self, entry: dict[str, Any]) -> None:
+        """Not asked for on this API."""
+
     def reasoning(self, text: str) -> list[str]:
         out = self._block("thinking", {"type": "thinking", "thinking": "", "signature": ""})
         return out + [self._delta({"type": "thinking_delta", "thinking": text})]
 
-    def text(self, text: str) -> list[str]:
-        if self._reader is None:
-            return self._text(text)
-        return [piece for e in self._reader.feed(text) for piece in self._call_event(e)]
+    def content(self, found: list[CallEvent]) -> list[str]:
+        return [piece for e in found for piece in self._call_event(e)]
 
-    def end(self, r: Result) -> list[str]:
-        out = [piece for e in (self._reader.close() if self._reader else []) for piece in self._call_event(e)]
-        out += self._close()
+    def end(self, r: Result, tail: list[CallEvent]) -> list[str]:
+        out = self.content(tail) + self._close()
         reason, sequence = stop_reason(r)
         out.append(event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
                                            "usage": result_usage(r), **stats(r)}))

@@ -3,7 +3,7 @@ Anthropic's error object.
 
 A body is checked here for what only Anthropic's shape has (content blocks, ``tool_use`` and
 ``tool_result`` pairs, ``tool_choice``, ``thinking``, ``output_config.format``), then written as the chat
-request it means and checked again by ``server_requests.parse_request``, so options, tools, structured
+request it means and checked again by ``openai.requests.parse_request``, so options, tools, structured
 output (``output_config.format``, or the beta's ``output_format``, as ``response_format``) and their bounds
 are the same as for chat completions. Fields that change nothing on a local model (``metadata``,
 ``cache_control``, ``service_tier``, ``container``, ``output_config.effort`` and any field the API adds
@@ -14,15 +14,21 @@ an image, or a ``tool_result`` that answers no ``tool_use`` is a 400 naming the 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Mapping, Optional, Union
 
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ...options import MAX_THINK_BUDGET, GenerationOptions
+from ..generation import GenerationRequest, Limits
 from ..http import ApiError
-from ..openai.requests import OWN_FIELDS, ChatRequest, Limits, parse_request
+from ..openai.requests import OWN_FIELDS, parse_request
 from .replies import error_body, status_of
+
+#: The paths of the Messages API.
+PREFIX = "/v1/messages"
+#: The header every request of Anthropic's SDKs carries: on a path both APIs share, it picks Anthropic's shapes.
+VERSION_HEADER = "anthropic-version"
 
 #: The Messages API's name for chat completions' fields, for error messages.
 FIELD_NAMES = {"stop": "stop_sequences", "think_budget": "thinking.budget_tokens", "think": "thinking",
@@ -69,6 +75,12 @@ class MessagesBody(CountBody):
 #: How Claude Code's per-request billing block begins (its ``cch=`` hash differs on every request).
 BILLING_HEADER = "x-anthropic-billing-header:"
 
+
+def from_anthropic(headers: Mapping[str, str]) -> bool:
+    """Whether a request comes from an Anthropic client (it names the API version it speaks)."""
+    return VERSION_HEADER in headers
+
+
 def error_response(error: ApiError) -> JSONResponse:
     """``error`` as Anthropic's error object, with its status and headers."""
     status = status_of(error)
@@ -80,7 +92,7 @@ def error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error_body(status, message), status_code=status, headers=error.headers)
 
 
-def parse_messages(body: Any, defaults: GenerationOptions, limits: Limits, count: bool = False) -> ChatRequest:
+def parse_messages(body: Any, defaults: GenerationOptions, limits: Limits, count: bool = False) -> GenerationRequest:
     """A Messages body (``count``: a count_tokens body) as the server's request.
 
     Raises:

@@ -1,6 +1,7 @@
-"""Ollama's request bodies (``/api/chat``, ``/api/generate``, ``/api/show``), translated into ``ChatRequest``.
+"""Ollama's request bodies (``/api/chat``, ``/api/generate``, ``/api/show``), translated into the server's
+``GenerationRequest``.
 
-The same request type, options and bounds as the OpenAI routes (``server_requests``): Ollama's ``options``
+The same request type, options and bounds as the OpenAI routes (``openai.requests``): Ollama's ``options``
 become ``GenerationOptions`` fields, ``format`` the structured-output constraint, ``tools`` a ``ToolUse``,
 ``think`` the reasoning switch and ``suffix`` a fill-in-the-middle request. Options that only say how
 Ollama would load the model (``num_ctx``, ``num_gpu``, ``num_thread``...) change nothing here: the server
@@ -19,8 +20,8 @@ from ...constraint import Constraint
 from ...errors import LocalspecError
 from ...options import GenerationOptions
 from ...structured.tool_use import ToolUse
+from ..generation import GenerationRequest, Limits
 from ..http import ApiError
-from ..openai.requests import ChatRequest, Limits
 from ..reasoning_fields import reasoning_fields
 
 #: Ollama's options -> GenerationOptions fields.
@@ -176,7 +177,8 @@ def parse(raw: Any, model: type[BaseModel]) -> Any:
 _TYPES = ("str", "int", "float", "bool", "dict", "list")
 
 
-def chat_request(body: ChatBody, defaults: GenerationOptions, limits: Limits) -> Optional[ChatRequest]:
+def chat_request(body: ChatBody, defaults: GenerationOptions,
+                 limits: Limits) -> Optional[GenerationRequest]:
     """An ``/api/chat`` body as the library's request; None for one without messages (Ollama's "load")."""
     model_name(body.model, limits)
     if not body.messages:
@@ -187,10 +189,11 @@ def chat_request(body: ChatBody, defaults: GenerationOptions, limits: Limits) ->
         tools = ToolUse.from_openai(body.tools)
     except LocalspecError as exc:
         raise ApiError(400, f"tools: {exc}") from None
-    return ChatRequest(True, messages, None, options, _stream(body), False, tools=tools)
+    return GenerationRequest(True, messages, None, options, _stream(body), False, tools=tools)
 
 
-def generate_request(body: GenerateBody, defaults: GenerationOptions, limits: Limits) -> Optional[ChatRequest]:
+def generate_request(body: GenerateBody, defaults: GenerationOptions,
+                     limits: Limits) -> Optional[GenerationRequest]:
     """An ``/api/generate`` body as the library's request: a chat turn through the model's template, the raw
     prompt (``raw``), or a fill-in-the-middle (``suffix``); None for one without a prompt (Ollama's "load")."""
     model_name(body.model, limits)
@@ -204,12 +207,14 @@ def generate_request(body: GenerateBody, defaults: GenerationOptions, limits: Li
         return None
     options = _options(body, defaults, limits)
     if body.suffix:
-        return ChatRequest(False, None, body.prompt or "", options, _stream(body), False, suffix=body.suffix)
+        return GenerationRequest(False, None, body.prompt or "", options, _stream(body), False,
+                                 suffix=body.suffix)
     assert body.prompt is not None
     if body.raw:
-        return ChatRequest(False, None, body.prompt, options, _stream(body), False)
+        return GenerationRequest(False, None, body.prompt, options, _stream(body), False)
     system = [{"role": "system", "content": body.system}] if body.system else []
-    return ChatRequest(True, [*system, {"role": "user", "content": body.prompt}], None, options, _stream(body), False)
+    messages = [*system, {"role": "user", "content": body.prompt}]
+    return GenerationRequest(True, messages, None, options, _stream(body), False)
 
 
 def _stream(body: _Body) -> bool:

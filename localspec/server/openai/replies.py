@@ -1,7 +1,8 @@
-"""The server's replies in OpenAI's shapes: a whole completion, the chunks of a streamed one, usage and timings.
+"""OpenAI's chat completions and completions out: a whole completion, the chunks of a streamed one, usage
+and timings.
 
-Pure functions of a checked request (``server_requests.ChatRequest``) and what its generation gave; the
-server (``localspec.server.worker``) runs the generation and sends what these build.
+Built from a checked request (``GenerationRequest``) and what its generation gave; the relay
+(``server.relay``) hands ``CompletionReply`` the generation's events and sends what it writes.
 """
 
 from __future__ import annotations
@@ -9,16 +10,17 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from ...methods import PREDICTION
 from ...results import Result
 from ...structured.call_reader import CallEvent
+from ..generation import GenerationRequest
+from ..http import ApiError
 from . import logprobs as server_logprobs
-from .requests import ChatRequest
 
 
-def reply_id(request: ChatRequest) -> str:
+def reply_id(request: GenerationRequest) -> str:
     """A new id for the reply, prefixed as OpenAI prefixes it."""
     return ("chatcmpl-" if request.chat else "cmpl-") + uuid.uuid4().hex[:24]
 
@@ -28,7 +30,7 @@ def sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def envelope(model: str, request: ChatRequest, rid: str, chunk: bool) -> dict[str, Any]:
+def envelope(model: str, request: GenerationRequest, rid: str, chunk: bool) -> dict[str, Any]:
     """The fields every reply object starts with."""
     kind = "chat.completion" if request.chat else "text_completion"
     return {"id": rid, "object": kind + (".chunk" if chunk and request.chat else ""), "created": int(time.time()),
@@ -53,7 +55,7 @@ def stats(r: Result) -> dict[str, Any]:
     return {"timings": timings, "localspec": ours}
 
 
-def usage(request: ChatRequest, r: Result) -> dict[str, Any]:
+def usage(request: GenerationRequest, r: Result) -> dict[str, Any]:
     """OpenAI's usage; with a prediction, how many of its tokens were accepted and rejected, as OpenAI counts."""
     n = len(r.tokens)
     out: dict[str, Any] = {"prompt_tokens": len(r.prompt_tokens), "completion_tokens": n,
@@ -71,7 +73,7 @@ def usage(request: ChatRequest, r: Result) -> dict[str, Any]:
     return out
 
 
-def logprobs(request: ChatRequest, entries: list[dict[str, Any]], offset: int = 0) -> Optional[dict[str, Any]]:
+def logprobs(request: GenerationRequest, entries: list[dict[str, Any]], offset: int = 0) -> Optional[dict[str, Any]]:
     """A choice's ``logprobs`` in the request's shape; None when it did not ask for them."""
     if request.options.logprobs is None:
         return None
@@ -81,7 +83,8 @@ def logprobs(request: ChatRequest, entries: list[dict[str, Any]], offset: int = 
     return server_logprobs.completion(entries, offset + (len(prompt) if isinstance(prompt, str) else 0))
 
 
-def whole(model: str, request: ChatRequest, r: Result, text: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
+def whole(model: str, request: GenerationRequest, r: Result, text: str,
+          entries: list[dict[str, Any]]) -> dict[str, Any]:
     """The reply to a request that did not ask to stream: ``text`` as generated, the token ``entries``'
     log-probabilities."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": r.finish_reason, "logprobs": logprobs(request, entries)}
@@ -99,55 +102,68 @@ def whole(model: str, request: ChatRequest, r: Result, text: str, entries: list[
             **stats(r)}
 
 
-class Chunks:
-    """The chunks of one streamed reply, in order: the role, text or calls as they come, the end, the usage.
+class CompletionReply:
+    """The reply to one chat completions or completions request (``server.relay.Reply``): whole, or its chunks
+    in order (the role, text or calls as they come, the end, the usage, ``[DONE]``).
 
-    Token log-probabilities are handed in (``add_logprobs``) before the text they belong to; each chunk
-    carries those not sent yet.
+    Token log-probabilities are handed in (``logprobs``) before the text they belong to; each chunk carries
+    those not sent yet, and a whole reply all of them.
     """
 
-    def __init__(self, model: str, request: ChatRequest):
+    media_type = "text/event-stream"
+
+    def __init__(self, model: str, request: GenerationRequest):
         self.model, self.request = model, request
         self.rid = reply_id(request)
         self._entries: list[dict[str, Any]] = []  # the tokens of the text not yet sent
         self._offset = 0  # where the next token's text starts (a completion's text_offset, counted as unstreamed)
 
-    def add_logprobs(self, entry: dict[str, Any]) -> None:
+    def logprobs(self, entry: dict[str, Any]) -> None:
         self._entries.append(entry)
 
-    def start(self) -> Iterator[str]:
+    def whole(self, r: Result) -> dict[str, Any]:
+        return whole(self.model, self.request, r, r.text, self._entries)
+
+    def start(self, prompt_tokens: int, cached_tokens: int) -> list[str]:
         """A chat stream's first chunk: the assistant's role."""
-        if self.request.chat:
-            yield sse(self._chunk("", role=True))
+        return [sse(self._chunk("", role=True))] if self.request.chat else []
 
-    def text(self, text: str) -> str:
-        return sse(self._chunk(text))
+    def ping(self) -> list[str]:
+        return [": keep-alive\n\n"]  # an SSE comment: clients skip it
 
-    def reasoning(self, text: str) -> str:
+    def reasoning(self, text: str) -> list[str]:
         """A chunk of a reasoning model's thinking (chat: ``delta.reasoning_content``; a completion's choice:
         ``reasoning_content``)."""
-        return sse(self._chunk(None, reasoning=text))
+        return [sse(self._chunk(None, reasoning=text))]
 
-    def calls(self, found: list[CallEvent]) -> Iterator[str]:
-        """The chunks for what a call reader found: content, a call's start, more of its arguments."""
+    def content(self, found: list[CallEvent]) -> list[str]:
+        """The chunks for what the call reader found: content, a call's start, more of its arguments."""
+        out = []
         for e in found:
             if e.kind == "content":
-                yield sse(self._chunk(e.text))
+                out.append(sse(self._chunk(e.text)))
             elif e.kind == "call":
-                yield sse(self._chunk(None, call={"index": e.index, "id": e.id, "type": "function",
-                                                  "function": {"name": e.text, "arguments": ""}}))
+                out.append(sse(self._chunk(None, call={"index": e.index, "id": e.id, "type": "function",
+                                                       "function": {"name": e.text, "arguments": ""}})))
             else:
-                yield sse(self._chunk(None, call={"index": e.index, "function": {"arguments": e.text}}))
+                out.append(sse(self._chunk(None, call={"index": e.index, "function": {"arguments": e.text}})))
+        return out
 
-    def end(self, r: Result, include_usage: bool) -> Iterator[str]:
-        """The final chunk (finish reason, timings), and the usage chunk if the request asked for it."""
+    def end(self, r: Result, tail: list[CallEvent]) -> list[str]:
+        """The held-back calls, the final chunk (finish reason, timings), the usage chunk if the request asked
+        for it, and ``[DONE]``."""
+        out = self.content(tail)
         final = {**self._chunk(None, r.finish_reason), **stats(r)}
         if self.request.chat:
             final["choices"][0]["delta"] = {}
-        yield sse(final)
-        if include_usage:
-            yield sse({**envelope(self.model, self.request, self.rid, True), "choices": [],
-                       "usage": usage(self.request, r), **stats(r)})
+        out.append(sse(final))
+        if self.request.include_usage:
+            out.append(sse({**envelope(self.model, self.request, self.rid, True), "choices": [],
+                            "usage": usage(self.request, r), **stats(r)}))
+        return out + ["data: [DONE]\n\n"]
+
+    def error(self, error: ApiError) -> list[str]:
+        return [sse({"error": {"message": error.message, "type": error.type, "code": error.code}})]
 
     def _chunk(self, text: Optional[str], finish: Optional[str] = None, role: bool = False,
                call: Optional[dict[str, Any]] = None, reasoning: Optional[str] = None) -> dict[str, Any]:

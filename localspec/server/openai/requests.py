@@ -1,4 +1,5 @@
-"""The server's request bodies: typed models, and their translation into ``GenerationOptions``.
+"""OpenAI's chat completions and completions bodies: typed models, and their translation into the server's
+``GenerationRequest``.
 
 Types and structure are checked by pydantic (strict: ``"2"`` is not a
 number, ``true`` is not 1), value ranges by ``GenerationOptions`` (the same
@@ -10,9 +11,7 @@ role it cannot render, a value out of range. Nothing is silently ignored.
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -22,6 +21,7 @@ from ...errors import LocalspecError
 from ...methods import HISTORY
 from ...options import MAX_LOGPROBS, GenerationOptions
 from ...structured.tool_use import CHOICES, ToolUse
+from ..generation import GenerationRequest, Limits
 from ..http import ApiError
 from ..reasoning_fields import reasoning_fields
 
@@ -166,56 +166,7 @@ OPTION_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_token
                  "repeat_last_n": "repeat_last_n", "think": "think", "think_budget": "think_budget"}
 
 
-@dataclass
-class ChatRequest:
-    """A checked request: what to continue, with which options, and how to answer."""
-
-    chat: bool
-    messages: Optional[list[dict[str, Any]]]
-    prompt: Union[str, list[int], None]
-    options: GenerationOptions
-    stream: bool
-    include_usage: bool
-    suffix: Optional[str] = None
-    tools: Optional[ToolUse] = None  # chat: the tools offered, and how the reply may use them
-    template_vars: Optional[dict[str, Any]] = None  # chat: more variables for the chat template
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What the operator allows a request.
-
-    Attributes:
-        models: the model names clients may ask for.
-        max_tokens: the most tokens one request may generate (a larger request is capped), None for no cap.
-        history: whether requests may draft from and record into the history store.
-        keep_billing_header: keep Claude Code's per-request billing-header block in a Messages request's
-            system prompt (by default it is dropped: a hash in it changes with every request, so no prefix
-            of the prompt would ever be found in the prompt cache again).
-    """
-
-    models: tuple[str, ...]
-    max_tokens: Optional[int] = None
-    history: bool = True
-    keep_billing_header: bool = False
-
-    def serves(self, name: str) -> bool:
-        """Whether ``name`` is a served model's, by its name or Ollama's tag for it (``NAME:latest``: apps that
-        list the models through /api/tags, such as VS Code's Ollama provider, ask for that)."""
-        return name in self.models or name.removesuffix(":latest") in self.models
-
-
-def parse_body(raw: bytes) -> Any:
-    """The JSON in a request body (ApiError 400 when it is not JSON)."""
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else \
-            "a number has too many digits" if "int_max_str_digits" in str(exc) else str(exc)
-        raise ApiError(400, f"The request body is not valid JSON ({reason}).") from None
-
-
-def parse_request(body: Any, chat: bool, defaults: GenerationOptions, limits: Limits) -> ChatRequest:
+def parse_request(body: Any, chat: bool, defaults: GenerationOptions, limits: Limits) -> GenerationRequest:
     """Check a request body and turn it into options.
 
     Raises:
@@ -247,7 +198,7 @@ def parse_request(body: Any, chat: bool, defaults: GenerationOptions, limits: Li
                        code="invalid_value")
     include_usage = req.stream_options.include_usage if req.stream_options else False
     if isinstance(req, ChatBody):
-        return ChatRequest(True, _messages(req.messages), None, options, stream, include_usage,
+        return GenerationRequest(True, _messages(req.messages), None, options, stream, include_usage,
                            tools=_tools(req), template_vars=template_vars)
     assert isinstance(req, CompletionBody)
     given = next((f for f in ("tools", "tool_choice", "parallel_tool_calls") if getattr(req, f) is not None), None)
@@ -260,7 +211,7 @@ def parse_request(body: Any, chat: bool, defaults: GenerationOptions, limits: Li
         if not isinstance(prompt, str):
             raise ApiError(400, "A 'suffix' goes with a text 'prompt' (the text before the one to fill in), not "
                            "token ids.", param="suffix", code="invalid_value")
-    return ChatRequest(False, None, prompt, options, stream, include_usage, req.suffix or None)
+    return GenerationRequest(False, None, prompt, options, stream, include_usage, req.suffix or None)
 
 
 def _options(req: _Body, defaults: GenerationOptions, limits: Limits) -> GenerationOptions:

@@ -10,10 +10,10 @@ import uuid
 from typing import Any, Optional
 
 from ...results import Result
-from ...structured.call_reader import CallEvent, ToolCall, call_reader
+from ...structured.call_reader import CallEvent, ToolCall
+from ..generation import GenerationRequest
 from ..http import ApiError
 from ..openai.replies import stats
-from ..openai.requests import ChatRequest
 from .requests import ResponsesBody, namespaces
 
 
@@ -48,12 +48,13 @@ def reasoning_item(ident: str, text: str) -> dict[str, Any]:
 
 
 class ResponseReply:
-    """The reply to one Responses request (``server_relay.Reply``)."""
+    """The reply to one Responses request (``server.relay.Reply``)."""
 
-    def __init__(self, model: str, request: ChatRequest, body: ResponsesBody):
+    media_type = "text/event-stream"
+
+    def __init__(self, model: str, request: GenerationRequest, body: ResponsesBody):
         self.model, self.request, self.body = model, request, body
         self.id, self.created = _id("resp_"), int(time.time())
-        self._reader = call_reader(request.tools)
         self._spaces = namespaces(body.tools)  # a namespaced function's namespace, given back in its calls
         self._seq = 0
         self._output: list[dict[str, Any]] = []  # the items done so far
@@ -92,6 +93,9 @@ class ResponseReply:
     def ping(self) -> list[str]:
         return [": keep-alive\n\n"]  # an SSE comment: clients skip it
 
+    def logprobs(self, entry: dict[str, Any]) -> None:
+        """Not asked for on this API."""
+
     def reasoning(self, text: str) -> list[str]:
         out = self._item("reasoning")
         item = self._current()
@@ -99,14 +103,11 @@ class ResponseReply:
         return out + [self._event("response.reasoning_text.delta", item_id=item["id"], output_index=item["index"],
                                   content_index=0, delta=text)]
 
-    def text(self, text: str) -> list[str]:
-        if self._reader is None:
-            return self._text(text)
-        return [piece for e in self._reader.feed(text) for piece in self._call_event(e)]
+    def content(self, found: list[CallEvent]) -> list[str]:
+        return [piece for e in found for piece in self._call_event(e)]
 
-    def end(self, r: Result) -> list[str]:
-        out = [piece for e in (self._reader.close() if self._reader else []) for piece in self._call_event(e)]
-        out += self._done()
+    def end(self, r: Result, tail: list[CallEvent]) -> list[str]:
+        out = self.content(tail) + self._done()
         return out + [self._event("response.completed", response=self.response(_status(r), self._output, r))]
 
     def error(self, error: ApiError) -> list[str]:

@@ -4,7 +4,7 @@ The server keeps no responses: each request carries its whole conversation (``in
 ``input``), and ``previous_response_id`` is a 400 saying so. Input items (messages with text parts,
 ``function_call`` and ``function_call_output``) are written as the chat messages they mean, ``text.format``
 as ``response_format`` and ``reasoning.effort`` as ``reasoning_effort``, then checked by
-``server_requests.parse_request`` as a chat completion is. Fields that change nothing here (``store``,
+``openai.requests.parse_request`` as a chat completion is. Fields that change nothing here (``store``,
 ``include``, ``metadata``, ``prompt_cache_key`` and fields the API adds later) are ignored.
 """
 
@@ -16,8 +16,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ...options import GenerationOptions
+from ..generation import GenerationRequest, Limits
 from ..http import ApiError
-from ..openai.requests import OWN_FIELDS, ChatRequest, Limits, parse_request
+from ..openai.requests import OWN_FIELDS, parse_request
 
 #: Input roles, as chat messages take them.
 ROLES = ("user", "assistant", "system", "developer")
@@ -53,7 +54,8 @@ class ResponsesBody(BaseModel):
     background: Optional[bool] = None
 
 
-def parse_responses(body: Any, defaults: GenerationOptions, limits: Limits) -> tuple[ChatRequest, ResponsesBody]:
+def parse_responses(body: Any, defaults: GenerationOptions,
+                    limits: Limits) -> tuple[GenerationRequest, ResponsesBody]:
     """A Responses body as the server's request, and the body as read (its reply echoes some fields).
 
     Raises:
