@@ -33,10 +33,14 @@ from .shared import ModelArgs, friendly_errors, generation_options, model_option
 @click.option("--metrics", is_flag=True,
               help="Serve GET /metrics: requests, tokens, prompt tokens the cache saved, acceptance by drafter and "
                    "the queue, in Prometheus' text format (behind --api-key like every route).")
+@click.option("--quiet", "-q", is_flag=True,
+              help="No line per request (by default each request leaves one on stderr: its route, status, "
+                   "prompt tokens read and restored, tokens generated and accepted, times, and how it ended; "
+                   "--verbose adds the start of each prompt).")
 @friendly_errors
 def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, api_key: Optional[str],
           max_queue: int, origins: tuple[str, ...], max_body: Optional[int], keep_billing_header: bool,
-          metrics: bool) -> None:
+          metrics: bool, quiet: bool) -> None:
     """Serve the pair over HTTP: OpenAI chat completions, completions and Responses, Anthropic Messages, Ollama.
 
     The generation options given here are the defaults for requests that
@@ -64,7 +68,8 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
         server = Server.for_pair(pair, name, options, max_queue=max_queue, max_tokens=max_tokens,
                                  keep_billing_header=keep_billing_header)
         app = create_app(server, hosts=access.hosts, origins=access.origins, api_key=access.api_key,
-                         max_body=MAX_BODY if max_body is None else max_body, metrics=metrics)
+                         max_body=MAX_BODY if max_body is None else max_body, metrics=metrics,
+                         log=None if quiet else say, verbose_log=models.verbose)
         say(f"localspec serve: model {name!r} on http://{host}:{port}/v1 "
             f"({'API key required' if api_key else 'no API key'}; history "
             f"{'recorded' if server.limits.history else 'off'}; "

@@ -19,7 +19,7 @@ Needs the ``server`` extra (FastAPI, uvicorn); the rest of localspec does not.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -37,6 +37,7 @@ from .http import ApiError, Guard, Render, Scope
 from .ollama import replies as ollama_replies
 from .ollama import routes as ollama_routes
 from .openai import routes as openai_routes
+from .request_log import RequestLog, note_error
 from .responses import requests as responses_requests
 from .responses import routes as responses_routes
 from .worker import Server
@@ -53,6 +54,11 @@ def error_shape(scope: Scope) -> Render:
     """How an error is answered on a request's path: Ollama's ``{"error": ...}`` on ``/api/*``, Anthropic's
     error object on the Messages paths (and on the models' paths to a request naming ``anthropic-version``),
     OpenAI's error object (naming the Responses fields on ``/v1/responses``) anywhere else."""
+    render = _render_for(scope)
+    return lambda error: render(note_error(scope, error))  # the request's log line says it too
+
+
+def _render_for(scope: Scope) -> Render:
     path = scope["path"]
     if path.startswith(ollama_routes.PREFIX):
         return ollama_replies.error_response
@@ -71,7 +77,8 @@ def _openai_model(name: str, created: int) -> dict[str, Any]:
 
 
 def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins: Sequence[str] = (),
-               api_key: Optional[str] = None, max_body: int = MAX_BODY, metrics: bool = False) -> FastAPI:
+               api_key: Optional[str] = None, max_body: int = MAX_BODY, metrics: bool = False,
+               log: Optional[Callable[[str], None]] = None, verbose_log: bool = False) -> FastAPI:
     """The FastAPI application serving ``server``'s pair.
 
     Args:
@@ -81,6 +88,8 @@ def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins
         api_key: if set, every request but ``/health`` needs it (``Authorization: Bearer KEY`` or ``x-api-key``).
         max_body: the largest request body in bytes.
         metrics: serve ``GET /metrics`` (Prometheus' text format; behind the API key like the rest).
+        log: where a line about each request goes (``request_log``); None for no lines.
+        verbose_log: the lines show the start of each prompt.
     """
     app = FastAPI(title="localspec", docs_url=None, redoc_url=None, openapi_url=None)
     _errors(app)
@@ -97,6 +106,8 @@ def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins
     app.add_middleware(Guard, hosts=hosts, origins=origins, api_key=api_key, max_body=max_body, shape=error_shape)
     if metrics:
         _metrics(app, server)
+    if log is not None:  # outermost, so the guards' refusals have their lines too
+        app.add_middleware(RequestLog, say=log, verbose=verbose_log)
     return app
 
 

@@ -24,6 +24,7 @@ from ..results import Result
 from ..structured.call_reader import CallEvent, CallReader, call_reader
 from .generation import GenerationRequest
 from .http import ApiError, Render
+from .request_log import Entry, describe, entry_of, note_error
 from .worker import Job, Server, Task
 
 #: Seconds between keep-alives while the first token is awaited (a long prompt being processed).
@@ -114,6 +115,8 @@ class Events:
 async def answer(server: Server, request: Request, req: GenerationRequest, reply: Reply, render: Render) -> Any:
     """Admit ``req`` and answer it: ``reply``'s whole object, or its stream if ``req`` asks for one; errors
     (a full queue, a failure before the stream starts) through ``render``."""
+    render = _noting(request, render)
+    _opened(request, server, req)
     events = _admitted(server, request, req, render)
     if isinstance(events, Response):
         return events
@@ -135,6 +138,7 @@ async def run_task(server: Server, request: Request, req: GenerationRequest, tas
                    build: Callable[[Any], Any]) -> Any:
     """Admit ``task`` (work on the pair other than a generation) for ``req`` and answer ``build`` of what it
     returns; errors through ``render``."""
+    render = _noting(request, render)
     events = _admitted(server, request, req, render, task)
     if isinstance(events, Response):
         return events
@@ -144,6 +148,30 @@ async def run_task(server: Server, request: Request, req: GenerationRequest, tas
         events.close()
         raise
     return await _whole(events, first, render, lambda entry: None, build)
+
+
+def _noting(request: Request, render: Render) -> Render:
+    """``render``, saying the error in the request's log line too."""
+    return lambda error: render(note_error(request.scope, error))
+
+
+def _opened(request: Request, server: Server, req: GenerationRequest) -> None:
+    """What the request's log line says of a generation before it starts."""
+    entry = entry_of(request.scope)
+    if entry is not None:
+        entry.model, entry.stream, entry.prompt = server.name, req.stream, describe(req)
+
+
+def _ended(entry: Optional[Entry], result: Optional[Result]) -> None:
+    """What the log line says of a generation that ended (None: cancelled, its client gone)."""
+    if entry is not None:
+        entry.outcome = "cancelled" if result is None else result.finish_reason
+        entry.stats = result.stats if result is not None else None
+
+
+def _first_token(entry: Optional[Entry]) -> None:
+    if entry is not None and entry.first_token is None:
+        entry.first_token = time.monotonic() - entry.started
 
 
 def _admitted(server: Server, request: Request, req: GenerationRequest, render: Render,
@@ -166,16 +194,21 @@ async def _first(events: Events, stream: bool) -> Optional[Event]:
 
 async def _whole(events: Events, event: Optional[Event], render: Render, logprobs: Callable[[Any], None],
                  build: Callable[[Any], Any]) -> Any:
+    entry = entry_of(events.request.scope)
     try:
         while event is None or event[0] in PIECES:  # the result has the text and the reasoning whole
             if event is not None and event[0] == "logprobs":
                 logprobs(event[1])
+            elif event is not None:
+                _first_token(entry)
             event = await events.get()
     finally:
         events.close()
     kind, value = event
     if kind == "error":
         return render(value)
+    if events.job.task is None:
+        _ended(entry, value)
     if value is None:  # cancelled: nobody is listening
         return JSONResponse({}, status_code=CANCELLED)
     return build(value)
@@ -188,7 +221,9 @@ async def _stream(events: Events, event: Optional[Event], reply: Reply,
         known = (stream.prompt_tokens, stream.cached_prompt_tokens or 0) if stream is not None else (0, 0)
         for piece in reply.start(*known):
             yield piece
+        entry = entry_of(events.request.scope)
         while True:
+            _noted(entry, event)
             for piece in _pieces(reply, reader, event):
                 yield piece
             if event is not None and event[0] in ("error", "done"):
@@ -196,6 +231,19 @@ async def _stream(events: Events, event: Optional[Event], reply: Reply,
             event = await events.get(PING_SECONDS)
     finally:
         events.close()  # the client went away (or we are done): stop generating
+
+
+def _noted(entry: Optional[Entry], event: Optional[Event]) -> None:
+    """What the request's log line learns from a streamed event."""
+    if entry is None or event is None:
+        return
+    kind, value = event
+    if kind in ("text", "reasoning"):
+        _first_token(entry)
+    elif kind == "error":
+        entry.noted(value)
+    elif kind == "done":
+        _ended(entry, value)
 
 
 def _pieces(reply: Reply, reader: Optional[CallReader], event: Optional[Event]) -> list[str]:

@@ -75,10 +75,12 @@ def local_server(pair: Any, name: str = "target") -> Server:
 
 
 @contextmanager
-def serving(server: Server) -> Iterator[int]:
-    """``server``'s application under uvicorn on a free loopback port (yielded), until the block ends."""
+def serving(server: Server, **app: Any) -> Iterator[int]:
+    """``server``'s application (``create_app``'s keywords: ``app``) under uvicorn on a free loopback port
+    (yielded), until the block ends."""
     port = free_port()
-    runner = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=port, log_level="warning"))
+    runner = uvicorn.Server(uvicorn.Config(create_app(server, **app), host="127.0.0.1", port=port,
+                                           log_level="warning"))
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

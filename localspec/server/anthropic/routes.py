@@ -17,6 +17,7 @@ from ...errors import LocalspecError
 from .. import relay
 from ..generation import GenerationRequest, read_body
 from ..http import ApiError
+from ..request_log import note_error
 from ..worker import Server
 from .replies import MessageReply
 from .requests import error_response, parse_messages
@@ -30,7 +31,7 @@ def register(app: FastAPI, server: Server) -> None:
         try:
             req = await read_body(request, lambda body: parse_messages(body, server.defaults, server.limits))
         except ApiError as exc:
-            return error_response(exc)
+            return error_response(note_error(request.scope, exc))
         return await relay.answer(server, request, req, MessageReply(server.name, req), error_response)
 
     @app.post("/v1/messages/count_tokens")
@@ -38,7 +39,7 @@ def register(app: FastAPI, server: Server) -> None:
         try:
             req = await read_body(request, lambda body: parse_messages(body, server.defaults, server.limits, True))
         except ApiError as exc:
-            return error_response(exc)
+            return error_response(note_error(request.scope, exc))
         # The models are the worker's to use: counting waits its turn as a generation does, within the queue's
         # limit, and leaves the queue when its client goes away.
         return await relay.run_task(server, request, req, count, error_response,

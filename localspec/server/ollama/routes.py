@@ -23,6 +23,7 @@ from ...structured.tool_use import can_call
 from .. import relay
 from ..generation import GenerationRequest, read_body
 from ..http import ApiError
+from ..request_log import note_error
 from ..worker import Server
 from .replies import OllamaReply, error_response, rfc3339
 from .requests import ChatBody, GenerateBody, ShowBody, chat_request, generate_request, model_name, parse, tagged
@@ -113,7 +114,7 @@ def register(app: FastAPI, server: Server) -> None:
             body = await read_body(request, lambda raw: parse(raw, ShowBody))
             model_name(body.model or body.name, server.limits)
         except ApiError as exc:
-            return error_response(exc)
+            return error_response(note_error(request.scope, exc))
         return {"license": str(card.model_info.get("general.license", "")), "modelfile": "",
                 "parameters": f"num_ctx {card.n_ctx}", "template": card.template, "details": card.details,
                 "model_info": card.model_info, "capabilities": card.capabilities, "modified_at": card.modified_at}
@@ -139,7 +140,7 @@ async def _answer(server: Server, request: Request, chat: bool) -> Any:
     try:
         req = await read_body(request, lambda raw: _request(raw, server, chat))
     except ApiError as exc:
-        return error_response(exc)
+        return error_response(note_error(request.scope, exc))
     if req is None:  # Ollama's way to load a model: nothing to generate
         return OllamaReply(server.name, chat, started).loaded()
     return await relay.answer(server, request, req, OllamaReply(server.name, chat, started), error_response)

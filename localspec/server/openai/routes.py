@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from .. import relay
 from ..generation import read_body
 from ..http import ApiError
+from ..request_log import note_error
 from ..worker import Server
 from .replies import CompletionReply
 from .requests import parse_request
@@ -26,7 +27,7 @@ def register(app: FastAPI, server: Server) -> None:
         try:
             req = await read_body(request, lambda body: parse_request(body, chat, server.defaults, server.limits))
         except ApiError as exc:
-            return exc.response()
+            return note_error(request.scope, exc).response()
         return await relay.answer(server, request, req, CompletionReply(server.name, req), ApiError.response)
 
     @app.post("/v1/chat/completions")

@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from .. import relay
 from ..generation import read_body
 from ..http import ApiError
+from ..request_log import note_error
 from ..worker import Server
 from .replies import ResponseReply
 from .requests import error_response, parse_responses
@@ -27,5 +28,5 @@ def register(app: FastAPI, server: Server) -> None:
         try:
             req, body = await read_body(request, lambda b: parse_responses(b, server.defaults, server.limits))
         except ApiError as exc:
-            return error_response(exc)
+            return error_response(note_error(request.scope, exc))
         return await relay.answer(server, request, req, ResponseReply(server.name, req, body), error_response)

@@ -1,0 +1,184 @@
+"""What ``serve`` says about each request: one line when it ends, and progress while a long prompt is read.
+
+``RequestLog`` is the outermost middleware: it opens an ``Entry`` for every HTTP request, puts it in the
+request's scope, and writes the entry's line when the response has been sent, or when the client hung up
+first. The parts that know more fill the entry in as they go: a refusal's sentence (``note_error``, called
+wherever an error is answered, so the line carries the sentence the error body does), and for a generation
+the relay's outcome, statistics and first token. While a prompt is being read the relay asks ``progress``
+for a line now and then.
+
+Nothing of a prompt's text is written unless the log is verbose.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..events import GenerationStats
+from .http import ApiError
+
+#: Seconds between two progress lines of one prompt.
+PROGRESS_SECONDS = 10.0
+#: The characters of a prompt a verbose line shows.
+PROMPT_CHARS = 120
+#: The status of a request its client hung up on before the answer was whole (nginx's convention).
+HUNG_UP = 499
+
+#: The API a path belongs to, by prefix (the first that matches).
+APIS = (("/v1/chat/completions", "openai"), ("/v1/completions", "openai"), ("/v1/responses", "responses"),
+        ("/v1/messages", "anthropic"), ("/api/", "ollama"), ("/v1/models", "models"), ("/metrics", "metrics"),
+        ("/health", "health"))
+
+
+def api_of(path: str) -> str:
+    """The API a path belongs to ("-" for none of them)."""
+    return next((api for prefix, api in APIS if path.startswith(prefix)), "-")
+
+
+@dataclass
+class Entry:
+    """One request, as its line will say it; filled in by whoever learns something of it.
+
+    Attributes:
+        method: the HTTP method.
+        path: the path, without the query.
+        started: ``time.monotonic()`` when the request came in.
+        wall: ``time.time()`` then, for the line's clock time.
+        status: the status answered (None until the response starts).
+        model: the model a generation ran on.
+        stream: whether the answer was streamed.
+        error: the sentence of the error answered, if one was.
+        error_status: that error's status (a stream's error comes after its 200).
+        outcome: how a generation ended: its finish reason, "cancelled" (its client hung up), "refused",
+            "failed".
+        stats: a finished generation's statistics.
+        first_token: seconds from ``started`` to the first token sent.
+        prompt: the start of the prompt's text (written only by a verbose log).
+        completed: whether the whole response was sent.
+        progress_at: when the last progress line was written (monotonic seconds).
+    """
+
+    method: str
+    path: str
+    started: float
+    wall: float
+    status: Optional[int] = None
+    model: Optional[str] = None
+    stream: bool = False
+    error: Optional[str] = None
+    error_status: int = 0
+    outcome: Optional[str] = None
+    stats: Optional[GenerationStats] = None
+    first_token: Optional[float] = None
+    prompt: Optional[str] = None
+    completed: bool = False
+    progress_at: float = field(default=0.0)
+
+    def line(self, now: float, verbose: bool = False) -> str:
+        """The request's line: clock time, API and route, model, status, then what it did and how it ended."""
+        parts = [time.strftime("%H:%M:%S", time.localtime(self.wall)), api_of(self.path),
+                 f"{self.method} {self.path}", self.model or "-", str(self.status if self.status is not None
+                                                                     else HUNG_UP)]
+        if self.stats is not None:
+            parts.append(_generation(self.stats, self.first_token))
+        parts.append(f"{now - self.started:.2f} s")
+        ended = self._ended()
+        if ended:
+            parts.append(ended)
+        if verbose and self.prompt:
+            parts.append(f"prompt {self.prompt!r}")
+        return " | ".join(parts)
+
+    def noted(self, error: ApiError) -> None:
+        """Record the error the request is answered with."""
+        self.error, self.error_status = error.message, error.status
+
+    def _ended(self) -> str:
+        if self.error is not None:
+            return f"{'failed' if self.error_status >= 500 else 'refused'}: {self.error}"
+        if self.status in (None, HUNG_UP) or self.outcome == "cancelled" or not self.completed:
+            return "cancelled by the client"
+        return f"ended: {self.outcome}" if self.outcome else ""
+
+
+def _generation(stats: GenerationStats, first_token: Optional[float]) -> str:
+    """A generation's counts: prompt tokens read and restored, tokens generated, drafted and accepted."""
+    read = stats.prompt_tokens - stats.cached_prompt_tokens
+    live = stats.cached_prompt_tokens - stats.restored_prompt_tokens
+    prompt = f"prompt {stats.prompt_tokens} (read {read}, restored {stats.restored_prompt_tokens}"
+    prompt += f", kept {live})" if live else ")"
+    first = f", first token {first_token:.2f} s" if first_token is not None else ""
+    return (f"{prompt}, generated {stats.generated_tokens} (drafted {stats.drafted}, accepted {stats.accepted})"
+            f"{first}")
+
+
+def entry_of(scope: Scope) -> Optional[Entry]:
+    """The request's entry, if a ``RequestLog`` opened one."""
+    state = scope.get("state")
+    return state.get("log") if isinstance(state, dict) else None
+
+
+def note_error(scope: Scope, error: ApiError) -> ApiError:
+    """Record the error a request is answered with; returns it, to be rendered."""
+    entry = entry_of(scope)
+    if entry is not None:
+        entry.noted(error)
+    return error
+
+
+def progress(entry: Entry, read: int, total: int, seconds: float, now: float) -> Optional[str]:
+    """A progress line for a prompt being read, at most every ``PROGRESS_SECONDS``: tokens read of the total
+    and the speed so far; None when it is not yet time for one."""
+    if now - max(entry.progress_at, entry.started) < PROGRESS_SECONDS or total <= 0:
+        return None
+    entry.progress_at = now
+    speed = f", {read / seconds:.1f} tokens/s" if seconds > 0 else ""
+    return (f"{time.strftime('%H:%M:%S')} | {api_of(entry.path)} | {entry.method} {entry.path} | reading the "
+            f"prompt: {read} of {total} tokens{speed}")
+
+
+class RequestLog:
+    """ASGI middleware: a line for every HTTP request once it is answered (or its client hangs up).
+
+    Args:
+        app: the application.
+        say: where lines go (one call per line).
+        verbose: add the start of the prompt to a generation's line.
+    """
+
+    def __init__(self, app: ASGIApp, *, say: Callable[[str], None], verbose: bool = False,
+                 clock: Callable[[], float] = time.monotonic):
+        self.app, self.say, self.verbose, self.clock = app, say, verbose, clock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # lifespan events
+            await self.app(scope, receive, send)
+            return
+        entry = Entry(scope["method"], scope["path"], self.clock(), time.time())
+        scope.setdefault("state", {})["log"] = entry
+
+        async def sent(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                entry.status = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                entry.completed = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sent)
+        finally:
+            self.say(entry.line(self.clock(), self.verbose))
+
+
+def describe(req: Any) -> str:
+    """The start of a request's prompt: its last message's text, or the prompt itself."""
+    if getattr(req, "messages", None):
+        content = req.messages[-1].get("content")
+        text = content if isinstance(content, str) else str(content)
+    else:
+        text = str(getattr(req, "prompt", "") or "")
+    return text[:PROMPT_CHARS]
