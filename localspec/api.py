@@ -18,20 +18,18 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import sys
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .constraint import Constraint
-from .decoding.engine import Generation, check_prompt
-from .drafting.auto import AcceptanceEstimate, history_estimates
+from .decoding.engine import Generation
+from .decoding.plan import DecodingPlan, check_prompt
+from .drafting.assembly import Assembly
 from .drafting.calibration import ThreadChoice, calibrate, choose_threads, forget
 from .drafting.costs import CostCorrection, CostProfile
-from .drafting.drafters import Drafter, DraftingContext
+from .drafting.estimates import AcceptanceEstimate, history_estimates
 from .drafting.history import PROMPT_KEEP, HistoryStore, history_dir
-from .drafting.mtp_head import MtpHead
 from .errors import ConfigError
 from .methods import AUTO_KMAX, HISTORY, get_method
 from .options import GenerationOptions, check_k
@@ -42,7 +40,6 @@ from .results import Result, Stream
 from .runtime.model import Model
 from .runtime.vocabulary import common_prefix as prefix_length
 from .sampling.processors import Processing
-from .structured.grammar import GrammarState, Matcher, TriggeredMatcher, tokenizer_for
 from .structured.tool_use import ToolUse, may_call, offered, tool_use
 
 
@@ -94,49 +91,8 @@ class Pair:
         self._history = history
         #: What auto has learned about history's guesses (acceptance by match band), kept across generations.
         self.history_alpha = history_estimates()
-        self._head: Optional[MtpHead] = None
-        self._head_refused = False
-        self._grammar_tokenizer: Optional[Any] = None
-
-    def head(self) -> MtpHead:
-        """The target's MTP head, opened on first use (it keeps the target's hidden states from then on).
-
-        Raises:
-            ConfigError: the target has no MTP head, or this llama-cpp-python build cannot run one.
-        """
-        if self._head is None:
-            self._head = MtpHead(self.target)
-        return self._head
-
-    def matcher(self, constraint: Constraint) -> GrammarState:
-        """A fresh grammar state for one generation under ``constraint``, over the target's vocabulary.
-
-        Raises:
-            ConfigError: the constraint does not compile, llguidance (the 'structured' extra) is missing,
-                or its trigger is not one token of the target's vocabulary.
-        """
-        if self._grammar_tokenizer is None:
-            self._grammar_tokenizer = tokenizer_for(self.target.vocab_pointer, self.target.eos)
-        inner = Matcher(constraint, self._grammar_tokenizer, self.target.n_vocab)
-        if constraint.trigger is None:
-            return inner
-        trigger = self.target.tokenize(constraint.trigger, add_special=False)
-        if len(trigger) != 1:
-            raise ConfigError(f"{self.target.path.name} has no single {constraint.trigger} token (its vocabulary "
-                              f"spells it in {len(trigger)} tokens), which {constraint.describe()} starts with.")
-        return TriggeredMatcher(inner, trigger[0])
-
-    def usable_head(self) -> Optional[MtpHead]:
-        """The target's MTP head for auto and calibration: None when it has none, or when this build cannot
-        run it (said once through ``notify``; the other methods work as before)."""
-        if not self.target.n_nextn or self._head_refused:
-            return self._head
-        try:
-            return self.head()
-        except ConfigError as exc:
-            self._head_refused = True
-            self.notify(f"localspec: not drafting with the MTP head of {self.target.path.name}: {exc}")
-            return None
+        #: What generations are built from besides the models: drafters, grammar states, the MTP head.
+        self.assembly = Assembly(target, draft)
 
     @property
     def history(self) -> Optional[HistoryStore]:
@@ -185,7 +141,7 @@ class Pair:
             choice = self.thread_choice
             checked = choice.checked if choice and choice.threads == self.target.n_threads else None
             self._profile = calibrate(self.target, self.draft, AUTO_KMAX, refresh=refresh, notify=self.notify,
-                                      step=checked, head=self.usable_head())
+                                      step=checked, head=self.assembly.usable_head(self.notify))
             if choice is not None:
                 choice.checked = None  # a check is fresh once
             if refresh:  # a new measurement: what rounds showed about the old one no longer applies
@@ -229,12 +185,12 @@ class Pair:
         """
         if self._profile is not None and self._profile.source == "cache":
             wrong = self.cost_correction.disagreement(self._profile)
-            if wrong is not None and forget(self.target, self.draft, AUTO_KMAX, head=self._head is not None):
+            if wrong is not None and forget(self.target, self.draft, AUTO_KMAX,
+                                            head=self.assembly.opened_head is not None):
                 n, shape = wrong
                 self.notify(f"localspec: real rounds disagreed with the cached cost profile (verifying {n} tokens "
                             f"took {shape:.2f}x the share of a step it said); it will be measured again next time.")
-        if self._head is not None:
-            self._head.close()
+        self.assembly.close()
         if self.cache is not None:
             self.cache.flush()  # its disk writes finish first; the cache itself may be shared with other pairs
         self.target.close()
@@ -261,7 +217,7 @@ class Pair:
             messages: dicts with role and content; an assistant's earlier ``tool_calls`` and ``tool``
                 messages (with ``tool_call_id``) as OpenAI writes them.
             add_generation_prompt: end with the start of the assistant's reply.
-            tools: the tools offered, in OpenAI's shape (``tools.ToolUse.offered``).
+            tools: the tools offered, in OpenAI's shape (``structured.tool_use.ToolUse.offered``).
 
         Raises:
             ConfigError: the GGUF has no chat template, or the template rejects the messages.
@@ -343,7 +299,7 @@ class Pair:
             options: the generation options (default: the pair's defaults).
             **changes: single options to change, e.g. ``max_tokens=64`` (see ``GenerationOptions``).
             tools: functions the model may call, in OpenAI's shape (``{"type": "function", "function":
-                {"name", "description", "parameters"}}``) or as a ``tools.ToolUse``. The reply's
+                {"name", "description", "parameters"}}``) or as a ``structured.tool_use.ToolUse``. The reply's
                 ``tool_calls`` then holds the calls, their arguments valid against each function's
                 ``parameters`` schema, and ``content`` the text around them.
             tool_choice: "auto" (the default: the model decides), "none", "required", or a function's
@@ -380,7 +336,7 @@ class Pair:
 
         Returns:
             A ``Stream`` of TokenEvents; its ``result`` is the ``Result`` once it is done
-            (``tool_calls.CallReader`` reads tool calls as they stream).
+            (``structured.call_reader.CallReader`` reads tool calls as they stream).
 
         Raises:
             ConfigError: as for ``chat``.
@@ -453,18 +409,18 @@ class Pair:
         check_prompt(self.target, len(prompt_tokens))  # before any work, calibration included
         processing = Processing.from_options(opts, self.target.n_vocab)
         self.choose_threads()  # once per machine (cached); plain decoding runs at the fastest count too
+        method, k = get_method(opts.method), opts.draft_length(self.draft_k)
         # A method that decides by this machine's costs gets them measured now (once, then cached).
-        method = get_method(opts.method)
-        drafts = method.build is not None and opts.draft_length(self.draft_k) > 0
-        profile = self.calibrate() if method.adaptive and drafts else None
-        drafter, k = self.drafter(opts, prompt_text, prompt_tokens, profile)
+        profile = self.calibrate() if method.adaptive and method.build is not None and k > 0 else None
+        drafter = self.assembly.drafter(opts, k, prompt_text, prompt_tokens, notify=self.notify,
+                                        history=lambda: self.history, profile=profile,
+                                        correction=self.cost_correction, history_alpha=self.history_alpha)
         matcher, reader = reply_reading(self.target, opts, prompt_tokens, prompt_text,
-                                        self.matcher(opts.grammar) if opts.grammar else None)
-        g = Generation(self.target, prompt_tokens, drafter=drafter, k=k, params=opts.sampling,
-                       max_tokens=opts.max_tokens, rng=np.random.default_rng(opts.seed), stop=opts.stop,
-                       method=opts.method, matcher=matcher,
-                       processing=processing, logprobs=opts.logprobs, prompt_cache=self.cache,
-                       boundaries=boundaries, reader=reader)
+                                        self.assembly.matcher(opts.grammar) if opts.grammar else None)
+        plan = DecodingPlan(prompt_tokens, drafter=drafter, k=k, params=opts.sampling, max_tokens=opts.max_tokens,
+                            seed=opts.seed, stop=opts.stop, method=opts.method, matcher=matcher,
+                            processing=processing, logprobs=opts.logprobs, boundaries=boundaries, reader=reader)
+        g = Generation(self.target, plan, prompt_cache=self.cache)
         store = self.history if opts.history else None
         return Stream(g, prompt_tokens, (lambda done: self._record(store, prompt_tokens, done)) if store else None,
                       calls=calls)
@@ -477,42 +433,3 @@ class Pair:
                       done.stats.accepted_by.get(HISTORY.name, 0))
         except OSError as exc:  # a full or read-only disk must not cost the reply
             self.notify(f"localspec: could not record this generation in {store.path}: {exc.strerror or exc}.")
-
-    def drafter(self, opts: GenerationOptions, prompt_text: Optional[str] = None,
-                prompt_tokens: Sequence[int] = (),
-                profile: Optional[CostProfile] = None) -> tuple[Optional[Drafter], int]:
-        """The drafter and draft length for ``opts.method``, built by the registered method.
-
-        Auto decides by ``profile`` (``calibrate()``'s, measured before this is called) and reads the
-        prompt to set its priors.
-
-        Raises:
-            ConfigError: the method cannot run here (no draft model, history off).
-        """
-        method = get_method(opts.method)
-        k = opts.draft_length(self.draft_k)
-        if method.build is None or k == 0:
-            return None, 0
-        if method.needs_draft and self.draft is None:
-            raise ConfigError(f"Method {method.name!r} needs a draft model; load one (--draft) or use 'lookup'.")
-        if method.needs_head and not self.target.n_nextn:
-            raise ConfigError(f"Method {method.name!r} needs a target with an MTP head (next-n layers in its GGUF); "
-                              f"{self.target.path.name} has none: use 'auto', 'lookup' or 'draft'.")
-        store = self.history if opts.history else None
-        tokens = np.asarray(prompt_tokens, dtype=np.int32)
-        text = functools.cache(lambda: prompt_text if prompt_text is not None else self.target.detokenize(tokens))
-        ctx = DraftingContext(opts, k, tokens, text, draft=self.draft,
-                              history=store.index if store is not None else None,
-                              history_alpha=self.history_alpha, profile=profile,
-                              # A seeded sample must come again: auto then decides by the profile alone, since
-                              # choices that followed the timing of earlier rounds would draw differently. A greedy
-                              # reply draws nothing, so its seed asks for nothing and real costs count.
-                              correction=self.cost_correction if opts.seed is None or opts.sampling.greedy
-                              else None,
-                              # auto offers the head where it can run; --method mtp says why it cannot
-                              head=(self.usable_head if method.adaptive else self.head) if self.target.n_nextn
-                              else None,
-                              prediction=np.asarray(self.target.tokenize(opts.prediction, add_special=False,
-                                                                         parse_special=False), dtype=np.int32)
-                              if opts.prediction else None)
-        return method.build(ctx), k

@@ -54,7 +54,7 @@ class Constraint:
     Attributes:
         kind: one of ``KINDS``.
         source: what the caller gave (the schema as JSON text, the regex, the grammar); for "tools", the
-            Lark grammar of the calls (``tools.ToolUse.constraint`` writes it).
+            Lark grammar of the calls (``structured.tool_use.ToolUse.constraint`` writes it).
         trigger: the text of one token: the output is free until the model writes it, and the grammar
             holds from that token on (llama.cpp's lazy grammar). None: it holds from the first token.
     """

@@ -12,7 +12,8 @@ from .catalog.naming import resolve_models
 from .methods import AUTO_KMAX
 from .options import GenerationOptions
 from .paths import cache_dir
-from .prompt_cache.cache import PromptCache, available_memory
+from .prompt_cache.budget import available_memory
+from .prompt_cache.cache import PromptCache
 from .runtime.gguf_metadata import read_local
 from .runtime.model import Model
 from .runtime.process import read_vocab

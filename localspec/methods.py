@@ -73,7 +73,7 @@ class Method:
         build: makes the drafter for a generation from a ``drafters.DraftingContext`` (None: plain
             decoding, or not attached yet); raises ConfigError when the method cannot run (no draft
             model, history off).
-        candidate: makes what auto offers each round (an ``auto.Candidate``) from a
+        candidate: makes what auto offers each round (a ``candidates.Candidate``) from a
             ``DraftingContext``, or None when the method cannot take part this time; absent for
             methods auto does not choose.
         colour: the colour of its accepted tokens in ``localspec chat --show-drafts``.

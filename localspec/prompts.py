@@ -60,7 +60,7 @@ def chat_with_tools(target: Model, messages: Sequence[Mapping[str, Any]], use: O
     (``localspec.reasoning.template.ModelReasoning.switched``); ``variables`` for the template win over that switch.
 
     Raises:
-        ConfigError: as ``chat_text``, or ``tools.reply_options`` (a template or vocabulary that cannot
+        ConfigError: as ``chat_text``, or ``structured.tool_use.reply_options`` (a template or vocabulary that cannot
             write calls, tools with another constraint).
     """
     shown: Sequence[Mapping[str, Any]] = ()

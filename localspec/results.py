@@ -110,7 +110,7 @@ class Stream:
     def __iter__(self) -> Generator[TokenEvent, None, None]:
         try:
             for ev in self._g:
-                if self._g.reader is not None:
+                if self._g.plan.reader is not None:
                     self._reasoning.append(ev.reasoning)
                     self._answered = self._answered or bool(ev.text)
                     self._reasoning_tokens += not self._answered
@@ -138,6 +138,12 @@ class Stream:
         return self._g.cached_prompt_tokens
 
     @property
+    def prompt_read(self) -> Optional[int]:
+        """While the prompt is processed: how many of its tokens the model holds so far, those the caches gave
+        included (a long prompt's progress); None before and after."""
+        return self._g.prompt_read
+
+    @property
     def result(self) -> Result:
         """The generation so far (final once iteration has ended)."""
         text, finish = "".join(self._text), self._g.finish_reason
@@ -150,10 +156,10 @@ class Stream:
             calls, content = reader.calls, "".join(reader.content)
             content = content or None if calls else content
             finish = "tool_calls" if calls and finish == "stop" and not reader.cut else finish
-        thinking = self._g.reader
+        thinking = self._g.plan.reader
         reasoning = "".join(self._reasoning) if thinking is not None and thinking.reasoned else None
         return Result(text, list(self._g.tokens), finish, self._g.stats, self._prompt_tokens,
-                      list(self._logprobs) if self._g.logprobs is not None else None, calls, content, reasoning,
+                      list(self._logprobs) if self._g.plan.logprobs is not None else None, calls, content, reasoning,
                       self._g.stop_string, self._reasoning_tokens if reasoning is not None else 0)
 
     def cancel(self) -> None:

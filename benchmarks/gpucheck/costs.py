@@ -36,12 +36,12 @@ def calibrate(target: Any, draft: Any, kmax: int) -> dict[str, Any]:
 def round_overhead(target: Any, drafter: Any, k: int, params: Any, rounds: int) -> dict[str, float]:
     """Milliseconds per engine round inside and outside llama.cpp, over ``rounds`` rounds after a short prompt.
 
-    Runs ``engine.speculative_round`` as a generation does, appending each
+    Runs ``rounds.speculative_round`` as a generation does, appending each
     round's tokens (end-of-generation tokens too: random weights may pick one).
     """
     import numpy as np
 
-    from localspec.decoding.engine import speculative_round
+    from localspec.decoding.rounds import speculative_round
 
     models = (target, *(drafter.models if drafter is not None else ()))
     context = np.zeros(target.n_ctx, dtype=np.int32)

@@ -9,7 +9,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ..api import Pair
-from ..drafting.auto import history_estimates
+from ..drafting.estimates import history_estimates
 from ..drafting.history import HistoryStore
 from ..drafting.history.drafter import HistoryDrafter
 from ..events import GenerationStats

@@ -41,7 +41,7 @@ def summarise(pair: Pair, prompt_ids: dict[str, list[int]], runs: list[Run], pro
 
         foreign = name in constraints  # the peers decode under another engine's grammar: not compared
         if temperature == 0 and not (foreign and method in PEER_METHODS):
-            matcher = pair.matcher(constraints[name]) if foreign and method != PLAIN.name else None
+            matcher = pair.assembly.matcher(constraints[name]) if foreign and method != PLAIN.name else None
             exactness, divergence = ("reference", None) if method == PLAIN.name else worst_verdict(
                 pair.target, prompt_ids[name], plain[0].tokens, group, tie_margin, margins, matcher)
         if temperature == 0 and peer is not None and not foreign:

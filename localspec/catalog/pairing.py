@@ -1,7 +1,7 @@
 """Which model can draft for which: one rule for the models on disk and for the Hub's.
 
 A draft fits a target when their vocabularies are the same (the same
-fingerprint) or identical except padding at the end (``compat.compare``),
+fingerprint) or identical except padding at the end (``vocab_match.compare``),
 and the draft is at least ``MIN_RATIO`` times smaller: by parameter count
 when both state one (``general.parameter_count``, a size label, or for a Hub
 file a size in its name), else by file size. Models without a tokenizer are

@@ -43,7 +43,7 @@ def calibrate(models: ModelArgs, recalibrate: bool, as_json: bool) -> None:
                        + f"  -> using {t.n_threads_batch} (--threads-batch overrides)")
         else:
             click.echo(f"threads: {t.n_threads} for steps, {t.n_threads_batch} for batches (set with --threads)")
-        head = pair.usable_head()
+        head = pair.assembly.usable_head(pair.notify)
         click.echo(f"memory: {t.memory.describe()}" + (f"; the draft's: {pair.draft.memory.describe()}"
                                                           if pair.draft is not None else "")
                    + (f"; {head.describe()}" if head is not None else ""))

@@ -6,13 +6,16 @@ The choice maximises expected tokens per second under the cost model
 * each method's per-token acceptance alpha is **estimated online** with a
   prior (from a look at the prompt) and exponential decay, separately for
   lookup matches of each n-gram length and history matches of each length
-  band (history's estimates outlive one generation: the pair keeps them).
+  band (history's estimates outlive one generation: the pair keeps them;
+  see ``localspec.drafting.estimates``).
   Lookup and history are also scored in rounds they sit out: the first
   tokens of their guess are compared with the tokens the output then had,
   up to the first wrong one, as the round would have scored them, which
   costs nothing, so a guesser that starts to pay is noticed at once;
 * every round takes the method and K with the highest predicted speed, or
-  plain decoding unless something clears ``costs.MIN_GAIN``.
+  plain decoding unless something clears ``costs.MIN_GAIN``. What it chooses
+  among are the registered methods' candidates
+  (``localspec.drafting.candidates``).
 
 On a compute-bound CPU, verify(K+1) grows almost linearly with K, so only a
 well-matched lookup pays; on a memory-bound GPU verify(K+1) ~ verify(1) and
@@ -23,15 +26,15 @@ so the output stays exactly the target's.
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
 from ..errors import ConfigError
-from ..methods import AUTO, AUTO_KMAX, DRAFT, HISTORY, LOOKUP, MTP, PLAIN, PREDICTION, REGISTRY, Method
+from ..methods import AUTO, AUTO_KMAX, PLAIN, REGISTRY
 from ..runtime.model import Model
+from .candidates import Candidate  # importing it attaches the built-in methods' candidates
 from .costs import (
     MIN_GAIN,
     CostCorrection,
@@ -50,68 +53,9 @@ from .drafters import (
     Drafter,
     DraftGuide,
     DraftingContext,
-    ModelDrafter,
     MtpDrafter,
-    build_lookup,
-    build_prediction,
 )
-from .history.drafter import HistoryDrafter
-
-
-class AcceptanceEstimate:
-    """Per-token acceptance alpha from decayed counts of kept tokens and rejections.
-
-    A round that drafts K tokens and keeps ``kept`` contributes ``kept``
-    successes and one failure if kept < K: the maximum-likelihood estimate
-    of a geometric acceptance truncated at K. Old evidence fades by
-    ``decay`` per drafted token, so the estimate spans the last ~1/(1-decay)
-    guesses whatever K was.
-    """
-
-    def __init__(self, prior_alpha: float, prior_weight: float = 2.0, decay: float = 0.95):
-        self.kept = prior_alpha * prior_weight
-        self.rejected = (1.0 - prior_alpha) * prior_weight
-        self.decay = decay
-
-    @property
-    def alpha(self) -> float:
-        total = self.kept + self.rejected
-        return self.kept / total if total > 0 else 0.0
-
-    def update(self, drafted: int, kept: int) -> None:
-        fade = self.decay ** drafted
-        self.kept = self.kept * fade + kept
-        self.rejected = self.rejected * fade + (1.0 if kept < drafted else 0.0)
-
-    def shrink(self, weight: float) -> None:
-        """Keep alpha but count the evidence as at most ``weight`` guesses, so new evidence moves it fast."""
-        total = self.kept + self.rejected
-        if total > weight:
-            self.kept *= weight / total
-            self.rejected *= weight / total
-
-
-_COPY_CUES = re.compile(
-    r"\b(rewrite|rephrase|fix|correct|edit|modify|refactor|rename|update|change|quote|copy|repeat|"
-    r"return the (full|whole|complete|modified|updated)|keep(ing)? (everything|the rest))\b",
-    re.IGNORECASE,
-)
-
-
-def prompt_prior(text: str, prompt_tokens: np.ndarray) -> float:
-    """Prior acceptance for prompt lookup from a cheap look at the prompt.
-
-    Copy-heavy requests (rewrite, edit, quote...) over a long supplied text
-    make the answer repeat the prompt; otherwise lookup mostly finds
-    incidental matches.
-    """
-    copy_request = bool(_COPY_CUES.search(text))
-    long_material = len(prompt_tokens) > 120
-    if copy_request and long_material:
-        return 0.7
-    if copy_request or long_material:
-        return 0.45
-    return 0.25
+from .estimates import AcceptanceEstimate
 
 
 @dataclass(frozen=True)
@@ -148,87 +92,6 @@ SHADOW_K = 4
 #: Rounds of two tokens that must have been timed before the profile's cost for them is taken on trust:
 #: until then auto explores drafting now and then even where the profile says it cannot pay.
 COST_EVIDENCE = 3
-
-#: How many guessed tokens the prior of a lookup estimate counts for. The estimate is scored on every plain
-#: round's unused guess, so a few lucky tokens could lift a lightly held prior past the bar, and the round
-#: chosen on them then keeps less than it was chosen for (``benchmarks/results/2026-12-02-lookup-prior.md``, measured by
-#: replaying recorded replies with ``benchmarks/auto_sweep.py``).
-LOOKUP_PRIOR_WEIGHT = 8.0
-
-#: The most of its guessed tokens any drafter is taken to keep, whatever its estimate says. After a run of kept
-#: guesses an estimate climbs toward 1, and the rounds chosen at the top of it keep less than promised (most
-#: where only a near-perfect guess can pay, as on one CPU thread). Replaying the real pair's recordings, every
-#: measured curve and two GPU-like ones gain or hold with a ceiling from 0.92 to 0.95
-#: (``benchmarks/results/2026-12-02-quiet-2-core-alpha-ceiling.md``).
-ALPHA_CEILING = 0.93
-
-#: History matches are weighed by length band: 2-3, 4-7, 8-15 and 16 or more tokens.
-HISTORY_BANDS = (2, 4, 8, 16)
-#: Prior acceptance per band: a long match in earlier output is usually followed the same way. The priors
-#: stay below what replaying the related-requests workload measured per band (``benchmarks/replay_related.py``),
-#: since other workloads repeat less.
-HISTORY_PRIORS = (0.45, 0.6, 0.75, 0.9)
-#: What one generation carries over of the estimates the last ones learned, in guesses: a new request may
-#: be about something else, and two or three wasted history rounds should be enough to notice.
-HISTORY_CARRY_WEIGHT = 4.0
-
-
-def history_band(match: int) -> int:
-    """The length band of a history match (an index into HISTORY_BANDS)."""
-    return sum(match >= lo for lo in HISTORY_BANDS[1:])
-
-
-def history_estimates() -> dict[int, AcceptanceEstimate]:
-    """Fresh acceptance estimates for history matches, one per band (a pair keeps them across generations)."""
-    return {i: AcceptanceEstimate(p) for i, p in enumerate(HISTORY_PRIORS)}
-
-
-class Candidate:
-    """A method as auto offers it each round: its drafter and the acceptance estimates behind its choice.
-
-    A drafter that guesses for free (a search: lookup, history) guesses before auto chooses, and the
-    estimate is picked by what backs the guess (``key``: the length of the match); one that runs a
-    model guesses only once chosen. See the ``*_candidate`` factories for the built-in ones.
-
-    Args:
-        method: the registered method.
-        drafter: its drafter.
-        estimates: acceptance estimates by key; updated in place (a caller may keep them).
-        free: guessing costs nothing, so the guess is made before choosing (False: a model runs).
-        key: the estimate that backs the drafter's last guess (default: the first).
-        names: how the report names each estimate (default: the method's name).
-        ceiling: the most of its guessed tokens it is taken to keep when auto chooses (see ``ALPHA_CEILING``).
-    """
-
-    def __init__(self, method: Method, drafter: Drafter, estimates: dict[Any, AcceptanceEstimate], free: bool = True,
-                 key: Optional[Callable[[], Any]] = None, names: Optional[Callable[[Any], str]] = None,
-                 ceiling: float = ALPHA_CEILING):
-        self.method = method
-        self.drafter = drafter
-        self.estimates = estimates
-        self.free = free
-        self.key = key
-        self.names = names
-        self.ceiling = ceiling
-        self.models: tuple[Model, ...] = drafter.models
-
-    @property
-    def name(self) -> str:
-        return self.method.name
-
-    def offer(self, context: np.ndarray, kmax: int, rng: np.random.Generator
-              ) -> Optional[tuple[AcceptanceEstimate, Draft]]:
-        """The estimate to decide by, and the free guess (empty for a model); None: nothing to offer."""
-        if not self.free:
-            return next(iter(self.estimates.values())), EMPTY_DRAFT
-        guess = self.drafter.propose(context, kmax, rng)
-        if not guess.tokens:
-            return None
-        return self.estimates[self.key() if self.key else next(iter(self.estimates))], guess
-
-    def alphas(self) -> dict[str, float]:
-        """The estimates, rounded, by their report names."""
-        return {(self.names(k) if self.names else self.name): round(e.alpha, 3) for k, e in self.estimates.items()}
 
 
 class AutoDrafter(Drafter):
@@ -442,77 +305,6 @@ class AutoDrafter(Drafter):
                                                        round(choice.speed, 3)))
 
 
-# -- the built-in candidates, registered with their methods (see ``localspec.methods``) ----------------
-
-
-def lookup_candidate(ctx: DraftingContext, prior: Optional[float] = None) -> Candidate:
-    """Prompt lookup, with one estimate per n-gram length of the match, their priors read from the prompt."""
-    lookup = build_lookup(ctx)
-    if prior is None:
-        prior = prompt_prior(ctx.prompt_text(), ctx.prompt_tokens)
-    # lookup acceptance depends on the n-gram length of the match (1, 2, 3...)
-    estimates = {n: AcceptanceEstimate(min(0.95, prior + 0.1 * (n - 1)), LOOKUP_PRIOR_WEIGHT)
-                 for n in range(1, lookup.max_ngram + 1)}
-    return Candidate(LOOKUP, lookup, estimates, key=lambda: lookup.last_match, names=lambda n: f"{LOOKUP.name}{n}")
-
-
-def prediction_candidate(ctx: DraftingContext) -> Optional[Candidate]:
-    """The request's predicted output, when it gave one: a free guesser trusted as a near copy at first
-    (it is the caller's own guess of the output), one estimate per n-gram length of the alignment. No ceiling
-    caps it: a true copy is the case it exists for, and the recordings that judged the ceiling have none."""
-    if ctx.prediction is None or not len(ctx.prediction):
-        return None
-    drafter = build_prediction(ctx)
-    estimates = {n: AcceptanceEstimate(min(0.95, 0.7 + 0.05 * (n - 1))) for n in range(1, drafter.max_ngram + 1)}
-    return Candidate(PREDICTION, drafter, estimates, key=lambda: drafter.last_match,
-                     names=lambda n: f"{PREDICTION.name}{n}", ceiling=1.0)
-
-
-def history_candidate(ctx: DraftingContext) -> Optional[Candidate]:
-    """History, with one estimate per match-length band, carried over from the pair's earlier generations."""
-    if ctx.history is None:
-        return None
-    estimates = ctx.history_alpha if ctx.history_alpha is not None else history_estimates()
-    for est in estimates.values():
-        est.shrink(HISTORY_CARRY_WEIGHT)
-    drafter = HistoryDrafter(ctx.history)
-    return Candidate(HISTORY, drafter, estimates, key=lambda: history_band(drafter.last_match),
-                     names=lambda band: f"{HISTORY.name}{HISTORY_BANDS[band]}+")
-
-
-def model_candidate(ctx: DraftingContext) -> Optional[Candidate]:
-    """The draft model, unless it could not pay even if it were always right (then it is never run, nor
-    fed the prompt: on a compute-bound CPU the usual case)."""
-    if ctx.draft is None:
-        return None
-    return drafting_model_candidate(ctx, ModelDrafter(ctx.draft, ctx.options.sampling))
-
-
-def mtp_candidate(ctx: DraftingContext) -> Optional[Candidate]:
-    """The target's MTP head, unless the target has none (or this build cannot run it), its step was not
-    measured, or it could not pay even if it were always right."""
-    if ctx.head is None or ctx.profile is None:
-        return None
-    profile = _decided_profile(ctx)
-    head = ctx.head()
-    if head is None or not profile.mtp_step or best_k(profile, MTP, ALPHA_CEILING, ctx.k)[0] == 0:
-        return None
-    return Candidate(MTP, MtpDrafter(head, ctx.options.sampling), {0: AcceptanceEstimate(0.6)}, free=False)
-
-
-def drafting_model_candidate(ctx: DraftingContext, drafter: Drafter) -> Optional[Candidate]:
-    """A candidate for the draft-model method with this drafter (the replay's recorded draft, or the model)."""
-    if ctx.profile is None or best_k(_decided_profile(ctx), DRAFT, ALPHA_CEILING, ctx.k)[0] == 0:
-        return None  # best_k stops at the profile's longest K
-    return Candidate(DRAFT, drafter, {0: AcceptanceEstimate(0.6)}, free=False)
-
-
-def _decided_profile(ctx: DraftingContext) -> CostProfile:
-    """The pair's profile, corrected by the rounds it has timed."""
-    assert ctx.profile is not None
-    return ctx.correction.apply(ctx.profile) if ctx.correction is not None else ctx.profile
-
-
 def build_auto(ctx: DraftingContext, extra: Sequence[Candidate] = ()) -> AutoDrafter:
     """Method "auto": every registered method with a candidate that can take part in this generation.
 
@@ -526,8 +318,3 @@ def build_auto(ctx: DraftingContext, extra: Sequence[Candidate] = ()) -> AutoDra
 
 
 REGISTRY.attach(AUTO.name, build=build_auto)
-REGISTRY.attach(LOOKUP.name, candidate=lookup_candidate)
-REGISTRY.attach(PREDICTION.name, candidate=prediction_candidate)
-REGISTRY.attach(HISTORY.name, candidate=history_candidate)
-REGISTRY.attach(DRAFT.name, candidate=model_candidate)
-REGISTRY.attach(MTP.name, candidate=mtp_candidate)

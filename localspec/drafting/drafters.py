@@ -393,7 +393,7 @@ class PredictionDrafter(Drafter):
 
 
 class MtpDrafter(Drafter):
-    """Drafts with the target's own MTP head (``nextn.MtpHead``): no draft model, no search.
+    """Drafts with the target's own MTP head (``mtp_head.MtpHead``): no draft model, no search.
 
     Args:
         head: the target's head, which follows the target's cache.

@@ -26,9 +26,11 @@ import numpy as np
 from ..methods import AUTO_KMAX, DRAFT, HISTORY, LOOKUP, PLAIN
 from ..options import GenerationOptions
 from ..runtime.model import Model
-from .auto import AcceptanceEstimate, AutoDrafter, build_auto, drafting_model_candidate, history_estimates
+from .auto import AutoDrafter, build_auto
+from .candidates import drafting_model_candidate
 from .costs import CostCorrection, CostProfile, RoundTiming, round_cost
 from .drafters import Draft, Drafter, DraftingContext, PromptLookupDrafter
+from .estimates import AcceptanceEstimate, history_estimates
 from .history import PROMPT_KEEP, HistoryIndex
 from .history.drafter import HistoryDrafter
 

@@ -11,18 +11,21 @@ that saves more time than the restore costs.
   the settings that shape a state), so the target's, the draft model's and
   any other model's states are found and kept apart; a state saved under
   another identity is never loaded.
-* **Lookup** walks the prompt's blocks of ``BLOCK`` tokens through a chain of
-  hashes (each block's hash covers every token before it), so finding the
-  longest cached prefix takes time linear in the prompt, whatever the number
-  of entries. A plain attention cache can use any shared prefix of an entry
-  (the rest is cut off); a recurrent state or a sliding window only an entry
-  that is a whole prefix, which is why those are also saved at a chat's
-  message boundaries (see ``engine.Generation``).
+* **Lookup** (``localspec.prompt_cache.index``) walks the prompt's blocks
+  of ``BLOCK`` tokens through a chain of hashes (each block's hash covers
+  every token before it), so finding the longest cached prefix takes time
+  linear in the prompt, whatever the number of entries. A plain attention
+  cache can use any shared prefix of an entry (the rest is cut off); a
+  recurrent state or a sliding window only an entry that is a whole prefix,
+  which is why those are also saved at a chat's message boundaries (see
+  ``engine.Generation``).
 * **Tiers**: RAM under a strict byte budget (states waiting for the disk
-  count in it), and a folder on disk under its own, written by a background
-  thread so a save costs the caller one copy of the state. Eviction is least
-  recently used, a restore counting as ``HIT_BONUS_SECONDS`` of later use,
-  so a shared system prompt outlives one-off side requests.
+  count in it), and a folder on disk under its own
+  (``localspec.prompt_cache.disk``), written by a background thread so a
+  save costs the caller one copy of the state; both budgets default to a
+  share of what is free (``localspec.prompt_cache.budget``). Eviction is
+  least recently used, a restore counting as ``HIT_BONUS_SECONDS`` of later
+  use, so a shared system prompt outlives one-off side requests.
 * **Disk files** (``localspec.prompt_cache.files``) carry a header with a format
   version, the model identity, the tokens and a SHA-256 of the state: a
   truncated, corrupt or wrong-model file is found out before llama.cpp sees
@@ -35,176 +38,29 @@ that saves more time than the restore costs.
 
 from __future__ import annotations
 
-import itertools
 import os
-import queue
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Union
+from typing import Callable, Optional, Union
 
 import numpy as np
 
 from ..runtime import memory
 from ..runtime.model import Model
 from . import files
-from .files import BadFile, State
+from .budget import budget_text, default_disk_budget, default_ram_budget
+from .disk import DiskTier
+from .entries import CacheStats, Entry, EntryTable
+from .files import State
+from .index import BLOCK, usable
 
-#: Tokens per hashed block of the lookup chain.
-BLOCK = 32
-#: Default budgets: this share of the memory free at start (at most RAM_MOST), and of the disk free (at most DISK_MOST).
-RAM_SHARE, RAM_MOST = 0.25, 8 * 2**30
-DISK_SHARE, DISK_MOST = 0.10, 16 * 2**30
 #: Prompts shorter than this are not worth an entry (a restore costs more than their processing).
 MIN_TOKENS = BLOCK
 
 #: A restore counts as recent use for this many seconds more than a save, so a shared prefix outlives
 #: one-off side requests without freezing the RAM tier once every entry has been hit.
 HIT_BONUS_SECONDS = 600.0
-#: The disk writer stops after this long with nothing to write (a later save starts it again).
-WRITER_IDLE_SECONDS = 2.0
-
-
-@dataclass
-class Entry:
-    """One model's saved state after ``tokens``.
-
-    Attributes:
-        identity: the model's ``state_identity``.
-        tokens: the prefix the state holds.
-        size: bytes of the state.
-        data: the state, while it is in RAM (None: only on disk).
-        file: its disk file, once written (None: RAM only).
-        hits: times it was restored.
-        used: when it was saved or last restored (``time.monotonic``).
-    """
-
-    identity: str
-    tokens: np.ndarray
-    size: int
-    data: Optional[State] = None
-    file: Optional[Path] = None
-    hits: int = 0
-    used: float = field(default_factory=time.monotonic)
-    serial: int = 0
-    queued: bool = False  # waiting for the disk writer, which holds the state meanwhile (counted in RAM)
-    removed: bool = False  # dropped from the cache: the writer must not bring it back
-
-
-@dataclass
-class CacheStats:
-    """What the cache has done since it was opened."""
-
-    saves: int = 0
-    restores: int = 0
-    restored_tokens: int = 0
-    disk_reads: int = 0
-    disk_writes: int = 0
-    rejected_files: int = 0
-    save_seconds: float = 0.0
-    restore_seconds: float = 0.0
-    saved_bytes: int = 0
-    restored_bytes: int = 0
-    read_seconds: float = 0.0
-    read_bytes: int = 0
-
-
-def _chain(tokens: np.ndarray) -> Iterable[int]:
-    """The hash of each whole block of ``tokens`` together with every block before it, in order."""
-    h = 0
-    for start in range(0, len(tokens) - BLOCK + 1, BLOCK):
-        h = hash((h, tokens[start : start + BLOCK].tobytes()))
-        yield h
-
-
-class _Index:
-    """Entries of one model by their token blocks: ``through[h]`` holds every entry whose tokens begin with
-    the blocks chained into ``h``, ``ends[h]`` those whose last whole block that is (0: none whole)."""
-
-    def __init__(self) -> None:
-        self.through: dict[int, set[int]] = {}
-        self.ends: dict[int, set[int]] = {}
-
-    def add(self, serial: int, tokens: np.ndarray) -> None:
-        last = 0
-        for h in _chain(tokens):
-            self.through.setdefault(h, set()).add(serial)
-            last = h
-        self.ends.setdefault(last, set()).add(serial)
-
-    def remove(self, serial: int, tokens: np.ndarray) -> None:
-        last = 0
-        for h in _chain(tokens):
-            self._drop(self.through, h, serial)
-            last = h
-        self._drop(self.ends, last, serial)
-
-    @staticmethod
-    def _drop(table: dict[int, set[int]], h: int, serial: int) -> None:
-        held = table.get(h)
-        if held is not None:
-            held.discard(serial)
-            if not held:
-                del table[h]
-
-    def candidates(self, tokens: np.ndarray) -> set[int]:
-        """Entries that may share the most with ``tokens``: those sharing its deepest indexed block, and every
-        entry ending in a block it shares (a whole-prefix entry, which is all a recurrent state can use)."""
-        found = set(self.ends.get(0, ()))
-        deepest: set[int] = set()
-        for h in _chain(tokens):
-            through = self.through.get(h)
-            if not through:
-                break
-            deepest = through
-            found |= self.ends.get(h, set())
-        return found | deepest
-
-
-def usable(model: Model, entry_tokens: np.ndarray, wanted: np.ndarray) -> int:
-    """How many of ``wanted`` a restore of an entry holding ``entry_tokens`` gives ``model``: any shared prefix for
-    an attention cache (the rest is cut off), only the whole entry for a recurrent state or a sliding window."""
-    n = min(len(entry_tokens), len(wanted))
-    diff = np.flatnonzero(entry_tokens[:n] != wanted[:n])
-    shared = int(diff[0]) if diff.size else n
-    if model.cuts_after_load:
-        return shared
-    return shared if shared == len(entry_tokens) else 0
-
-
-def available_memory() -> int:
-    """Bytes of memory available now (Linux's MemAvailable; the free pages elsewhere; 4 GiB when unknown)."""
-    try:
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f)
-        return int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        try:
-            return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
-        except (AttributeError, ValueError, OSError):  # not on this system (macOS, Windows): a fixed amount
-            return 4 * 2**30
-
-
-def default_ram_budget() -> int:
-    """Bytes for the RAM tier: ``RAM_SHARE`` of the memory available now, at most ``RAM_MOST``."""
-    return int(min(RAM_MOST, RAM_SHARE * available_memory()))
-
-
-def default_disk_budget(folder: Path) -> int:
-    """Bytes for the disk tier: ``DISK_SHARE`` of the free space where ``folder`` is, at most ``DISK_MOST``."""
-    probe = folder
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    try:
-        st = os.statvfs(probe)
-    except (OSError, AttributeError):  # no statvfs (Windows): a fixed budget
-        return 2 * 2**30
-    return int(min(DISK_MOST, DISK_SHARE * st.f_bavail * st.f_frsize))
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.0f} MiB" if n < 10 * 2**30 else f"{n / 2**30:.1f} GiB"
 
 
 class PromptCache:
@@ -233,16 +89,13 @@ class PromptCache:
         self.weigh = weigh
         self.notify = notify or (lambda _: None)
         self.stats = CacheStats()
-        self._entries: dict[int, Entry] = {}
-        self._indexes: dict[str, _Index] = {}
-        self._serials = itertools.count(1)
+        self._entries = EntryTable()
         self._lock = threading.RLock()
         self._said: set[str] = set()
         # seconds per token each model took to process prompts, measured (see ``observe_prefill``)
         self._prefill_rate: dict[str, float] = {}
-        self._writes: queue.Queue[Optional[tuple[Entry, State]]] = queue.Queue()
-        self._writer: Optional[threading.Thread] = None
-        self._scanned: set[str] = set()
+        self._disk = (DiskTier(self.folder, self.disk_bytes, self._entries, self._lock, self.stats, self._say)
+                      if self.folder is not None else None)
 
     # -- what it holds ----------------------------------------------------------
 
@@ -253,17 +106,18 @@ class PromptCache:
     def entries(self) -> list[Entry]:
         """Every entry known, RAM and disk, newest use first."""
         with self._lock:
-            return sorted(self._entries.values(), key=lambda e: -e.used)
+            return sorted(self._entries.all(), key=lambda e: -e.used)
 
     def ram_used(self) -> int:
         """Bytes of states held in RAM: the RAM tier's and those waiting for the disk writer."""
         with self._lock:
-            return sum(e.size for e in self._entries.values() if e.data is not None or e.queued)
+            return sum(e.size for e in self._entries.all() if e.data is not None or e.queued)
 
     def describe(self) -> str:
         """One line for a person: the budgets and where the disk tier is."""
-        ram = f"{_mib(self.ram_bytes)} of RAM" if self.ram_bytes else "no RAM"
-        disk = f"{_mib(self.disk_bytes)} on disk in {self.folder}" if self.disk_bytes and self.folder else "no disk"
+        ram = f"{budget_text(self.ram_bytes)} of RAM" if self.ram_bytes else "no RAM"
+        disk = (f"{budget_text(self.disk_bytes)} on disk in {self.folder}" if self.disk_bytes and self.folder
+                else "no disk")
         return f"prompt cache: {ram}, {disk}"
 
     # -- restoring --------------------------------------------------------------
@@ -287,7 +141,8 @@ class PromptCache:
 
     def _restore(self, model: Model, wanted: np.ndarray, live: int) -> int:
         identity = model.state_identity()
-        self._scan(identity)
+        if self._disk is not None:
+            self._disk.scan(identity)
         if model.memory.kind != memory.FULL and live < model.n_past:
             live = 0  # going back in a recurrent state may mean starting again: count on nothing
         for _ in range(3):  # a disk file that fails its checks is dropped, and the next best one tried
@@ -322,12 +177,8 @@ class PromptCache:
 
     def _best(self, model: Model, identity: str, wanted: np.ndarray) -> Optional[tuple[Entry, int]]:
         with self._lock:
-            index = self._indexes.get(identity)
-            if index is None:
-                return None
             best: Optional[tuple[Entry, int]] = None
-            for serial in index.candidates(wanted):
-                entry = self._entries[serial]
+            for entry in self._entries.candidates(identity, wanted):
                 if (entry.data is None and entry.file is None) or len(entry.tokens) > model.n_ctx:
                     continue  # its state is on its way to disk, or it does not fit this context
                 n = usable(model, entry.tokens, wanted)
@@ -382,40 +233,36 @@ class PromptCache:
         data = model.save_state()
         size = len(data)
         if size > max(self.ram_bytes, self.disk_bytes):
-            self._say("budget", f"localspec: a prompt-cache entry of {_mib(size)} is larger than the cache's "
-                                f"budgets ({self.describe()}); prompts this long are not cached.")
+            self._say("budget", f"localspec: a prompt-cache entry of {budget_text(size)} is larger than the "
+                                f"cache's budgets ({self.describe()}); prompts this long are not cached.")
             return None
-        to_disk = bool(self.disk_bytes) and self.folder is not None and size <= self.disk_bytes
+        disk = self._disk if self.disk_bytes and size <= self.disk_bytes else None
         with self._lock:
             self.stats.saves += 1
             self.stats.save_seconds += time.perf_counter() - t0
             self.stats.saved_bytes += size
             entry = Entry(identity, tokens, size, data if size <= self.ram_bytes else None,
-                          serial=next(self._serials))
+                          serial=self._entries.new_serial())
             if model.cuts_after_load and entry.data is not None:
                 self._supersede(identity, tokens)
-            self._add(entry)
-            entry.queued = to_disk  # a state waiting for the writer counts in the RAM budget
+            self._entries.add(entry)
+            entry.queued = disk is not None  # a state waiting for the writer counts in the RAM budget
             self._fit_ram(keep=entry)
             if self.ram_used() > self.ram_bytes:  # no room beside the others: written here, not kept in RAM
                 entry.data, entry.queued = None, False
-        if entry.queued:
-            self._write_later(entry, data)
-        elif to_disk:
-            self._write(entry, data)
+        if disk is not None and entry.queued:
+            disk.write_later(entry, data)
+        elif disk is not None:  # too large to wait in RAM: written now
+            disk.write(entry, data)
         if entry.data is None and entry.file is None:  # nowhere to keep it after all
             with self._lock:
-                self._remove(entry)
+                self._entries.remove(entry)
             return None
         return entry
 
     def _held(self, identity: str, tokens: np.ndarray) -> bool:
         with self._lock:
-            index = self._indexes.get(identity)
-            if index is None:
-                return False
-            for serial in index.candidates(tokens):
-                e = self._entries[serial]
+            for e in self._entries.candidates(identity, tokens):
                 if (e.data is not None or e.file is not None or e.queued) and len(e.tokens) == len(tokens) \
                         and np.array_equal(e.tokens, tokens):
                     e.used = max(e.used, time.monotonic())
@@ -425,32 +272,16 @@ class PromptCache:
     def _supersede(self, identity: str, tokens: np.ndarray) -> None:
         """Drop this model's RAM states that ``tokens`` extends: an attention cache's longer state serves every
         prompt the shorter one did (their disk files stay, for other processes)."""
-        index = self._indexes.get(identity)
-        if index is None:
-            return
-        for serial in list(index.candidates(tokens)):
-            e = self._entries[serial]
+        for e in self._entries.candidates(identity, tokens):
             if len(e.tokens) < len(tokens) and e.data is not None and np.array_equal(e.tokens, tokens[: len(e.tokens)]):
                 e.data = None
                 if e.file is None and not e.queued:
-                    self._remove(e)
-
-    def _add(self, entry: Entry) -> None:
-        self._entries[entry.serial] = entry
-        self._indexes.setdefault(entry.identity, _Index()).add(entry.serial, entry.tokens)
-
-    def _remove(self, entry: Entry) -> None:
-        entry.removed = True
-        entry.data = None
-        if self._entries.pop(entry.serial, None) is not None:
-            index = self._indexes.get(entry.identity)
-            if index is not None:
-                index.remove(entry.serial, entry.tokens)
+                    self._entries.remove(e)
 
     def _fit_ram(self, keep: Optional[Entry] = None) -> None:
         """Evict RAM states other than ``keep``'s, least recently used first (a restore counts as later use),
         until the budget holds; an entry written to disk stays known there."""
-        held = sorted((e for e in self._entries.values() if e.data is not None and e is not keep),
+        held = sorted((e for e in self._entries.all() if e.data is not None and e is not keep),
                       key=lambda e: e.used)
         used = self.ram_used()
         for e in held:
@@ -460,162 +291,45 @@ class PromptCache:
             if not e.queued:
                 used -= e.size
                 if e.file is None:
-                    self._remove(e)
+                    self._entries.remove(e)
 
     def clear(self) -> int:
         """Forget every entry, in RAM and on disk; returns how many files and entries there were."""
         self.flush()
         with self._lock:
             n = len(self._entries)
-            for e in list(self._entries.values()):
-                self._remove(e)
-            self._scanned.clear()
-        if self.folder is not None:
-            files.remove_all(self.folder)
+            for e in self._entries.all():
+                self._entries.remove(e)
+        if self._disk is not None:
+            self._disk.clear()
         return n
 
     # -- the disk tier ------------------------------------------------------------
 
-    def _write_later(self, entry: Entry, data: State) -> None:
-        with self._lock:  # the writer decides to stop under this lock too, so no write is left behind
-            self._writes.put((entry, data))  # the same bytes as the RAM entry: nothing writes to them again
-            if self._writer is None or not self._writer.is_alive():
-                self._writer = threading.Thread(target=self._write_loop, name="localspec-prompt-cache", daemon=True)
-                self._writer.start()
-
-    def _write_loop(self) -> None:
-        """The writer: runs while there is something to write, and stops after ``WRITER_IDLE_SECONDS`` idle."""
-        while True:
-            try:
-                item = self._writes.get(timeout=WRITER_IDLE_SECONDS)
-            except queue.Empty:
-                with self._lock:
-                    if self._writes.empty():
-                        self._writer = None
-                        return
-                continue
-            try:
-                if item is None:
-                    continue
-                entry, data = item
-                try:
-                    if not entry.removed:
-                        self._write(entry, data)
-                finally:
-                    with self._lock:
-                        entry.queued = False
-                        if entry.file is None and entry.data is None:
-                            self._remove(entry)
-            except Exception:  # a notice that failed, say: the writer goes on
-                pass
-            finally:
-                self._writes.task_done()
-
     def flush(self) -> None:
         """Wait until every queued disk write is done."""
-        with self._lock:
-            alive = self._writer is not None and self._writer.is_alive()
-        if alive:
-            self._writes.join()
+        if self._disk is not None:
+            self._disk.flush()
 
     def close(self) -> None:
         """Finish the disk writes and drop the RAM tier (the disk tier stays, for the next process)."""
         self.flush()
         with self._lock:
-            for e in list(self._entries.values()):
+            for e in self._entries.all():
                 e.data = None
                 if e.file is None:
-                    self._remove(e)
-
-    def _write(self, entry: Entry, data: State) -> None:
-        assert self.folder is not None
-        path = files.model_folder(self.folder, entry.identity) / files.file_name(entry.tokens)
-        try:
-            self._make_room(entry.size + 4 * len(entry.tokens) + 4096)
-            files.write(path, entry.identity, entry.tokens, data)
-        except OSError as exc:
-            self._say("disk", f"localspec: could not write a prompt-cache entry in {path.parent} "
-                              f"({exc.strerror or exc}); prompts are cached in RAM only for now.")
-            return
-        with self._lock:
-            if entry.removed:  # dropped while it was being written (cleared, refused): not an entry any more
-                files.unlink(path)
-                return
-            entry.file = path
-            self.stats.disk_writes += 1
-
-    def _make_room(self, size: int) -> None:
-        """Delete the least recently used files (by modification time, which a restore renews) until ``size``
-        more bytes fit the disk budget; every model's and every process's files count, temporaries too."""
-        assert self.folder is not None
-        held = files.files_by_age(files.version_folder(self.folder))
-        used = sum(s for _, s, _ in held)
-        for _, s, f in held:
-            if used + size <= self.disk_bytes:
-                break
-            used -= s
-            files.unlink(f)
-            with self._lock:
-                for e in [e for e in self._entries.values() if e.file == f]:
-                    e.file = None
-                    if e.data is None and not e.queued:
-                        self._remove(e)
-
-    def _scan(self, identity: str) -> None:
-        """Learn the disk files of this model (once per model): their headers and tokens, not their states; and
-        remove what writes that never finished left behind."""
-        if self.folder is None or not self.disk_bytes:
-            return
-        with self._lock:
-            if identity in self._scanned:
-                return
-            self._scanned.add(identity)
-            known = {e.file for e in self._entries.values() if e.file is not None}
-        files.remove_stale_temporaries(files.version_folder(self.folder))
-        folder = files.model_folder(self.folder, identity)
-        for f in sorted(folder.glob(f"*{files.SUFFIX}")) if folder.is_dir() else ():
-            if f in known:
-                continue
-            try:
-                header, tokens = files.read_header(f, identity)
-            except FileNotFoundError:
-                continue
-            except BadFile as why:
-                self._reject(f, str(why))
-                continue
-            with self._lock:
-                self._add(Entry(identity, tokens, int(header["state_bytes"]), None, f, used=0.0,
-                                serial=next(self._serials)))
+                    self._entries.remove(e)
 
     def _read(self, entry: Entry) -> Optional[bytes]:
         """The state of a disk entry, checked; None (the entry dropped, with a notice if the file was bad)."""
-        assert entry.file is not None
-        t0 = time.perf_counter()
-        try:
-            data = files.read_state(entry.file, entry.identity)
-        except FileNotFoundError:  # another process evicted it: nothing wrong
-            with self._lock:
-                self._remove(entry)
-            return None
-        except BadFile as why:
-            self._forget(entry, str(why))
-            return None
-        with self._lock:
-            self.stats.disk_reads += 1
-            self.stats.read_seconds += time.perf_counter() - t0
-            self.stats.read_bytes += len(data)
-        return data
-
-    def _reject(self, path: Path, why: str) -> None:
-        self.stats.rejected_files += 1
-        self._say(f"file:{path}", f"localspec: ignored and deleted the prompt-cache file {path} ({why}).")
-        files.unlink(path)
+        assert self._disk is not None  # an entry has a file only where there is a disk tier
+        return self._disk.read(entry)
 
     def _forget(self, entry: Entry, why: str) -> None:
         with self._lock:
-            self._remove(entry)
-        if entry.file is not None:
-            self._reject(entry.file, why)
+            self._entries.remove(entry)
+        if entry.file is not None and self._disk is not None:
+            self._disk.reject(entry.file, why)
         else:
             self._say(why, f"localspec: dropped a prompt-cache entry ({why}).")
 

@@ -12,7 +12,7 @@ requests. It asks for 256 KiB first and for more only when the key/value
 section goes on (each further request at least doubles what it holds), and
 reports how many bytes it read in ``GGUFHeader.bytes_read``.
 
-The bytes are read, every count checked, by ``gguf_reader``. The vocabulary
+The bytes are read, every count checked, by ``gguf_bytes``. The vocabulary
 rules in ``vocab()`` (tokenizer model names, default BOS/EOS ids) follow
 llama.cpp's ``llama-vocab.cpp`` in the pinned release.
 """
@@ -199,7 +199,7 @@ class GGUFHeader:
         """The vocabulary as llama.cpp would load it: type, BOS/EOS ids and every token's text.
 
         Args:
-            path: the path to put in the result (default: ``source``); ``compat.compare``
+            path: the path to put in the result (default: ``source``); ``vocab_match.compare``
                 names files by it.
 
         Raises:
@@ -249,7 +249,7 @@ class GGUFHeader:
     def vocab_fingerprint(self) -> Optional[str]:
         """A short stable hash of the vocabulary (tokenizer type, BOS, EOS, every token's text).
 
-        Two files with the same fingerprint have vocabularies ``compat.compare``
+        Two files with the same fingerprint have vocabularies ``vocab_match.compare``
         accepts without padding. None for a file without a usable tokenizer.
         """
         if self._fingerprint is None:
@@ -270,7 +270,7 @@ def fingerprint(v: VocabInfo) -> str:
 
 
 def same_vocabulary(a: GGUFHeader, b: GGUFHeader) -> Compatibility:
-    """Whether ``b`` can draft for ``a``: ``compat.compare`` on both headers' vocabularies.
+    """Whether ``b`` can draft for ``a``: ``vocab_match.compare`` on both headers' vocabularies.
 
     ``ok`` with ``padded`` set means identical except padding at the end.
 
@@ -305,13 +305,13 @@ def parse_size_label(label: Optional[str]) -> Optional[int]:
 
 
 def vocab_type_name(vtype: int) -> str:
-    """``1`` -> ``SPM`` and so on (``compat.VOCAB_TYPES``)."""
+    """``1`` -> ``SPM`` and so on (``vocab_match.VOCAB_TYPES``)."""
     return VOCAB_TYPES.get(vtype, "?")
 
 
 def parse(read: Read, total_size: Optional[int] = None, *, name: str = "<bytes>",
           first_chunk: int = FIRST_CHUNK, skip: frozenset[str] = SKIP_VALUES) -> GGUFHeader:
-    """Parse a GGUF header and key/value section through ``read`` (see ``gguf_reader.read_section``).
+    """Parse a GGUF header and key/value section through ``read`` (see ``gguf_bytes.read_section``).
 
     Raises:
         ModelFileError: not a GGUF, an unsupported version, truncated, or absurd counts.

@@ -1,6 +1,6 @@
 """What a context's memory can undo, and checkpoints of the part that cannot be cut back.
 
-llama.cpp keeps three kinds of memory, and ``backend.Model`` treats each as
+llama.cpp keeps three kinds of memory, and ``model.Model`` treats each as
 what it can do:
 
 * ``FULL``: attention KV caches (sliding-window layers too, since localspec

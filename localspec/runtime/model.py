@@ -9,7 +9,8 @@ bounded rollback, or a checkpoint and a replay), ``checkpoint`` saves a state
 a recurrent model cannot cut back, and ``sync`` reuses the longest cached
 prefix. If an evaluation is interrupted (Ctrl-C between llama.cpp returning
 and the bookkeeping, or a failed decode), the next call first makes the cache
-and the record agree again.
+and the record agree again. Cutting back, checkpoints and whole saved states
+are ``CacheControl``'s methods (``localspec.runtime.cache_control``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 
 from ..errors import BackendError, ConfigError, ContextOverflowError, GenerationCancelled, ModelFileError
 from . import memory
+from .cache_control import CacheControl
 from .gguf_metadata import check_gguf
 from .hugepages import HugePages
 from .process import (
@@ -41,14 +43,12 @@ from .vocabulary import ModelVocabulary, Tokens
 from .vocabulary import common_prefix as prefix_length
 
 LogitsWanted = Literal["last", "all", "none"]
-#: Checkpoints a model keeps at once (one per round, one at a prompt's end, one spare).
-MAX_CHECKPOINTS = 3
 #: On the CPU, contexts of this many tokens or more get flash attention unless told otherwise: they are
 #: made for long prompts (``serve`` fits the largest trained context), which it processes faster.
 FLASH_ATTN_CONTEXT = 16384
 
 
-class Model(ModelVocabulary):
+class Model(CacheControl, ModelVocabulary):
     """A GGUF model with one context and one sequence, and a record of its cache.
 
     Args:
@@ -380,160 +380,6 @@ class Model(ModelVocabulary):
         cparams.n_threads, cparams.n_threads_batch = self.n_threads, self.n_threads_batch
         with self._log:
             return ll.llama_init_from_model(self._model, cparams)
-
-    def can_undo(self, removed: int) -> bool:
-        """Whether, after evaluating ``removed + 1`` tokens, removing up to ``removed`` needs no checkpoint
-        (a batch split into chunks can only roll back within its last chunk)."""
-        return self.memory.covers(removed) and (self.memory.kind == memory.FULL or removed < self.n_batch)
-
-    def checkpoint(self, refresh: bool = False) -> None:
-        """Save the state at the current length, so a later ``truncate`` to it (or past it) is cheap.
-
-        A no-op for an attention cache, which cuts back anywhere, and where a
-        checkpoint at this length exists (``refresh``: save it again). The newest
-        ``MAX_CHECKPOINTS`` are kept; truncating below one drops it.
-        """
-        if self.memory.kind == memory.FULL:
-            return
-        if any(c.position == self._n for c in self._checkpoints):
-            if not refresh:
-                return
-            self._checkpoints = [c for c in self._checkpoints if c.position != self._n]
-        self._repair()
-        t0 = time.perf_counter()
-        with self._log:
-            self._checkpoints.append(memory.save(self._ctx, self._n))
-        del self._checkpoints[:-MAX_CHECKPOINTS]
-        self.busy_seconds += time.perf_counter() - t0
-
-    def truncate(self, n: int, *, replay: bool = True) -> None:
-        """Drop every cached position from ``n`` on (keep the first n tokens).
-
-        Where the memory cannot remove them (a recurrent state, beyond its
-        rollback), the newest checkpoint at or before ``n`` is restored, or the
-        cache is emptied, and the recorded tokens up to ``n`` are evaluated
-        again. Output never changes; only the time does.
-
-        Args:
-            n: tokens to keep.
-            replay: False to stop at the checkpoint (or the start) instead of
-                evaluating up to ``n`` again: the cache then holds a prefix of
-                the first n tokens, for a caller about to evaluate more.
-
-        Raises:
-            BackendError: llama.cpp refused to restore the state or to cut the cache back.
-        """
-        self._repair()
-        if n < 0:
-            raise ValueError(f"cannot truncate to {n} tokens")
-        if n >= self._n:
-            return
-        if n == 0:
-            self.reset()
-            return
-        self._checkpoints = [c for c in self._checkpoints if c.position <= n]
-        if n >= self._undo_floor and ll.llama_memory_seq_rm(self._mem, 0, n, -1):
-            self._n = n
-            if self.memory.kind == memory.ROLLBACK:
-                self._undo_floor = n  # a rollback is single-use until the next decode
-            return
-        self._rewind(n, replay)
-
-    def _rewind(self, n: int, replay: bool) -> None:
-        """Go back to the newest checkpoint at or before ``n`` (or to the start), then evaluate up to n again."""
-        t0 = time.perf_counter()
-        start = self._checkpoints[-1] if self._checkpoints else None  # every checkpoint is at most n
-        with self._log:
-            if start is None or not memory.restore(self._ctx, start):
-                ll.llama_memory_clear(self._mem, True)
-                start = None
-                self._checkpoints.clear()  # one llama.cpp refused is no use, nor are the older ones it hid
-            at = start.position if start is not None else 0
-            if not ll.llama_memory_seq_rm(self._mem, 0, at, -1):  # the attention part of a hybrid, past the state
-                raise BackendError(f"llama.cpp could not cut the cache of {self.path.name} back to position {at}.")
-        self._n = self._undo_floor = at
-        self.rewinds += 1
-        self.busy_seconds += time.perf_counter() - t0
-        again = self._tokens[at:n].copy() if replay else self._tokens[:0]
-        if self.verbose and start is None and n:  # a checkpoint's restore is routine; a start again is not
-            sys.stderr.write(f"localspec: {self.path.name}: its {self.memory.kind} memory cannot cut back to {n} "
-                             f"tokens and no checkpoint was at or before that, so it starts again from the "
-                             f"beginning" + (f" and evaluates {len(again)} tokens again\n" if replay else "\n"))
-        if len(again):
-            self.replayed_tokens += len(again)
-            self.eval(again, logits="none")
-
-    def reset(self) -> None:
-        """Empty the cache."""
-        ll.llama_memory_clear(self._mem, True)
-        self._n = self._undo_floor = 0
-        self._dirty = False
-        self._checkpoints.clear()
-
-    def state_identity(self) -> str:
-        """What a saved state of this context depends on: the model file, llama.cpp's build and the settings
-        that shape the state (cache types, flash attention, offload, the rollback snapshots). A state saved
-        under another identity is never loaded."""
-        return f"{self._file_identity}|nextn={int(self._ext is not None)}"
-
-    def _identity_at_load(self) -> str:
-        """The file and settings part of ``state_identity``, read once: a file replaced or moved while it is
-        loaded changes nothing about the weights in memory."""
-        import llama_cpp
-
-        st = self.path.stat()
-        kept = {k: self._settings[k] for k in ("cache_type", "flash_attn", "rollback_tokens")}
-        return "|".join([str(self.path.resolve()), str(st.st_size), str(st.st_mtime_ns), llama_cpp.__version__,
-                         f"ngl={self.n_gpu_layers}", f"fa={self.flash_attn}", "swa_full=1",
-                         *(f"{k}={v}" for k, v in sorted(kept.items()))])
-
-    @property
-    def cuts_after_load(self) -> bool:
-        """Whether a state ``load_state`` put back can be cut to any shorter length in place: a plain attention
-        cache can; a recurrent state cannot, and a sliding-window cache is not cut after a load either (each
-        shorter length is evaluated again from the start instead)."""
-        return self.memory.kind == memory.FULL and not self.n_swa
-
-    def save_state(self) -> bytearray:
-        """The whole state of the cache as it stands (``tokens`` says what it holds), for ``load_state``; with
-        the hidden rows of its positions once they are kept for an MTP head (the head catches up from them)."""
-        self._repair()
-        t0 = time.perf_counter()
-        with self._log:
-            data = memory.save_sequence(self._ctx)
-        if self._ext is not None:
-            data += self.hidden[: self._n].data.cast("B")  # the rows' bytes, without a copy of them first
-        self.busy_seconds += time.perf_counter() - t0
-        return data
-
-    def load_state(self, tokens: np.ndarray, data: Union[bytes, bytearray]) -> bool:
-        """Replace the cache with a state ``save_state`` gave when the cache held ``tokens``.
-
-        Returns:
-            True if llama.cpp took it; False if it refused (the cache is then empty).
-        """
-        arr = self.check_tokens(tokens)
-        n = len(arr)
-        rows = n * self.hidden.shape[1] * 4 if self._ext is not None else 0
-        if n > self.n_ctx or rows > len(data):
-            return False
-        self._repair()
-        t0 = time.perf_counter()
-        with self._log:
-            ok = memory.restore_sequence(self._ctx, data, len(data) - rows)
-        self.busy_seconds += time.perf_counter() - t0
-        self._checkpoints.clear()
-        if not ok:
-            self.reset()
-            return False
-        if rows:
-            self.hidden[:n] = np.frombuffer(data, dtype=np.float32, offset=len(data) - rows).reshape(n, -1)
-        self._tokens[:n] = arr
-        self._n = n
-        # a plain attention cache cuts back anywhere; the rest hold nothing from before the load
-        self._undo_floor = 0 if self.cuts_after_load else n
-        self._dirty = False
-        return True
 
     def common_prefix(self, tokens: np.ndarray) -> int:
         """Length of the longest common prefix of the cache and ``tokens``."""

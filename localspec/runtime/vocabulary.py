@@ -24,7 +24,7 @@ Tokens = Union[Sequence[int], np.ndarray]
 
 
 class ModelVocabulary:
-    """The vocabulary methods of a loaded model (``backend.Model``), over llama.cpp's vocabulary pointer."""
+    """The vocabulary methods of a loaded model (``model.Model``), over llama.cpp's vocabulary pointer."""
 
     path: Path
     n_vocab: int

@@ -11,7 +11,7 @@ the model writes a call is the template's format too; localspec knows two:
   <|message|>{...}<|call|>``.
 
 A template that writes neither is refused with tools rather than guessed at.
-``tool_calls`` reads the calls back out of a reply, as it streams.
+``call_reader`` reads the calls back out of a reply, as it streams.
 
 The calls are constrained: under ``tool_choice`` "required" or a function's
 name the whole reply is calls (after a reasoning model's reasoning); under

@@ -7,7 +7,7 @@ import json
 import pytest
 from clirun import run_cli
 
-import localspec.decoding.engine
+import localspec.decoding.rounds
 from localspec.bench import (
     BenchPrompt,
     MethodSpec,
@@ -139,13 +139,13 @@ def test_run_bench_reports_every_method_and_exactness(tiny_pair):
 
 
 def test_a_broken_acceptance_rule_is_reported_as_a_mismatch(tiny_dir, monkeypatch, tmp_path):
-    real = localspec.decoding.engine.accept_greedy
+    real = localspec.decoding.rounds.accept_greedy
 
     def sloppy(draft, rows):  # keeps one wrong drafted token now and then
         kept, nxt = real(draft, rows)
         return (kept + 1, int(rows[kept + 1].argmax())) if kept < len(draft) - 1 else (kept, nxt)
 
-    monkeypatch.setattr(localspec.decoding.engine, "accept_greedy", sloppy)
+    monkeypatch.setattr(localspec.decoding.rounds, "accept_greedy", sloppy)
     suite = tmp_path / "s.jsonl"
     suite.write_text('{"category": "free", "prompt": "The cat sat on the mat and the dog"}\n')
     r = run_cli(["bench", "-t", str(tiny_dir / "target.gguf"), "-d", str(tiny_dir / "draft.gguf"),

@@ -143,9 +143,9 @@ def test_exactness_under_a_constraint_takes_the_margin_among_the_allowed_tokens(
     plain = tiny_pair.generate(prompt, max_tokens=6, method="plain").tokens
     free = margin_at(t, prompt, plain, 3)
     assert 0 < free < float("inf")
-    forced = tiny_pair.matcher(Constraint.regex("x+"))  # one way on: no tie can explain a divergence
+    forced = tiny_pair.assembly.matcher(Constraint.regex("x+"))  # one way on: no tie can explain a divergence
     assert margin_at(t, prompt, [], 0, forced) == float("inf")
-    matcher = tiny_pair.matcher(Constraint.json_object())
+    matcher = tiny_pair.assembly.matcher(Constraint.json_object())
     assert margin_at(t, prompt, [], 0, matcher) != margin_at(t, prompt, [], 0)  # '{' and its kind only
     assert margin_at(t, prompt, [], 0, matcher) == margin_at(t, prompt, [], 0, matcher)  # the matcher comes back
 

@@ -301,12 +301,13 @@ class PaddedDrafter(Drafter):
 
 def _first_speculated_token(pair, prompt, drafter, seeds):
     from localspec.decoding.engine import Generation
+    from localspec.decoding.plan import DecodingPlan
     from localspec.options import SamplingParams
 
     counts: dict[int, int] = {}
     for seed in seeds:
-        g = Generation(pair.target, pair.tokenize(prompt), drafter=drafter, k=1 if drafter else 0,
-                       params=SamplingParams(temperature=1.0), max_tokens=2, rng=np.random.default_rng(seed))
+        g = Generation(pair.target, DecodingPlan(pair.tokenize(prompt), drafter=drafter, k=1 if drafter else 0,
+                                                 params=SamplingParams(temperature=1.0), max_tokens=2, seed=seed))
         tokens = [ev.token for ev in g]
         if len(tokens) == 2:
             counts[tokens[1]] = counts.get(tokens[1], 0) + 1
@@ -358,11 +359,12 @@ def test_a_draft_model_with_a_larger_vocabulary_keeps_the_plain_distribution(tin
 
 def test_a_padding_id_in_a_greedy_draft_ends_the_draft_and_output_stays_exact(tiny_pair):
     from localspec.decoding.engine import Generation
+    from localspec.decoding.plan import DecodingPlan
 
     prompt = tiny_pair.tokenize(PROMPTS[0])
     plain = tiny_pair.generate(prompt, max_tokens=30, method="plain")
     drafter = PaddedDrafter(tiny_pair.target.n_vocab, plain.tokens[0], sampled=False)
-    g = Generation(tiny_pair.target, prompt, drafter=drafter, k=2, max_tokens=30)
+    g = Generation(tiny_pair.target, DecodingPlan(prompt, drafter=drafter, k=2, max_tokens=30))
     assert [ev.token for ev in g] == plain.tokens
     assert drafter.proposed_pad > 5
     # a guess starting with the padding id is cut after it: one token drafted, none kept
@@ -400,7 +402,7 @@ def test_accepted_counts_only_emitted_tokens_when_max_tokens_cuts_a_round(tiny_d
 
 
 def test_stop_text_holds_back_a_possible_start_and_cuts_at_the_first_stop():
-    from localspec.decoding.engine import StopText
+    from localspec.decoding.stop_text import StopText
 
     st = StopText(["END", "\n\n"])
     assert st.feed("abc E") == "abc "  # "E" could start "END"

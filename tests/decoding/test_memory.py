@@ -121,7 +121,7 @@ def test_a_rollback_beyond_the_snapshots_takes_a_checkpoint_and_stays_exact(arch
 def test_a_rounds_checkpoint_is_timed_apart_from_its_verification(pairs, arch):
     """Auto corrects the profile's verify(n) by what rounds of n tokens took, and the profile prices a checkpoint
     apart (its ``rollback``): a round that saves one reports the saving apart, or auto would count it twice."""
-    from localspec.decoding.engine import speculative_round
+    from localspec.decoding.rounds import speculative_round
     from localspec.drafting.costs import RoundTiming
     from localspec.drafting.drafters import Draft, Drafter
     from localspec.options import SamplingParams

@@ -13,17 +13,12 @@ from clirun import run_cli
 from helpers import same_distribution, token_counts
 
 import localspec
-from localspec.drafting.auto import (
-    AcceptanceEstimate,
-    AutoDrafter,
-    history_candidate,
-    lookup_candidate,
-    model_candidate,
-    prompt_prior,
-)
+from localspec.drafting.auto import AutoDrafter
 from localspec.drafting.calibration import calibrate, calibration_key, others_running
+from localspec.drafting.candidates import history_candidate, lookup_candidate, model_candidate
 from localspec.drafting.costs import CostProfile, best_k, expected_tokens
 from localspec.drafting.drafters import DraftingContext
+from localspec.drafting.estimates import AcceptanceEstimate, prompt_prior
 from localspec.options import GenerationOptions
 from localspec.runtime.model import Model
 from localspec.runtime.process import default_threads
@@ -253,7 +248,7 @@ def test_stream_events_name_the_drafter(tiny_pair, make_pair):
 
 
 def test_history_estimates_carry_over_to_the_next_generation_but_yield_to_new_evidence():
-    from localspec.drafting.auto import history_estimates
+    from localspec.drafting.estimates import history_estimates
     from localspec.drafting.history import HistoryIndex
 
     est = history_estimates()
@@ -560,7 +555,7 @@ class _Always(localspec.drafting.drafters.Drafter):
 
 
 def _overrated_auto(correction):
-    from localspec.drafting.auto import Candidate
+    from localspec.drafting.candidates import Candidate
     from localspec.methods import LOOKUP
 
     auto = AutoDrafter(MODEST, [Candidate(LOOKUP, _Always(), {0: _StuckEstimate(0.9)})], kmax=8,
@@ -641,7 +636,7 @@ def test_the_gain_factor_ignores_a_few_unlucky_rounds():
 def test_the_gain_factor_leaves_a_method_near_the_margin_alone():
     # A real acceptance estimate, chosen when it is high: the rounds auto picks deliver a little less than
     # predicted (it picks on lucky estimates), which must not rule out a method that pays.
-    from localspec.drafting.auto import Candidate
+    from localspec.drafting.candidates import Candidate
     from localspec.drafting.costs import CostCorrection
     from localspec.methods import LOOKUP
 
@@ -686,7 +681,7 @@ def test_guesses_sat_out_are_scored_as_the_round_would_have_scored_them():
     # On a dear machine auto decodes plainly and scores lookup's unused guesses. A guesser whose first
     # token is always right and the next always wrong keeps one of every draft: its estimate must say
     # about 0.5, not the 1.0 that scoring the first token alone would give; one that copies keeps all.
-    from localspec.drafting.auto import Candidate
+    from localspec.drafting.candidates import Candidate
     from localspec.methods import LOOKUP
 
     output = np.arange(100, 200, dtype=np.int32)
@@ -715,7 +710,7 @@ class _Grammar:
 
 
 def test_auto_under_a_grammar_weighs_the_allowed_part_of_a_guess_and_the_forced_tokens_before_it():
-    from localspec.drafting.auto import Candidate
+    from localspec.drafting.candidates import Candidate
     from localspec.drafting.drafters import DraftGuide
     from localspec.methods import LOOKUP
 
@@ -741,7 +736,8 @@ ONE_THREAD = CostProfile.synthetic([1.0, 1.99, 2.96, 3.69, 4.41, 5.29, 6.38, 8.2
 
 
 def test_no_estimate_is_trusted_beyond_the_acceptance_ceiling():
-    from localspec.drafting.auto import ALPHA_CEILING, Candidate
+    from localspec.drafting.candidates import Candidate
+    from localspec.drafting.estimates import ALPHA_CEILING
     from localspec.methods import LOOKUP
 
     def auto(profile):
@@ -760,7 +756,7 @@ def test_no_estimate_is_trusted_beyond_the_acceptance_ceiling():
 
 
 def test_a_draft_one_longer_is_tried_until_its_cost_is_known_where_it_pays_anyway():
-    from localspec.drafting.auto import Candidate
+    from localspec.drafting.candidates import Candidate
     from localspec.drafting.costs import CostCorrection, RoundTiming
     from localspec.methods import LOOKUP
 

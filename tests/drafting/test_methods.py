@@ -7,9 +7,10 @@ import pytest
 import localspec
 from localspec.bench import default_methods
 from localspec.cli.chat_session import colours
-from localspec.drafting.auto import AcceptanceEstimate, Candidate
+from localspec.drafting.candidates import Candidate
 from localspec.drafting.costs import CostProfile, round_cost
 from localspec.drafting.drafters import EMPTY_DRAFT, Draft, Drafter
+from localspec.drafting.estimates import AcceptanceEstimate
 from localspec.errors import ConfigError
 from localspec.methods import REGISTRY, Method, register, search_cost
 from localspec.options import GenerationOptions

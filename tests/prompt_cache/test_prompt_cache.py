@@ -17,8 +17,9 @@ import pytest
 from tinyarch import write_tiny_gemma2, write_tiny_lfm2, write_tiny_mamba, write_tiny_qwen35
 
 import localspec
-from localspec.prompt_cache import cache as pc
+from localspec.prompt_cache import files as cache_files
 from localspec.prompt_cache.cache import PromptCache
+from localspec.prompt_cache.index import PrefixIndex
 
 WRITERS = {"mamba": write_tiny_mamba, "qwen35": write_tiny_qwen35, "lfm2": write_tiny_lfm2,
            "gemma2": write_tiny_gemma2}
@@ -131,7 +132,7 @@ def test_a_damaged_or_foreign_disk_entry_is_ignored_with_one_notice_and_deleted(
         elif damage == "truncate":
             raw = raw[: len(raw) // 2]
         elif damage == "other version":
-            raw[4:8] = (pc.files.FORMAT_VERSION + 1).to_bytes(4, "little")
+            raw[4:8] = (cache_files.FORMAT_VERSION + 1).to_bytes(4, "little")
         elif damage == "other model":
             n = int.from_bytes(raw[8:12], "little")
             header = json.loads(raw[12 : 12 + n])
@@ -262,7 +263,7 @@ def test_a_budget_smaller_than_an_entry_or_a_full_disk_means_no_caching_with_one
 
 
 def test_lookup_takes_time_linear_in_the_prompt_not_in_the_entries():
-    index = pc._Index()
+    index = PrefixIndex()
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 1000, size=400).astype(np.int32) for _ in range(300)]
     for i, p in enumerate(prompts):
@@ -364,21 +365,21 @@ def test_the_writer_queue_counts_in_the_ram_budget(models, tmp_path):
         one = max(e.size for e in probe.cache.entries())
     cache = PromptCache(int(1.5 * one), tmp_path, 2**30, weigh=False)
     peak = [0]
-    real = pc.files.write
+    real = cache_files.write
 
     def slow_write(*args, **kwargs):  # a slow disk: states wait in the queue
         peak[0] = max(peak[0], cache.ram_used())
         time.sleep(0.05)
         return real(*args, **kwargs)
 
-    pc.files.write = slow_write
+    cache_files.write = slow_write
     try:
         with localspec.load(target, n_ctx=2048, prompt_cache=cache) as pair:
             for i in range(6):
                 pair.generate(f"{i} " + SYSTEM_A, max_tokens=1, method="plain")
                 peak[0] = max(peak[0], cache.ram_used())
     finally:
-        pc.files.write = real
+        cache_files.write = real
     assert 0 < peak[0] <= cache.ram_bytes
     assert len(list(tmp_path.rglob("*.lspc"))) == 6
 
@@ -442,8 +443,6 @@ def test_the_cache_command_lists_the_saved_states_and_clear_deletes_them_damaged
 def test_saved_states_are_readable_by_the_user_alone(tmp_path):
     """A saved state holds the prompt's tokens: 0600 files in 0700 folders, as the history store keeps its own,
     and a folder an older version left open to others is closed."""
-    from localspec.prompt_cache import files as cache_files
-
     folder = tmp_path / "prompts"
     folder.mkdir(mode=0o755)
     folder.chmod(0o755)

@@ -105,7 +105,7 @@ def test_sampled_speculation_keeps_the_plain_constrained_distribution(tiny_pair,
 
 
 def test_the_mask_is_the_grammar(tiny_pair):
-    m = tiny_pair.matcher(Constraint.regex("ab|ac"))
+    m = tiny_pair.assembly.matcher(Constraint.regex("ab|ac"))
     allowed = {tiny_pair.target.token_bytes(int(t)) for t in np.flatnonzero(m.allowed())}
     assert allowed == {b"a"}
     m.consume(tiny_pair.target.tokenize("a", add_special=False))
@@ -199,6 +199,7 @@ def test_forced_rounds_are_counted_as_grammar_rounds(tiny_pair, method, k):
 
 def test_an_end_token_inside_a_draft_under_a_finished_grammar_ends_the_reply_exactly(tiny_pair):
     from localspec.decoding.engine import Generation
+    from localspec.decoding.plan import DecodingPlan
     from localspec.drafting.drafters import Draft, Drafter
     from localspec.options import SamplingParams
 
@@ -214,8 +215,8 @@ def test_an_end_token_inside_a_draft_under_a_finished_grammar_ends_the_reply_exa
     plain = tiny_pair.generate(PROMPT, max_tokens=20, method="plain", grammar=constraint)
     prompt = tiny_pair.tokenize(PROMPT)
     for params in (SamplingParams(), SamplingParams(temperature=1.0)):
-        g = Generation(tiny_pair.target, prompt, drafter=EndThenMore(), k=3, params=params, max_tokens=20,
-                       rng=np.random.default_rng(0), matcher=tiny_pair.matcher(constraint))
+        g = Generation(tiny_pair.target, DecodingPlan(prompt, drafter=EndThenMore(), k=3, params=params, max_tokens=20,
+                                                      seed=0, matcher=tiny_pair.assembly.matcher(constraint)))
         tokens = [ev.token for ev in g]
         assert g.finish_reason == "stop"
         if params.greedy:
@@ -227,7 +228,7 @@ def test_a_sampling_draft_model_draws_only_what_the_grammar_allows_and_gives_the
     from localspec.drafting.drafters import DraftGuide, ModelDrafter
     from localspec.options import SamplingParams
 
-    m = tiny_pair.matcher(CONSTRAINTS["regex"])
+    m = tiny_pair.assembly.matcher(CONSTRAINTS["regex"])
     prompt = np.asarray(tiny_pair.tokenize(PROMPT), dtype=np.int32)
     drafter = ModelDrafter(tiny_pair.draft, SamplingParams(temperature=1.0))
     before = m.allowed().copy()
@@ -243,6 +244,7 @@ def test_a_sampling_draft_model_draws_only_what_the_grammar_allows_and_gives_the
 
 def test_a_guess_continues_after_the_forced_tokens_in_the_same_verification(tiny_pair):
     from localspec.decoding.engine import Generation
+    from localspec.decoding.plan import DecodingPlan
     from localspec.drafting.drafters import Draft, Drafter
 
     constraint = CONSTRAINTS["schema"]
@@ -259,7 +261,8 @@ def test_a_guess_continues_after_the_forced_tokens_in_the_same_verification(tiny
             return Draft(plain[at: at + k], None, "lookup")
 
     oracle, k = Oracle(), 8
-    g = Generation(tiny_pair.target, prompt, drafter=oracle, k=k, max_tokens=80, matcher=tiny_pair.matcher(constraint))
+    g = Generation(tiny_pair.target, DecodingPlan(prompt, drafter=oracle, k=k, max_tokens=80,
+                                                  matcher=tiny_pair.assembly.matcher(constraint)))
     assert [ev.token for ev in g] == plain
     s = g.stats
     assert oracle.after_forced > 0 and s.accepted_by["grammar"] > 0 and s.accepted_by["lookup"] > 0
