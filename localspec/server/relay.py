@@ -24,7 +24,7 @@ from ..results import Result
 from ..structured.call_reader import CallEvent, CallReader, call_reader
 from .generation import GenerationRequest
 from .http import ApiError, Render
-from .request_log import Entry, describe, entry_of, note_error
+from .request_log import Entry, describe, entry_of, note_error, progress
 from .worker import Job, Server, Task
 
 #: Seconds between keep-alives while the first token is awaited (a long prompt being processed).
@@ -96,6 +96,7 @@ class Events:
         while True:
             if not job.cancelled.is_set() and time.monotonic() - job.checked >= CHECK_SECONDS:
                 job.checked = time.monotonic()
+                self._progress()
                 if await self.request.is_disconnected():
                     self.server.abandon(job)
                     if job not in self.server.jobs:  # it never started: nothing more will come
@@ -104,6 +105,15 @@ class Events:
                 return await asyncio.wait_for(job.events.get(), timeout=CHECK_SECONDS)
             except asyncio.TimeoutError:
                 continue
+
+    def _progress(self) -> None:
+        """A line in the request log now and then while the job's prompt is read."""
+        entry, stream = entry_of(self.request.scope), self.job.stream
+        if entry is None or entry.say is None or stream is None or stream.prompt_read is None:
+            return
+        line = progress(entry, stream.prompt_read, stream.prompt_tokens, time.monotonic())
+        if line is not None:
+            entry.say(line)
 
     def close(self) -> None:
         """Stop waiting, and give the job up (a finished one: nothing happens)."""

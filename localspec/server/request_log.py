@@ -59,7 +59,9 @@ class Entry:
         first_token: seconds from ``started`` to the first token sent.
         prompt: the start of the prompt's text (written only by a verbose log).
         completed: whether the whole response was sent.
+        say: where the request's progress lines go (the log's own lines).
         progress_at: when the last progress line was written (monotonic seconds).
+        reading_since: when the prompt was first seen being read, and how many of its tokens were read then.
     """
 
     method: str
@@ -76,7 +78,9 @@ class Entry:
     first_token: Optional[float] = None
     prompt: Optional[str] = None
     completed: bool = False
-    progress_at: float = field(default=0.0)
+    say: Optional[Callable[[str], None]] = field(default=None, repr=False)
+    progress_at: float = 0.0
+    reading_since: Optional[tuple[float, int]] = None
 
     def line(self, now: float, verbose: bool = False) -> str:
         """The request's line: clock time, API and route, model, status, then what it did and how it ended."""
@@ -130,15 +134,19 @@ def note_error(scope: Scope, error: ApiError) -> ApiError:
     return error
 
 
-def progress(entry: Entry, read: int, total: int, seconds: float, now: float) -> Optional[str]:
-    """A progress line for a prompt being read, at most every ``PROGRESS_SECONDS``: tokens read of the total
-    and the speed so far; None when it is not yet time for one."""
-    if now - max(entry.progress_at, entry.started) < PROGRESS_SECONDS or total <= 0:
+def progress(entry: Entry, read: int, total: int, now: float) -> Optional[str]:
+    """A progress line for a prompt being read (``read`` of its ``total`` tokens held so far), at most every
+    ``PROGRESS_SECONDS`` from the request's start: tokens read, and the speed since it was first seen
+    reading; None when it is not yet time for one."""
+    if entry.reading_since is None:
+        entry.reading_since = (now, read)
+    if now - max(entry.progress_at, entry.started) < PROGRESS_SECONDS:
         return None
     entry.progress_at = now
-    speed = f", {read / seconds:.1f} tokens/s" if seconds > 0 else ""
-    return (f"{time.strftime('%H:%M:%S')} | {api_of(entry.path)} | {entry.method} {entry.path} | reading the "
-            f"prompt: {read} of {total} tokens{speed}")
+    since, at = entry.reading_since
+    speed = f", {(read - at) / (now - since):.1f} tokens/s" if now > since and read > at else ""
+    return (f"{time.strftime('%H:%M:%S')} | {api_of(entry.path)} | {entry.method} {entry.path} | "
+            f"{entry.model or '-'} | reading the prompt: {read} of {total} tokens{speed}")
 
 
 class RequestLog:
@@ -158,7 +166,7 @@ class RequestLog:
         if scope["type"] != "http":  # lifespan events
             await self.app(scope, receive, send)
             return
-        entry = Entry(scope["method"], scope["path"], self.clock(), time.time())
+        entry = Entry(scope["method"], scope["path"], self.clock(), time.time(), say=self.say)
         scope.setdefault("state", {})["log"] = entry
 
         async def sent(message: Message) -> None:

@@ -126,7 +126,7 @@ class _Body(_Strict):
     repeat_last_n: Optional[int] = None
     logprobs: Union[bool, int, None] = None  # chat: true/false (with top_logprobs); completions: how many
     top_logprobs: Optional[int] = None
-    tools: Optional[list[Any]] = None  # checked by tools.ToolUse
+    tools: Optional[list[Any]] = None  # checked by structured.tool_use.ToolUse
     tool_choice: Union[str, dict[str, Any], None] = None
     parallel_tool_calls: Optional[bool] = None
     # Not implemented: only the values in UNSUPPORTED are accepted.
