@@ -20,8 +20,8 @@ from localspec.server.worker import Server
 class SlowStream:
     """A generation whose prompt is processed until ``gate`` opens; cancelling it stops that at once."""
 
-    def __init__(self, stream: Any, gate: threading.Event):
-        self._stream, self._gate = stream, gate
+    def __init__(self, stream: Any, gate: threading.Event, read: Optional[int] = None):
+        self._stream, self._gate, self._read = stream, gate, read
         self._cancelled = threading.Event()
         self._processing = False
 
@@ -32,6 +32,11 @@ class SlowStream:
     @property
     def cached_prompt_tokens(self) -> Optional[int]:
         return 0 if self._processing else None  # known once the prompt's processing has begun
+
+    @property
+    def prompt_read(self) -> Optional[int]:
+        """The prompt tokens it says it holds while the gate is shut (the pair's ``read``)."""
+        return self._read if self._processing and not self._gate.is_set() else None
 
     @property
     def result(self) -> Any:
@@ -55,18 +60,19 @@ class SlowPair:
         self._pair = pair
         self.gate = threading.Event()
         self.gate.set()
+        self.read: Optional[int] = None  # what a held prompt's stream says it has read
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._pair, name)
 
     def stream(self, *args: Any, **kwargs: Any) -> SlowStream:
-        return SlowStream(self._pair.stream(*args, **kwargs), self.gate)
+        return SlowStream(self._pair.stream(*args, **kwargs), self.gate, self.read)
 
     def stream_chat(self, *args: Any, **kwargs: Any) -> SlowStream:
-        return SlowStream(self._pair.stream_chat(*args, **kwargs), self.gate)
+        return SlowStream(self._pair.stream_chat(*args, **kwargs), self.gate, self.read)
 
     def stream_infill(self, *args: Any, **kwargs: Any) -> SlowStream:
-        return SlowStream(self._pair.stream_infill(*args, **kwargs), self.gate)
+        return SlowStream(self._pair.stream_infill(*args, **kwargs), self.gate, self.read)
 
 
 def local_server(pair: Any, name: str = "target") -> Server:

@@ -17,6 +17,7 @@ from inprocess import SlowPair, local_server, post, serving
 from serverproc import ServeProcess
 
 import localspec
+from localspec.server import request_log
 
 MESSAGES = [{"role": "user", "content": "The cat sat on the mat and"}]
 
@@ -164,3 +165,33 @@ def test_serve_writes_a_line_per_request_unless_quiet(tiny_dir, tmp_path, flags)
     (line,) = lines
     assert " | openai | POST /v1/chat/completions | target | 200 | prompt " in line
     assert ("prompt 'The cat sat on the mat and'" in line) == ("--verbose" in flags)
+
+
+def test_a_long_prompt_says_how_far_it_has_read(log, monkeypatch):
+    slow, server, port, lines = log
+    monkeypatch.setattr(request_log, "PROGRESS_SECONDS", 0.3)
+    slow.gate.clear()
+    slow.read = 3  # the stream says it holds 3 of the prompt's tokens
+    body = {"model": "target", "messages": MESSAGES, "max_tokens": 4}
+    done = threading.Event()
+
+    def ask() -> None:
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(post("/v1/messages", body, port))
+            while s.recv(65536):
+                pass
+        done.set()
+
+    threading.Thread(target=ask, daemon=True).start()
+    try:
+        first, second = lines.wait(2)
+    finally:
+        slow.read = None
+        slow.gate.set()
+    assert done.wait(30)
+    for line in (first, second):
+        f = fields(line)
+        assert f[1:4] == ["anthropic", "POST /v1/messages", "target"], line
+        assert re.fullmatch(r"reading the prompt: 3 of \d+ tokens", f[4]), line  # no speed: it did not move
+    (end,) = lines.wait(3)[2:]
+    assert fields(end)[4] == "200" and fields(end)[-1] in ("ended: stop", "ended: length"), end
