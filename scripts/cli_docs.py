@@ -11,12 +11,12 @@ the page is the same on every machine. tests/test_docs.py runs ``--check``.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Iterator, Optional
 
 import click
+import generated_pages
 
 REPO = Path(__file__).resolve().parent.parent
 PAGE = REPO / "docs" / "cli.md"
@@ -99,23 +99,8 @@ def check(page: Path = PAGE) -> Optional[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="rewrite docs/cli.md")
-    mode.add_argument("--check", action="store_true", help="exit 1 if docs/cli.md is not up to date")
-    args = parser.parse_args(argv)
-    if args.check:
-        problem = check()
-        if problem:
-            print(problem, file=sys.stderr)
-            return 1
-        return 0
-    page = render(sections())
-    if args.write:
-        PAGE.write_text(page, encoding="utf-8")
-    else:
-        sys.stdout.write(page)
-    return 0
+    return generated_pages.main(__doc__.splitlines()[0], {PAGE: lambda: render(sections())},
+                                lambda: [p for p in [check()] if p], argv)
 
 
 if __name__ == "__main__":

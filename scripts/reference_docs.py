@@ -12,7 +12,6 @@ tests/test_docs.py runs ``--check``; docs/cli.md is generated the same way by sc
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib
 import inspect
@@ -21,6 +20,8 @@ import sys
 import textwrap
 from pathlib import Path
 from typing import Any, Callable, Optional
+
+import generated_pages
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
@@ -295,22 +296,8 @@ def check() -> list[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="rewrite docs/api.md and docs/chat.md")
-    mode.add_argument("--check", action="store_true", help="exit 1 if either page is not up to date")
-    args = parser.parse_args(argv)
-    if args.check:
-        problems = check()
-        for p in problems:
-            print(p, file=sys.stderr)
-        return 1 if problems else 0
-    for name, make in PAGES.items():
-        if args.write:
-            (DOCS / name).write_text(make(), encoding="utf-8")
-        else:
-            sys.stdout.write(make())
-    return 0
+    return generated_pages.main(__doc__.splitlines()[0], {DOCS / name: make for name, make in PAGES.items()},
+                                check, argv)
 
 
 if __name__ == "__main__":
