@@ -139,7 +139,7 @@ async def answer(server: Server, request: Request, req: GenerationRequest, reply
         events.close()
         return render(first[1])
     if not req.stream:
-        return await _whole(events, first, render, reply.logprobs, reply.whole)
+        return await _whole(events, first, render, reply.logprobs, reply.whole, generation=True)
     return StreamingResponse(_stream(events, first, reply, call_reader(req.tools)), media_type=reply.media_type,
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -203,7 +203,9 @@ async def _first(events: Events, stream: bool) -> Optional[Event]:
 
 
 async def _whole(events: Events, event: Optional[Event], render: Render, logprobs: Callable[[Any], None],
-                 build: Callable[[Any], Any]) -> Any:
+                 build: Callable[[Any], Any], generation: bool = False) -> Any:
+    """The answer once the job is done: ``build`` of its value; ``generation``: the value is a generation's
+    result, which the request's log line tells of."""
     entry = entry_of(events.request.scope)
     try:
         while event is None or event[0] in PIECES:  # the result has the text and the reasoning whole
@@ -217,7 +219,7 @@ async def _whole(events: Events, event: Optional[Event], render: Render, logprob
     kind, value = event
     if kind == "error":
         return render(value)
-    if events.job.task is None:
+    if generation:
         _ended(entry, value)
     if value is None:  # cancelled: nobody is listening
         return JSONResponse({}, status_code=CANCELLED)

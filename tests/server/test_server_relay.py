@@ -34,7 +34,9 @@ class FakeServer:
 
 
 class Connected:
-    """A client that stays."""
+    """A client that stays (its request's scope holds no log entry)."""
+
+    scope: dict = {}
 
     async def is_disconnected(self) -> bool:
         return False
