@@ -138,6 +138,11 @@ class Stream:
         return self._g.cached_prompt_tokens
 
     @property
+    def stats(self) -> GenerationStats:
+        """The generation's counts and timings so far (final once iteration has ended)."""
+        return self._g.stats
+
+    @property
     def prompt_read(self) -> Optional[int]:
         """While the prompt is processed: how many of its tokens the model holds so far, those the caches gave
         included (a long prompt's progress); None before and after."""

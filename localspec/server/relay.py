@@ -120,6 +120,9 @@ class Events:
         if self._pending is not None:
             self._pending.cancel()
         self.server.abandon(self.job)
+        entry, stream = entry_of(self.request.scope), self.job.stream
+        if entry is not None and entry.stats is None and stream is not None:
+            entry.stats = stream.stats  # a generation given up: what it had done (a finished one's comes whole)
 
 
 async def answer(server: Server, request: Request, req: GenerationRequest, reply: Reply, render: Render) -> Any:

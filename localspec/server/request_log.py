@@ -25,6 +25,8 @@ from .http import ApiError
 PROGRESS_SECONDS = 10.0
 #: The characters of a prompt a verbose line shows.
 PROMPT_CHARS = 120
+#: Paths that monitors poll: their lines only in a verbose log, so they do not bury the requests'.
+POLLED = ("/health", "/metrics")
 #: The status of a request its client hung up on before the answer was whole (nginx's convention).
 HUNG_UP = 499
 
@@ -150,7 +152,8 @@ def progress(entry: Entry, read: int, total: int, now: float) -> Optional[str]:
 
 
 class RequestLog:
-    """ASGI middleware: a line for every HTTP request once it is answered (or its client hangs up).
+    """ASGI middleware: a line for every HTTP request once it is answered (or its client hangs up); polls of
+    ``POLLED`` paths only when verbose or refused.
 
     Args:
         app: the application.
@@ -179,7 +182,8 @@ class RequestLog:
         try:
             await self.app(scope, receive, sent)
         finally:
-            self.say(entry.line(self.clock(), self.verbose))
+            if self.verbose or entry.path not in POLLED or entry.error is not None:
+                self.say(entry.line(self.clock(), self.verbose))
 
 
 def describe(req: Any) -> str:

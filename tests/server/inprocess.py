@@ -42,6 +42,10 @@ class SlowStream:
     def result(self) -> Any:
         return self._stream.result
 
+    @property
+    def stats(self) -> Any:
+        return self._stream.stats
+
     def cancel(self) -> None:
         self._cancelled.set()
         self._stream.cancel()

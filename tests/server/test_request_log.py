@@ -138,6 +138,7 @@ def test_a_client_that_hangs_up_during_the_prompt_is_said_to_have_cancelled(log)
     slow.gate.set()
     f = fields(line)
     assert f[1:4] == ["openai", "POST /v1/chat/completions", "target"], line
+    assert f[5].startswith("prompt ") and ", generated 0 (" in f[5], line  # what it had done when given up
     assert f[-1] == "cancelled by the client", line
 
 
@@ -151,6 +152,7 @@ def test_serve_writes_a_line_per_request_unless_quiet(tiny_dir, tmp_path, flags)
     s = ServeProcess(["-t", str(tiny_dir / "target.gguf"), "--ctx", "1024", "--no-history", "-m", "plain", *flags],
                      tmp_path)
     try:
+        s.get("/v1/models")
         _chat(s)
         deadline = time.monotonic() + (1 if "--quiet" in flags else 10)  # a line comes just after its answer
         while "POST /v1/chat/completions" not in s.output() and time.monotonic() < deadline:
@@ -160,9 +162,10 @@ def test_serve_writes_a_line_per_request_unless_quiet(tiny_dir, tmp_path, flags)
         s.close()
     lines = [ln for ln in out.splitlines() if "POST /v1/chat/completions" in ln]
     if "--quiet" in flags:
-        assert lines == [] and "GET /health" not in out
+        assert lines == [] and "GET /v1/models" not in out
         return
     (line,) = lines
+    assert ("GET /health" in out) == ("--verbose" in flags)  # monitors' polls only when verbose
     assert " | openai | POST /v1/chat/completions | target | 200 | prompt " in line
     assert ("prompt 'The cat sat on the mat and'" in line) == ("--verbose" in flags)
 
