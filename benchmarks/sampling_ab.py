@@ -26,9 +26,15 @@ SETTINGS = (dict(temperature=0.7, top_p=0.9), dict(temperature=0.7),
 
 
 def old_module(rev: str) -> Any:
-    """``localspec/sampling/acceptance.py`` as it was at ``rev``, imported beside the current package."""
-    text = subprocess.run(["git", "show", f"{rev}:localspec/sampling/acceptance.py"], cwd=REPO, check=True,
-                          capture_output=True, text=True).stdout
+    """The acceptance module as it was at ``rev`` (``localspec/sampling/acceptance.py``, before the packages
+    ``localspec/acceptance.py``), imported beside the current package."""
+    for name in ("localspec/sampling/acceptance.py", "localspec/acceptance.py"):
+        shown = subprocess.run(["git", "show", f"{rev}:{name}"], cwd=REPO, capture_output=True, text=True)
+        if shown.returncode == 0:
+            break
+    else:
+        raise SystemExit(f"{rev} has no acceptance module at either path; name a commit of this repository.")
+    text = shown.stdout.replace("from ..options import", "from localspec.options import")
     path = Path(tempfile.mkdtemp()) / "old_acceptance.py"
     path.write_text(text.replace("from .options import", "from localspec.options import"))
     spec = importlib.util.spec_from_file_location("old_acceptance", path)

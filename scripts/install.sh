@@ -73,8 +73,12 @@ if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   .venv/bin/python -m pip wheel --quiet --no-deps --no-cache-dir -w "$wheels.tmp" "llama-cpp-python==$LLAMA_VERSION"
   rm -rf "$wheels" && mv "$wheels.tmp" "$wheels"
 fi
-# --force-reinstall: the same version built with other CMAKE_ARGS (a CPU build, then CUDA) must replace it
-.venv/bin/python -m pip install --quiet --force-reinstall --no-deps "$wheels"/llama_cpp_python-*.whl
+# The same version built with other CMAKE_ARGS (a CPU build, then CUDA) must replace the installed one, so the
+# venv records which build it holds; a rerun with the same settings reinstalls nothing.
+if [[ "$(cat .venv/.llama-cpp-build 2>/dev/null)" != "$key" ]]; then
+  .venv/bin/python -m pip install --quiet --force-reinstall --no-deps "$wheels"/llama_cpp_python-*.whl
+  echo "$key" > .venv/.llama-cpp-build
+fi
 # its dependencies (numpy, diskcache, jinja2, typing-extensions), which --no-deps left out
 .venv/bin/python -m pip install --quiet "$wheels"/llama_cpp_python-*.whl
 if [[ -n "$extras" ]]; then

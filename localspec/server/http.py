@@ -68,6 +68,8 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
+#: The status of a request whose client went away before its answer (nginx's "client closed request").
+CLIENT_CLOSED = 499
 #: How an API answers an error.
 Render = Callable[[ApiError], Response]
 #: The way errors are answered on a request's path (and headers): by the API it belongs to.

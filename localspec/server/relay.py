@@ -14,6 +14,7 @@ response, one after it is said in the stream.
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from typing import Any, AsyncIterator, Callable, Optional, Protocol
 
@@ -23,7 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..results import Result
 from ..structured.call_reader import CallEvent, CallReader, call_reader
 from .generation import GenerationRequest
-from .http import ApiError, Render
+from .http import CLIENT_CLOSED, ApiError, Render
 from .request_log import Entry, describe, entry_of, note_error, progress
 from .worker import Job, Server, Task
 
@@ -33,8 +34,6 @@ PING_SECONDS = 5.0
 FIRST_SECONDS = 0.5
 #: Seconds between looks at whether a waiting client is still connected.
 CHECK_SECONDS = 0.25
-#: The status answered to a client that went away (nginx's "client closed request"): nobody reads it.
-CANCELLED = 499
 #: The events that carry part of the answer; a whole answer reads them from the result.
 PIECES = ("text", "reasoning", "logprobs")
 
@@ -121,8 +120,9 @@ class Events:
             self._pending.cancel()
         self.server.abandon(self.job)
         entry, stream = entry_of(self.request.scope), self.job.stream
-        if entry is not None and entry.stats is None and stream is not None:
-            entry.stats = stream.stats  # a generation given up: what it had done (a finished one's comes whole)
+        if entry is not None and entry.stats is None and stream is not None:  # given up: what it had done
+            entry.read_so_far = stream.prompt_read  # None unless it was still reading its prompt
+            entry.stats = copy.copy(stream.stats)  # the worker may still be changing its own
 
 
 async def answer(server: Server, request: Request, req: GenerationRequest, reply: Reply, render: Render) -> Any:
@@ -179,7 +179,8 @@ def _ended(entry: Optional[Entry], result: Optional[Result]) -> None:
     """What the log line says of a generation that ended (None: cancelled, its client gone)."""
     if entry is not None:
         entry.outcome = "cancelled" if result is None else result.finish_reason
-        entry.stats = result.stats if result is not None else None
+        if result is not None:  # a cancelled one's stats are what it had done (``Events.close``)
+            entry.stats = result.stats
 
 
 def _first_token(entry: Optional[Entry]) -> None:
@@ -225,7 +226,7 @@ async def _whole(events: Events, event: Optional[Event], render: Render, logprob
     if generation:
         _ended(entry, value)
     if value is None:  # cancelled: nobody is listening
-        return JSONResponse({}, status_code=CANCELLED)
+        return JSONResponse({}, status_code=CLIENT_CLOSED)  # nobody reads it
     return build(value)
 
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..events import GenerationStats
-from .http import ApiError
+from .http import CLIENT_CLOSED, ApiError
 
 #: Seconds between two progress lines of one prompt.
 PROGRESS_SECONDS = 10.0
@@ -27,8 +27,6 @@ PROGRESS_SECONDS = 10.0
 PROMPT_CHARS = 120
 #: Paths that monitors poll: their lines only in a verbose log, so they do not bury the requests'.
 POLLED = ("/health", "/metrics")
-#: The status of a request its client hung up on before the answer was whole (nginx's convention).
-HUNG_UP = 499
 
 #: The API a path belongs to, by prefix (the first that matches).
 APIS = (("/v1/chat/completions", "openai"), ("/v1/completions", "openai"), ("/v1/responses", "responses"),
@@ -61,6 +59,7 @@ class Entry:
         first_token: seconds from ``started`` to the first token sent.
         prompt: the start of the prompt's text (written only by a verbose log).
         completed: whether the whole response was sent.
+        read_so_far: for a generation given up while it read its prompt, the prompt tokens the model held.
         say: where the request's progress lines go (the log's own lines).
         progress_at: when the last progress line was written (monotonic seconds).
         reading_since: when the prompt was first seen being read, and how many of its tokens were read then.
@@ -80,6 +79,7 @@ class Entry:
     first_token: Optional[float] = None
     prompt: Optional[str] = None
     completed: bool = False
+    read_so_far: Optional[int] = None
     say: Optional[Callable[[str], None]] = field(default=None, repr=False)
     progress_at: float = 0.0
     reading_since: Optional[tuple[float, int]] = None
@@ -88,9 +88,9 @@ class Entry:
         """The request's line: clock time, API and route, model, status, then what it did and how it ended."""
         parts = [time.strftime("%H:%M:%S", time.localtime(self.wall)), api_of(self.path),
                  f"{self.method} {self.path}", self.model or "-", str(self.status if self.status is not None
-                                                                     else HUNG_UP)]
+                                                                     else CLIENT_CLOSED)]
         if self.stats is not None:
-            parts.append(_generation(self.stats, self.first_token))
+            parts.append(_generation(self.stats, self.first_token, self.read_so_far))
         parts.append(f"{now - self.started:.2f} s")
         ended = self._ended()
         if ended:
@@ -106,14 +106,17 @@ class Entry:
     def _ended(self) -> str:
         if self.error is not None:
             return f"{'failed' if self.error_status >= 500 else 'refused'}: {self.error}"
-        if self.status in (None, HUNG_UP) or self.outcome == "cancelled" or not self.completed:
+        if self.status in (None, CLIENT_CLOSED) or self.outcome == "cancelled" or not self.completed:
             return "cancelled by the client"
         return f"ended: {self.outcome}" if self.outcome else ""
 
 
-def _generation(stats: GenerationStats, first_token: Optional[float]) -> str:
-    """A generation's counts: prompt tokens read and restored, tokens generated, drafted and accepted."""
+def _generation(stats: GenerationStats, first_token: Optional[float], read_so_far: Optional[int] = None) -> str:
+    """A generation's counts: prompt tokens read (``read_so_far``: of a prompt given up while it was read, the
+    tokens the model held) and restored, tokens generated, drafted and accepted."""
     read = stats.prompt_tokens - stats.cached_prompt_tokens
+    if read_so_far is not None:
+        read = read_so_far - stats.cached_prompt_tokens
     live = stats.cached_prompt_tokens - stats.restored_prompt_tokens
     prompt = f"prompt {stats.prompt_tokens} (read {read}, restored {stats.restored_prompt_tokens}"
     prompt += f", kept {live})" if live else ")"
@@ -181,6 +184,11 @@ class RequestLog:
 
         try:
             await self.app(scope, receive, sent)
+        except Exception as exc:  # answered 500 by the outermost error handler, after this line
+            if entry.status is None:
+                entry.status = 500
+                entry.noted(ApiError(500, f"The request failed: {exc!r}.", type="server_error"))
+            raise
         finally:
             if self.verbose or entry.path not in POLLED or entry.error is not None:
                 self.say(entry.line(self.clock(), self.verbose))

@@ -25,4 +25,5 @@ def test_prompt_read_counts_up_while_the_prompt_is_read(tiny_dir, monkeypatch):
         total = stream.prompt_tokens
         reading = seen[: -(-total // batch)]  # the prompt's decode calls, then the first rounds'
         assert total > batch * 2
+        assert len(reading) == -(-total // batch)  # the watch saw every decode call of the prompt
         assert reading == [i * batch for i in range(len(reading))]

@@ -198,3 +198,45 @@ def test_a_long_prompt_says_how_far_it_has_read(log, monkeypatch):
         assert re.fullmatch(r"reading the prompt: 3 of \d+ tokens", f[4]), line  # no speed: it did not move
     (end,) = lines.wait(3)[2:]
     assert fields(end)[4] == "200" and fields(end)[-1] in ("ended: stop", "ended: length"), end
+
+
+def test_a_whole_answer_given_up_during_its_prompt_says_what_it_had_read(log):
+    slow, server, port, lines = log
+    slow.gate.clear()
+    slow.read = 500  # the held prompt says the model holds 500 of its tokens, those the caches gave included
+    body = {"model": "target", "messages": MESSAGES, "max_tokens": 4}  # not streamed
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(post("/v1/messages", body, port))
+            deadline = time.monotonic() + 10
+            while not server.jobs or next(iter(server.jobs)).stream is None:  # its prompt is being read
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        (line,) = lines.wait(1)
+    finally:
+        slow.read = None
+        slow.gate.set()
+    f = fields(line)
+    assert f[1:5] == ["anthropic", "POST /v1/messages", "target", "499"], line
+    counts = re.match(r"prompt \d+ \(read (-?\d+), restored (\d+)(?:, kept (\d+))?\), generated 0 \(", f[5])
+    assert counts, line
+    read, restored, kept = (int(n or 0) for n in counts.groups())
+    assert read == 500 - restored - kept, line  # what it had read, not what it would have
+    assert f[-1] == "cancelled by the client", line
+
+
+def test_a_route_that_fails_is_logged_as_a_500_with_its_reason(log, monkeypatch):
+    _, _, port, lines = log
+    from localspec.server.openai import routes
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(routes, "parse_request", broken)
+    with pytest.raises(openai.InternalServerError):
+        openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0).chat.completions.create(
+            model="target", messages=MESSAGES, max_tokens=4)
+    (line,) = lines.wait(1)
+    f = fields(line)
+    assert f[1:5] == ["openai", "POST /v1/chat/completions", "-", "500"], line
+    assert f[-1] == "failed: The request failed: RuntimeError('boom').", line
