@@ -172,7 +172,7 @@ def _opened(request: Request, server: Server, req: GenerationRequest) -> None:
     """What the request's log line says of a generation before it starts."""
     entry = entry_of(request.scope)
     if entry is not None:
-        entry.model, entry.stream, entry.prompt = server.name, req.stream, describe(req)
+        entry.model, entry.prompt = server.name, describe(req)
 
 
 def _ended(entry: Optional[Entry], result: Optional[Result]) -> None:

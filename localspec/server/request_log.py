@@ -50,12 +50,10 @@ class Entry:
         wall: ``time.time()`` then, for the line's clock time.
         status: the status answered (None until the response starts).
         model: the model a generation ran on.
-        stream: whether the answer was streamed.
         error: the sentence of the error answered, if one was.
         error_status: that error's status (a stream's error comes after its 200).
-        outcome: how a generation ended: its finish reason, "cancelled" (its client hung up), "refused",
-            "failed".
-        stats: a finished generation's statistics.
+        outcome: how a generation ended: its finish reason, or "cancelled" (its client hung up).
+        stats: a generation's statistics: a finished one's, or what one given up had done.
         first_token: seconds from ``started`` to the first token sent.
         prompt: the start of the prompt's text (written only by a verbose log).
         completed: whether the whole response was sent.
@@ -71,7 +69,6 @@ class Entry:
     wall: float
     status: Optional[int] = None
     model: Optional[str] = None
-    stream: bool = False
     error: Optional[str] = None
     error_status: int = 0
     outcome: Optional[str] = None

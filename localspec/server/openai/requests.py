@@ -199,7 +199,7 @@ def parse_request(body: Any, chat: bool, defaults: GenerationOptions, limits: Li
     include_usage = req.stream_options.include_usage if req.stream_options else False
     if isinstance(req, ChatBody):
         return GenerationRequest(True, _messages(req.messages), None, options, stream, include_usage,
-                           tools=_tools(req), template_vars=template_vars)
+                                 tools=_tools(req), template_vars=template_vars)
     assert isinstance(req, CompletionBody)
     given = next((f for f in ("tools", "tool_choice", "parallel_tool_calls") if getattr(req, f) is not None), None)
     if given is not None:
