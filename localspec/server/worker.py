@@ -72,9 +72,17 @@ class Job:
     future: Optional[concurrent.futures.Future] = None  # its place on the worker, while it waits or runs
     stream: Optional[Stream] = None  # once the worker has started it
     checked: float = field(default_factory=time.monotonic)  # when the client was last seen connected
+    admitted: Optional[set[Job]] = None  # the server's admitted jobs, which its final event takes it out of
 
     def put(self, kind: str, value: Any) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        self.loop.call_soon_threadsafe(self._deliver, kind, value)
+
+    def _deliver(self, kind: str, value: Any) -> None:
+        """On the loop: a final event leaves admission in the same callback, so a client that has its answer
+        never finds the request still counted as running."""
+        if kind in ("done", "error") and self.admitted is not None:
+            self.admitted.discard(self)
+        self.events.put_nowait((kind, value))
 
 
 class Server:
@@ -146,7 +154,7 @@ class Server:
             raise ApiError(503, f"The server is busy: one generation is running and {self.max_queue} are "
                            "waiting; try again shortly.", type="server_error", code="server_busy",
                            headers={"Retry-After": "5"})
-        job = Job(request, asyncio.get_running_loop(), task)
+        job = Job(request, asyncio.get_running_loop(), task, admitted=self.jobs)
         self.jobs.add(job)
         job.future = self.worker.submit(self.generate, job)
         return job
