@@ -164,11 +164,14 @@ class Generation:
                     return "length"
                 if self._cancel.is_set():
                     return "interrupted"
+                k = min(self.k, room)
                 if behind:
-                    start, behind = self._catch_up(start), False
-                    if self._cancel.is_set():  # cancelled while the drafter read the prompt
-                        return "interrupted"
-                pending, rows = self._round(min(self.k, room))
+                    start, behind = self._catch_up(start, self._prompt), False
+                if self.drafter is not None and self.drafter.deferred(self._context[:self._n], k):
+                    start = self._catch_up(start, self._context[:self._n])  # a reading put off until it pays
+                if self._cancel.is_set():  # cancelled while the drafter read the prompt
+                    return "interrupted"
+                pending, rows = self._round(k)
         finally:
             self._settle(start)
 
@@ -198,31 +201,34 @@ class Generation:
         self.stats.prefill_seconds = time.perf_counter() - t_start
         return first
 
-    def _catch_up(self, start: tuple[float, float, tuple[int, int]]) -> tuple[float, float, tuple[int, int]]:
+    def _catch_up(self, start: tuple[float, float, tuple[int, int]],
+                  context: np.ndarray) -> tuple[float, float, tuple[int, int]]:
         """The drafter processes the prompt, after the first token: the reply starts as soon as the target
-        has read the prompt, and a reply of one token never waits for the drafter. Its time counts as
-        prompt processing, not decoding; ``start``'s llama.cpp time moves past it."""
+        has read the prompt, and a reply of one token never waits for the drafter (``context``: the prompt,
+        or the context so far for a reading the drafter put off). Its time counts as prompt processing, not
+        decoding; ``start``'s llama.cpp time moves past it."""
         assert self.drafter is not None
         t0, busy = time.perf_counter(), self._llama_busy()
-        self._prefill_drafter(self.drafter)
+        self._prefill_drafter(self.drafter, context)
         spent = time.perf_counter() - t0
         self.stats.prefill_seconds += spent
         if self._t_mark is not None:
             self._t_mark += spent
         return start[0] + self._llama_busy() - busy, start[1], start[2]
 
-    def _prefill_drafter(self, drafter: Drafter) -> None:
-        """The drafter processes the prompt before round 1; its models start from the prompt cache."""
-        cache, prompt = self.prompt_cache, self._prompt
+    def _prefill_drafter(self, drafter: Drafter, context: np.ndarray) -> None:
+        """The drafter processes ``context``; its models start from the prompt cache."""
+        cache = self.prompt_cache
         if cache is None:
-            drafter.prefill(prompt)
+            drafter.prefill(context)
             return
         models = [m for m in drafter.models if isinstance(m, Model) and m is not self.target]
         for m in models:
-            cache.restore(m, prompt[:-1])
-        drafter.prefill(prompt)
+            cache.restore(m, context[:-1])
+        drafter.prefill(context)
         for m in models:
-            if not m.cuts_after_load:  # an attention cache is saved once, at the end (see ``_settle``)
+            # an attention cache is saved once, at the end (see ``_settle``); a recurrent state where it read to
+            if not m.cuts_after_load and m.n_past == len(context) - 1:
                 cache.save(m)
 
     def _process_prompt(self) -> np.ndarray:

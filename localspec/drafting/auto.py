@@ -53,6 +53,7 @@ from .drafters import (
     Drafter,
     DraftGuide,
     DraftingContext,
+    ModelDrafter,
     MtpDrafter,
 )
 from .estimates import AcceptanceEstimate
@@ -89,6 +90,10 @@ class _Bet:
 #: many as a drafting round on a CPU verifies, so the estimate says what such a round would keep.
 SHADOW_K = 4
 
+#: The fewest tokens a reply is expected to run on for (see ``AutoDrafter.deferred``): a reply is taken to go on
+#: for as many tokens again as it has, and at least this many, within its ``max_tokens``.
+MIN_HORIZON = 16
+
 #: Rounds of two tokens that must have been timed before the profile's cost for them is taken on trust:
 #: until then auto explores drafting now and then even where the profile says it cannot pay.
 COST_EVIDENCE = 3
@@ -105,12 +110,15 @@ class AutoDrafter(Drafter):
             to re-check a method the estimates have ruled out.
         correction: real rounds' costs, folded into ``profile`` when it is next read (see ``costs.CostCorrection``);
             shared with the caller, who may keep it for the next generation. None: the profile as it is.
+        max_tokens: the most tokens the generation may give (None: no limit), which bounds what a draft model's
+            reading of the prompt can pay back (see ``deferred``).
     """
 
     name = AUTO.name
 
     def __init__(self, profile: CostProfile, candidates: Sequence[Candidate], kmax: int = AUTO_KMAX,
-                 explore_every: int = 32, correction: Optional[CostCorrection] = None):
+                 explore_every: int = 32, correction: Optional[CostCorrection] = None,
+                 max_tokens: Optional[int] = None):
         self.base_profile = profile
         self.correction = correction
         self._profile = correction.apply(profile) if correction is not None else profile
@@ -132,6 +140,11 @@ class AutoDrafter(Drafter):
         # a free guesser's drafting round under way: the tokens and cost (in steps) it was chosen for, and
         # the tokens it gave once verified
         self._bet: Optional[_Bet] = None
+        self.max_tokens = max_tokens
+        self._prompt_len = 0
+        # draft models that have not read the prompt (by candidate name), and those to read it before this round
+        self._cold: dict[str, Candidate] = {}
+        self._due: list[Candidate] = []
 
     @property
     def profile(self) -> CostProfile:
@@ -141,10 +154,47 @@ class AutoDrafter(Drafter):
         return self._profile
 
     def prefill(self, context: np.ndarray) -> None:
+        """A search notes where the prompt ends; a draft model reads it only once that pays (see ``deferred``),
+        when it is called again with the context so far."""
+        if self._due:  # the deferred reading: the engine's second call
+            for c in self._due:
+                c.drafter.prefill(context)
+                self._cold.pop(c.name, None)
+            self._due = []
+            return
         if self.correction is not None:  # a generation starts: earlier generations' gains count less
             self.correction.new_generation()
-        for c in self.candidates:  # a draft model processes the prompt now; a search notes where it ends
-            c.drafter.prefill(context)
+        self._prompt_len, self._cold = len(context), {}
+        for c in self.candidates:
+            if isinstance(c.drafter, ModelDrafter) and not c.free:
+                self._cold[c.name] = c
+            else:
+                c.drafter.prefill(context)
+
+    def deferred(self, context: np.ndarray, k: int) -> bool:
+        """Whether a draft model that has not read the context should now: when what it is predicted to save
+        over the rest of the reply (as many tokens again as it has, at least ``MIN_HORIZON``, within
+        ``max_tokens``) exceeds the reading's cost, estimated from its step and the target's batch curve. A
+        prompt the prompt cache gave it costs almost nothing to finish; a 20k-token one on a CPU is never
+        worth it for a short reply."""
+        self._due = [c for c in self._cold.values() if self._reading_pays(c, context, min(k, self.kmax))]
+        return bool(self._due)
+
+    def _reading_pays(self, c: Candidate, context: np.ndarray, kmax: int) -> bool:
+        profile = self.profile
+        unread = max(len(context) - 1 - m.common_prefix(context[:-1]) for m in c.models)
+        if unread <= kmax or not profile.draft_step:
+            return True  # no more than a round's own catching up, or no cost known to weigh
+        generated = len(context) - self._prompt_len
+        horizon = max(generated, MIN_HORIZON)
+        if self.max_tokens is not None:
+            horizon = min(horizon, self.max_tokens - generated)
+        alpha = min(c.ceiling, next(iter(c.estimates.values())).alpha)
+        kk, speed = best_k(profile, c.method, alpha, kmax, min_gain=MIN_GAIN)
+        if kk == 0 or horizon <= 0:
+            return False
+        per_token = profile.draft_step * profile.verify[-1] / (len(profile.verify) * profile.verify[0])
+        return horizon * (1 - 1 / speed) * profile.verify[0] > unread * per_token
 
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """Choose a method and K for this round and return its draft (empty for plain)."""
@@ -202,6 +252,8 @@ class AutoDrafter(Drafter):
         forced = guide.forced if guide is not None else 0
         for c in self.candidates:
             if forced and isinstance(c.drafter, MtpDrafter):  # the head drafts only where the target has been
+                continue
+            if c.name in self._cold:  # a draft model that has not read the prompt (see ``deferred``)
                 continue
             offer = c.offer(context, kmax, rng)
             if offer is None:
@@ -314,7 +366,8 @@ def build_auto(ctx: DraftingContext, extra: Sequence[Candidate] = ()) -> AutoDra
     if ctx.profile is None:
         raise ConfigError("Method 'auto' needs the machine's cost profile; build it through a Pair, or give one.")
     candidates = [c for m in REGISTRY if m.candidate is not None for c in [m.candidate(ctx)] if c is not None]
-    return AutoDrafter(ctx.profile, [*candidates, *extra], kmax=ctx.k, correction=ctx.correction)
+    return AutoDrafter(ctx.profile, [*candidates, *extra], kmax=ctx.k, correction=ctx.correction,
+                       max_tokens=ctx.options.max_tokens)
 
 
 REGISTRY.attach(AUTO.name, build=build_auto)

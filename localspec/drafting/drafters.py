@@ -151,7 +151,16 @@ class Drafter:
     models: tuple[Model, ...] = ()
 
     def prefill(self, context: np.ndarray) -> None:
-        """The prompt is ``context``: prepare for the first proposal (a draft model processes it now)."""
+        """The prompt is ``context``: prepare for the first proposal (a draft model processes it now).
+
+        A drafter that put off reading it (auto, for a draft model that may never pay) is called again with
+        the context so far once ``deferred`` says so."""
+
+    def deferred(self, context: np.ndarray, k: int) -> bool:
+        """Whether ``prefill`` put off reading the prompt into a model that the round after ``context`` (of up
+        to ``k`` drafted tokens) should have: the engine then calls ``prefill(context)`` before the round,
+        timed as prompt processing. Never, by default."""
+        return False
 
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """Up to ``k`` guessed tokens that continue ``context``."""

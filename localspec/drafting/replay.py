@@ -132,6 +132,8 @@ def replay_rounds(req: Recorded, drafter: Drafter, k: int, profile: Optional[Cos
     context, done, rounds = list(prompt) + reply[:1], min(1, len(reply)), []
     drafter.prefill(np.asarray(prompt, dtype=np.int32))
     while done < len(reply):
+        if drafter.deferred(np.asarray(context, dtype=np.int32), k):  # as the engine: a reading put off, now due
+            drafter.prefill(np.asarray(context, dtype=np.int32))
         draft = drafter.propose(np.asarray(context, dtype=np.int32), k, rng)
         drafted = len(draft.tokens)
         kept = kept_prefix(draft.tokens, reply[done:])
