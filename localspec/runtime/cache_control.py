@@ -55,6 +55,8 @@ class CacheControl:
     _undo_floor: int
     _checkpoints: list[Checkpoint]
     _file_identity: str
+    seq: int
+    n_seq: int
 
     if TYPE_CHECKING:  # defined by ``Model`` and ``ModelVocabulary``
         def eval(self, tokens: Tokens, *, logits: Any = "last", abort: Optional[threading.Event] = None
@@ -87,7 +89,7 @@ class CacheControl:
         self._repair()
         t0 = time.perf_counter()
         with self._log:
-            self._checkpoints.append(memory.save(self._ctx, self._n))
+            self._checkpoints.append(memory.save(self._ctx, self._n, self.seq))
         del self._checkpoints[:-MAX_CHECKPOINTS]
         self.busy_seconds += time.perf_counter() - t0
 
@@ -117,7 +119,7 @@ class CacheControl:
             self.reset()
             return
         self._checkpoints = [c for c in self._checkpoints if c.position <= n]
-        if n >= self._undo_floor and ll.llama_memory_seq_rm(self._mem, 0, n, -1):
+        if n >= self._undo_floor and ll.llama_memory_seq_rm(self._mem, self.seq, n, -1):
             self._n = n
             if self.memory.kind == memory.ROLLBACK:
                 self._undo_floor = n  # a rollback is single-use until the next decode
@@ -129,12 +131,12 @@ class CacheControl:
         t0 = time.perf_counter()
         start = self._checkpoints[-1] if self._checkpoints else None  # every checkpoint is at most n
         with self._log:
-            if start is None or not memory.restore(self._ctx, start):
-                ll.llama_memory_clear(self._mem, True)
+            if start is None or not memory.restore(self._ctx, start, self.seq):
+                self._clear()
                 start = None
                 self._checkpoints.clear()  # one llama.cpp refused is no use, nor are the older ones it hid
             at = start.position if start is not None else 0
-            if not ll.llama_memory_seq_rm(self._mem, 0, at, -1):  # the attention part of a hybrid, past the state
+            if not ll.llama_memory_seq_rm(self._mem, self.seq, at, -1):  # a hybrid's attention part, past the state
                 raise BackendError(f"llama.cpp could not cut the cache of {self.path.name} back to position {at}.")
         self._n = self._undo_floor = at
         self.rewinds += 1
@@ -149,11 +151,18 @@ class CacheControl:
             self.eval(again, logits="none")
 
     def reset(self) -> None:
-        """Empty the cache."""
-        ll.llama_memory_clear(self._mem, True)
+        """Empty the cache (this sequence's part of it, where the context holds several)."""
+        self._clear()
         self._n = self._undo_floor = 0
         self._dirty = False
         self._checkpoints.clear()
+
+    def _clear(self) -> None:
+        """Empty llama.cpp's memory of this sequence: all of it where the context holds one."""
+        if self.n_seq == 1:
+            ll.llama_memory_clear(self._mem, True)
+        else:
+            ll.llama_memory_seq_rm(self._mem, self.seq, -1, -1)
 
     # -- whole states -------------------------------------------------------------
 
@@ -185,7 +194,7 @@ class CacheControl:
         self._repair()
         t0 = time.perf_counter()
         with self._log:
-            data = memory.save_sequence(self._ctx)
+            data = memory.save_sequence(self._ctx, self.seq)
         if self._ext is not None:
             data += self.hidden[: self._n].data.cast("B")  # the rows' bytes, without a copy of them first
         self.busy_seconds += time.perf_counter() - t0
@@ -205,7 +214,7 @@ class CacheControl:
         self._repair()
         t0 = time.perf_counter()
         with self._log:
-            ok = memory.restore_sequence(self._ctx, data, len(data) - rows)
+            ok = memory.restore_sequence(self._ctx, data, len(data) - rows, self.seq)
         self.busy_seconds += time.perf_counter() - t0
         self._checkpoints.clear()
         if not ok:

@@ -87,54 +87,54 @@ def inspect(model: Any, ctx: Any) -> MemoryInfo:
     return MemoryInfo(kind, n_rs, hybrid)
 
 
-def with_state_size(info: MemoryInfo, ctx: Any) -> MemoryInfo:
-    """``info`` with the size of a checkpoint of the current state filled in (once the state holds a token)."""
+def with_state_size(info: MemoryInfo, ctx: Any, seq: int = 0) -> MemoryInfo:
+    """``info`` with the size of a checkpoint of sequence ``seq``'s state filled in (once it holds a token)."""
     if info.kind == FULL:
         return info
-    return dataclasses.replace(info, state_bytes=int(ll.llama_state_seq_get_size_ext(ctx, 0, _PARTIAL)))
+    return dataclasses.replace(info, state_bytes=int(ll.llama_state_seq_get_size_ext(ctx, seq, _PARTIAL)))
 
 
 @dataclass
 class Checkpoint:
-    """A saved copy of the part of sequence 0's memory that cannot be cut back, at ``position`` tokens."""
+    """A saved copy of the part of a sequence's memory that cannot be cut back, at ``position`` tokens."""
 
     position: int
     data: ctypes.Array
 
 
-def save(ctx: Any, position: int) -> Checkpoint:
-    """Copy the state of sequence 0 (which holds ``position`` tokens) out of the context."""
-    size = int(ll.llama_state_seq_get_size_ext(ctx, 0, _PARTIAL))
+def save(ctx: Any, position: int, seq: int = 0) -> Checkpoint:
+    """Copy the state of sequence ``seq`` (which holds ``position`` tokens) out of the context."""
+    size = int(ll.llama_state_seq_get_size_ext(ctx, seq, _PARTIAL))
     buf = (ctypes.c_uint8 * size)()
-    written = int(ll.llama_state_seq_get_data_ext(ctx, buf, size, 0, _PARTIAL))
+    written = int(ll.llama_state_seq_get_data_ext(ctx, buf, size, seq, _PARTIAL))
     return Checkpoint(position, buf if written == size else (ctypes.c_uint8 * written).from_buffer_copy(buf))
 
 
-def restore(ctx: Any, checkpoint: Checkpoint) -> bool:
-    """Put a checkpoint's state back into sequence 0; False if llama.cpp refused it."""
+def restore(ctx: Any, checkpoint: Checkpoint, seq: int = 0) -> bool:
+    """Put a checkpoint's state back into sequence ``seq``; False if llama.cpp refused it."""
     n = len(checkpoint.data)
-    return int(ll.llama_state_seq_set_data_ext(ctx, checkpoint.data, n, 0, _PARTIAL)) == n
+    return int(ll.llama_state_seq_set_data_ext(ctx, checkpoint.data, n, seq, _PARTIAL)) == n
 
 
 
 
-def save_sequence(ctx: Any) -> bytearray:
-    """The whole state of sequence 0 (attention cache and recurrent state), as llama.cpp serializes it."""
-    size = int(ll.llama_state_seq_get_size_ext(ctx, 0, 0))
+def save_sequence(ctx: Any, seq: int = 0) -> bytearray:
+    """The whole state of sequence ``seq`` (attention cache and recurrent state), as llama.cpp serializes it."""
+    size = int(ll.llama_state_seq_get_size_ext(ctx, seq, 0))
     buf = bytearray(size)
     view = (ctypes.c_uint8 * size).from_buffer(buf)  # llama.cpp writes straight into the bytes kept
-    written = int(ll.llama_state_seq_get_data_ext(ctx, view, size, 0, 0))
+    written = int(ll.llama_state_seq_get_data_ext(ctx, view, size, seq, 0))
     del view  # a bytearray cannot be resized while a ctypes view holds it
     del buf[written:]
     return buf
 
 
-def restore_sequence(ctx: Any, data: Union[bytes, bytearray], size: Optional[int] = None) -> bool:
-    """Replace sequence 0's whole state with the first ``size`` bytes of ``data`` (default: all of it, as
+def restore_sequence(ctx: Any, data: Union[bytes, bytearray], size: Optional[int] = None, seq: int = 0) -> bool:
+    """Replace sequence ``seq``'s whole state with the first ``size`` bytes of ``data`` (default: all of it, as
     ``save_sequence`` gave it); False if llama.cpp refused it. ``data`` is read in place, not copied."""
     size = len(data) if size is None else size
     if isinstance(data, bytearray):
         src: Any = (ctypes.c_uint8 * size).from_buffer(data)
     else:  # read-only bytes (from disk): a pointer to them
         src = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
-    return int(ll.llama_state_seq_set_data_ext(ctx, src, size, 0, 0)) == size
+    return int(ll.llama_state_seq_set_data_ext(ctx, src, size, seq, 0)) == size

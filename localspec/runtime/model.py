@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import BackendError, ConfigError, ContextOverflowError, GenerationCancelled, ModelFileError
 from . import memory
+from .batching import StepBatcher
 from .cache_control import CacheControl
 from .gguf_metadata import check_gguf
 from .hugepages import HugePages
@@ -41,6 +42,9 @@ from .process import (
 )
 from .vocabulary import ModelVocabulary, Tokens
 from .vocabulary import common_prefix as prefix_length
+
+#: The most sequences one context holds (llama.cpp's own limit is 256).
+MAX_SEQUENCES = 64
 
 LogitsWanted = Literal["last", "all", "none"]
 #: On the CPU, contexts of this many tokens or more get flash attention unless told otherwise: they are
@@ -76,6 +80,8 @@ class Model(CacheControl, ModelVocabulary):
             Longer drafts take a checkpoint instead. Ignored for other models.
         verbose: let llama.cpp print its log to stderr, and say when the cache
             had to go back to a checkpoint or to the start.
+        n_seq: sequences the context holds, in one unified cache of ``n_ctx``
+            cells: this object is sequence 0, ``sequence(i)`` gives the others.
 
     Raises:
         ModelFileError: the file is missing, not a GGUF, or llama.cpp cannot load it.
@@ -96,6 +102,7 @@ class Model(CacheControl, ModelVocabulary):
         huge_pages: bool = True,
         rollback_tokens: int = 8,
         verbose: bool = False,
+        n_seq: int = 1,
     ):
         self.path = check_gguf(path)
         if n_ctx < 0:
@@ -104,12 +111,18 @@ class Model(CacheControl, ModelVocabulary):
             raise ConfigError(f"Unknown KV cache type {cache_type!r}; choose one of {', '.join(CACHE_TYPES)}.")
         if rollback_tokens < 0:
             raise ConfigError(f"rollback_tokens must be >= 0, got {rollback_tokens}.")
+        if not 1 <= n_seq <= MAX_SEQUENCES:
+            raise ConfigError(f"A context holds 1 to {MAX_SEQUENCES} sequences, got {n_seq}.")
         self._log = LlamaLog(verbose)
         self.verbose = verbose
         # what ``reopen`` loads again (the thread counts are read when it is called: they may have been set since)
         self._settings: dict[str, Any] = dict(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_batch=n_batch,
                                               cache_type=cache_type, flash_attn=flash_attn, huge_pages=huge_pages,
-                                              rollback_tokens=rollback_tokens, verbose=verbose)
+                                              rollback_tokens=rollback_tokens, verbose=verbose, n_seq=n_seq)
+        #: Which of the context's sequences this object reads and writes, and how many the context holds.
+        self.seq, self.n_seq = 0, n_seq
+        self._owner = True  # False for another sequence's view of the same context (see ``sequence``)
+        self._batcher: Optional[StepBatcher] = None  # where decode calls go to be batched with other sequences'
         #: True when the caller left the thread count to localspec (see ``calibration.choose_threads``).
         self.threads_unset = not n_threads
         self.n_threads = n_threads if n_threads else default_threads()
@@ -126,7 +139,7 @@ class Model(CacheControl, ModelVocabulary):
         # and their pages are best left where the driver put them.
         pages = HugePages(huge_pages and not gpu_offload_supported())
         self._model = load_weights(self.path, n_gpu_layers, self._log)
-        self._create_context(n_ctx, n_batch, cache_type, flash_attn, rollback_tokens)
+        self._create_context(n_ctx, n_batch, cache_type, flash_attn, rollback_tokens, n_seq)
         pages.apply()
         #: Bytes of llama.cpp's buffers advised to use huge pages (0: none; see ``hugepages``).
         self.huge_page_bytes = pages.advised
@@ -134,10 +147,10 @@ class Model(CacheControl, ModelVocabulary):
         self._init_memory()
         self._file_identity = self._identity_at_load()
         # One batch reused for every decode, filled through numpy views of its arrays.
-        self._batch, self._b_token, self._b_pos, self._b_logits = one_sequence_batch(self.n_batch)
+        self._batch, self._b_token, self._b_pos, self._b_logits = one_sequence_batch(self.n_batch, self.seq)
 
     def _create_context(self, n_ctx: int, n_batch: int, cache_type: str, flash_attn: Optional[bool],
-                        rollback_tokens: int) -> None:
+                        rollback_tokens: int, n_seq: int) -> None:
         if n_ctx == 0:
             n_ctx = int(ll.llama_model_n_ctx_train(self._model))
         if flash_attn is None and not (self.n_gpu_layers != 0 and gpu_offload_supported()):
@@ -148,7 +161,7 @@ class Model(CacheControl, ModelVocabulary):
             flash_attn = n_ctx >= FLASH_ATTN_CONTEXT
         self.flash_attn = flash_attn
         cparams = context_params(n_ctx, min(n_batch, n_ctx), self.n_threads, self.n_threads_batch, cache_type,
-                                 flash_attn)
+                                 flash_attn, n_seq)
         self._cparams = cparams  # for a second context over the same weights (an MTP head)
         recurrent = ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model)
         cparams.n_rs_seq = rollback_tokens if recurrent else 0  # llama.cpp clamps it to 0 where it cannot
@@ -192,6 +205,9 @@ class Model(CacheControl, ModelVocabulary):
         self.busy_seconds = 0.0
         #: Number of decode calls made.
         self.decode_calls = 0
+        #: The most sequences one of its decodes held since this was last set to 1 (a generation does at its
+        #: start): more than 1 when a ``StepBatcher`` decoded it with other sequences.
+        self.widest_batch = 1
 
     # -- lifetime -----------------------------------------------------------
 
@@ -200,11 +216,40 @@ class Model(CacheControl, ModelVocabulary):
         its own, so that two generations can run side by side (the bench's lockstep mode)."""
         return Model(self.path, n_threads=self.n_threads, n_threads_batch=self.n_threads_batch, **self._settings)
 
+    def sequence(self, seq: int) -> Model:
+        """Sequence ``seq`` of this context: a model of its own record and cache over the same weights and cells
+        (``n_seq`` at load). Each is evaluated, cut back, checkpointed, saved and loaded alone; decoded through
+        one ``StepBatcher``, sequences that evaluate at the same time share one llama.cpp decode. Closing a
+        sequence frees only its own batch; the context goes with the model that loaded it."""
+        if not 0 < seq < self.n_seq or self.seq != 0:
+            raise ConfigError(f"{self.path.name} was loaded with {self.n_seq} sequence(s); sequence {seq} is not one "
+                              "of the others (load it with n_seq larger).")
+        if self._ext is not None:
+            raise ConfigError("A model whose hidden states feed an MTP head holds one sequence.")
+        view = object.__new__(Model)
+        view.__dict__.update(self.__dict__)
+        view.seq, view._owner, view._batcher = seq, False, None
+        view._tokens = np.zeros(self.n_ctx, dtype=np.int32)
+        view._n = view._undo_floor = 0
+        view._dirty = False
+        view._checkpoints = []
+        view.rewinds = view.replayed_tokens = view.decode_calls = 0
+        view.widest_batch = 1
+        view.busy_seconds = 0.0
+        view._batch, view._b_token, view._b_pos, view._b_logits = one_sequence_batch(self.n_batch, seq)
+        return view
+
+    def attach(self, batcher: Optional[StepBatcher]) -> None:
+        """Send this sequence's decode calls to ``batcher`` (None: decode alone again)."""
+        self._batcher = batcher
+
     def close(self) -> None:
-        """Free the context and the model. The object cannot be used afterwards."""
+        """Free the context and the model (a sequence's view: its batch). The object cannot be used afterwards."""
         if self._batch is not None:
             ll.llama_batch_free(self._batch)
             self._batch = None
+        if not self._owner:
+            return
         if self._ctx:
             ll.llama_free(self._ctx)
             self._ctx = None
@@ -284,7 +329,8 @@ class Model(CacheControl, ModelVocabulary):
             )
         earlier: list[np.ndarray] = []
         out = np.zeros((0, self.n_vocab), dtype=np.float32)
-        with abort_hook(self._ctx, abort if n > 1 else None):
+        # the hook is the context's: a batcher's decode serves other sequences too, so it checks abort itself
+        with abort_hook(self._ctx, abort if n > 1 and self._batcher is None else None):
             for start in range(0, n, self.n_batch):
                 if abort is not None and abort.is_set():
                     raise GenerationCancelled(f"Cancelled before position {self._n} of {self.path.name}.")
@@ -312,13 +358,24 @@ class Model(CacheControl, ModelVocabulary):
         self._batch.n_tokens = m  # type: ignore[union-attr]
         t0 = time.perf_counter()
         self._dirty = True  # until the record below matches the cache again
-        with self._log:
-            rc = ll.llama_decode(self._ctx, self._batch)
+        batched: Optional[np.ndarray] = None
+        if self._batcher is not None:  # with other sequences' tokens, in one decode: its rows come copied out
+            rc, batched, spent, width = self._batcher.decode(self, m, abort)
+            self.widest_batch = max(self.widest_batch, width)
+            t0 = time.perf_counter() - spent  # llama.cpp's time, not the wait for the other sequences
+        else:
+            with self._log:
+                rc = ll.llama_decode(self._ctx, self._batch)
         if rc != 0:
             ll.llama_set_abort_callback(self._ctx, ll.ggml_abort_callback(), None)  # the repair must not abort too
             self._repair(failed=True)
             if rc == 2 and abort is not None and abort.is_set():  # 2: the abort callback said stop
                 raise GenerationCancelled(f"Cancelled at position {self._n} of {self.path.name}.")
+            if rc == 1 and self.n_seq > 1:  # no free cells: the sequences together fill the unified cache
+                raise ContextOverflowError(
+                    f"The {self.n_ctx}-token context of {self.path.name}, shared by its {self.n_seq} sequences, "
+                    f"has no room for {m} more tokens of sequence {self.seq}; shorten the input or raise the "
+                    "context length.")
             raise BackendError(
                 f"llama.cpp decode failed with code {rc} on {self.path.name} "
                 f"({m} tokens at position {self._n}); that chunk was removed from the cache."
@@ -329,9 +386,12 @@ class Model(CacheControl, ModelVocabulary):
         self._dirty = False
         self._after_decode(m)
         rows = m if logits == "all" else (1 if logits == "last" and final else 0)
-        if not rows:  # on a GPU, decode returns before the work is done; reading logits waits for it, so wait here
-            ll.llama_synchronize(self._ctx)
-        out = np.ctypeslib.as_array(ll.llama_get_logits(self._ctx), shape=(rows, self.n_vocab)) if rows else None
+        if not rows and batched is None:  # on a GPU, decode returns before the work is done; reading logits waits
+            ll.llama_synchronize(self._ctx)  # for it, so wait here (a batcher has waited)
+        if batched is not None:
+            out: Optional[np.ndarray] = batched if rows else None
+        else:
+            out = np.ctypeslib.as_array(ll.llama_get_logits(self._ctx), shape=(rows, self.n_vocab)) if rows else None
         self.busy_seconds += time.perf_counter() - t0
         self.decode_calls += 1
         return out
@@ -342,7 +402,7 @@ class Model(CacheControl, ModelVocabulary):
         if info.kind == memory.FULL:
             return
         if not info.state_bytes:
-            self.memory = memory.with_state_size(info, self._ctx)  # measurable once the state holds a token
+            self.memory = memory.with_state_size(info, self._ctx, self.seq)  # measurable once the state holds a token
             if self.verbose:
                 sys.stderr.write(f"localspec: {self.path.name}: {self.memory.describe()}\n")
         # A rollback reaches the state after any but the first of the last decode's tokens (llama.cpp
@@ -363,6 +423,9 @@ class Model(CacheControl, ModelVocabulary):
         """
         if self._ext is not None:
             return
+        if self.n_seq > 1:  # the hidden rows of a batch would mix the sequences' positions
+            raise ConfigError(f"{self.path.name} holds {self.n_seq} sequences; its MTP head drafts for a model "
+                              "loaded with one (parallel=1).")
         from llama_cpp import (
             llama_cpp_ext,  # C++ symbols, not a stable API: localspec.drafting.mtp_head checks for them
         )
@@ -416,11 +479,11 @@ class Model(CacheControl, ModelVocabulary):
             # clean-up after a failure may have "rolled back" to a snapshot that was never written.
             self._rewind(self._n, replay=True)
             return
-        held = int(ll.llama_memory_seq_pos_max(self._mem, 0)) + 1
+        held = int(ll.llama_memory_seq_pos_max(self._mem, self.seq)) + 1
         m = int(self._batch.n_tokens) if self._batch is not None else 0  # the chunk that was being decoded
         if not failed and m and held == self._n + m and self._b_pos[0] == self._n:
             self._keep_hidden_rows(m)  # it finished (llama.cpp removes a failed chunk itself): adopt it
             self._tokens[self._n : held] = self._b_token[:m]
             self._n = held
         elif held > self._n:
-            ll.llama_memory_seq_rm(self._mem, 0, self._n, -1)
+            ll.llama_memory_seq_rm(self._mem, self.seq, self._n, -1)

@@ -140,12 +140,14 @@ def load_weights(path: Path, n_gpu_layers: int, log: LlamaLog) -> ll.llama_model
 
 
 def context_params(n_ctx: int, n_batch: int, n_threads: int, n_threads_batch: int, cache_type: str,
-                   flash_attn: Optional[bool]) -> ll.llama_context_params:
-    """Settings for a one-sequence context (``flash_attn`` None: llama.cpp's choice)."""
+                   flash_attn: Optional[bool], n_seq: int = 1) -> ll.llama_context_params:
+    """Settings for a context of ``n_seq`` sequences (``flash_attn`` None: llama.cpp's choice). Several share one
+    unified cache of ``n_ctx`` cells, so each may use all of them that the others leave free."""
     cparams = ll.llama_context_default_params()
     cparams.n_ctx = n_ctx
     cparams.n_batch = cparams.n_ubatch = n_batch
-    cparams.n_seq_max = 1
+    cparams.n_seq_max = n_seq
+    cparams.kv_unified = n_seq > 1
     cparams.swa_full = True  # sliding-window layers keep every position, so any of them can be cut back
     cparams.n_threads = n_threads
     cparams.n_threads_batch = n_threads_batch
@@ -172,12 +174,12 @@ def abort_hook(ctx: Optional[ll.llama_context_p], abort: Optional[threading.Even
         ll.llama_set_abort_callback(ctx, ll.ggml_abort_callback(), None)  # a null pointer: no hook
 
 
-def one_sequence_batch(n: int) -> tuple[ll.llama_batch, np.ndarray, np.ndarray, np.ndarray]:
-    """A batch of up to ``n`` tokens of sequence 0, and numpy views of its token, position and logits-wanted
-    arrays, so that filling it is a few vectorised writes."""
+def one_sequence_batch(n: int, seq: int = 0) -> tuple[ll.llama_batch, np.ndarray, np.ndarray, np.ndarray]:
+    """A batch of up to ``n`` tokens of sequence ``seq``, and numpy views of its token, position and
+    logits-wanted arrays, so that filling it is a few vectorised writes."""
     batch = ll.llama_batch_init(n, 0, 1)
     views = [np.ctypeslib.as_array(a, shape=(n,)) for a in (batch.token, batch.pos, batch.logits)]
     np.ctypeslib.as_array(batch.n_seq_id, shape=(n,))[:] = 1
     for i in range(n):
-        batch.seq_id[i][0] = 0  # every token belongs to sequence 0
+        batch.seq_id[i][0] = seq  # every token belongs to the one sequence
     return batch, views[0], views[1], views[2]

@@ -1,0 +1,194 @@
+"""Decode calls of several sequences, gathered into one llama.cpp decode per context and step.
+
+Each generation runs in its own thread on its own sequence of a shared context (``Model.sequence``) and calls
+``eval`` as it would alone. A ``StepBatcher`` its sequences are attached to holds each decode call until every
+member thread is waiting in one, then decodes them together: one ``llama_decode`` per context (the target's,
+the draft model's), each call's tokens under its own sequence id. So N streams decode in lockstep, a step
+costing about what one sequence of their total tokens costs, and the code of a round (drafting, acceptance,
+cutting back) is the same as for one stream.
+
+Short calls go first and a long one (a prompt) fills what is left of the context's ``n_batch``, across as
+many steps as it needs, so a prompt being read does not hold back the streams that are decoding for more
+than one step's share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+import llama_cpp as ll
+import numpy as np
+
+
+@dataclass(eq=False)
+class _Call:
+    """One sequence's decode call: the ``m`` tokens its model's batch holds, and what came of them."""
+
+    model: Any  # the sequence's ``Model``: its batch arrays hold the call's tokens, positions and logits flags
+    m: int
+    abort: Optional[threading.Event]
+    done: int = 0  # tokens decoded so far (a long call takes several steps)
+    rows: list[np.ndarray] = field(default_factory=list)
+    rc: int = 0
+    seconds: float = 0.0
+    width: int = 1  # the most calls a decode that served it held
+    finished: bool = False
+
+    def result(self, n_vocab: int) -> np.ndarray:
+        if not self.rows:
+            return np.zeros((0, n_vocab), dtype=np.float32)
+        return self.rows[0] if len(self.rows) == 1 else np.concatenate(self.rows)
+
+
+class StepBatcher:
+    """Gathers the decode calls of the sequences attached to it (``Model.attach``) into joint decodes.
+
+    A thread takes part with ``with batcher.member():``; while it is a member, its sequences' decode calls wait
+    until every member is waiting in one (or has left), and then go together. A thread that is not a member
+    takes part for the length of its call. Every thread that uses an attached sequence's context must take
+    part: a joint decode runs only while all of them wait, so no two touch a context at once.
+
+    Attributes:
+        steps: joint decodes made.
+        widest: the most calls one decode held.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._members: set[int] = set()
+        self._calls: list[_Call] = []
+        self._batches: dict[int, tuple[Any, int]] = {}  # id of a context: its llama_batch and capacity
+        self.steps = 0
+        self.widest = 0
+
+    @contextlib.contextmanager
+    def member(self) -> Iterator[None]:
+        """The calling thread takes part until the block ends."""
+        me = threading.get_ident()
+        with self._cond:
+            self._members.add(me)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._members.discard(me)
+                self._run_while_all_wait()  # the others may have been waiting for this one alone
+
+    def decode(self, model: Any, m: int, abort: Optional[threading.Event]) -> tuple[int, np.ndarray, float, int]:
+        """Decode the ``m`` tokens ``model``'s batch holds, with the other members' calls.
+
+        Returns:
+            llama.cpp's code (0: decoded; 2: ``abort`` was set first), the rows of the tokens whose logits were
+            asked for (those finished in the last step are a view of llama.cpp's buffer, valid until this
+            thread's next call), the seconds of the decodes that served it, and the most calls one of them held.
+        """
+        call, me = _Call(model, m, abort), threading.get_ident()
+        with self._cond:
+            joined = me not in self._members
+            self._members.add(me)
+            self._calls.append(call)
+            try:
+                self._run_while_all_wait()
+                while not call.finished:
+                    self._cond.wait()
+            finally:
+                if joined:  # a copy of its rows: the steps that go on without it overwrite llama.cpp's buffer
+                    call.rows = [np.array(r) for r in call.rows]
+                    self._members.discard(me)
+                    self._run_while_all_wait()
+        return call.rc, call.result(model.n_vocab), call.seconds, call.width
+
+    def close(self) -> None:
+        """Free the batches (the batcher cannot be used afterwards)."""
+        for batch, _ in self._batches.values():
+            ll.llama_batch_free(batch)
+        self._batches.clear()
+
+    def _run_while_all_wait(self) -> None:
+        """While every member waits in a call, decode steps (each finishes at least one call unless a long one
+        needs more), then wake the threads whose calls finished."""
+        try:
+            while self._calls and len(self._calls) >= len(self._members):  # one call per waiting member
+                self._step()
+        except BaseException:
+            for call in self._calls:  # nobody may wait for a step that will not come
+                call.rc, call.finished = -1, True
+            self._calls = []
+            raise
+        finally:
+            self._cond.notify_all()
+
+    def _step(self) -> None:
+        """One decode per context over the calls: the shortest first, a long one filling the rest."""
+        calls = self._calls
+        for call in calls:
+            if call.abort is not None and call.abort.is_set():
+                call.rc, call.finished = 2, True
+        by_context: dict[int, list[_Call]] = {}
+        for call in sorted((c for c in calls if not c.finished), key=lambda c: c.m - c.done):
+            by_context.setdefault(id(call.model._ctx), []).append(call)
+        for group in by_context.values():
+            self._decode_group(group)
+        self._calls = [c for c in self._calls if not c.finished]
+
+    def _decode_group(self, group: list[_Call]) -> None:
+        """One llama.cpp decode of as much of ``group``'s calls (on one context) as its ``n_batch`` takes."""
+        first = group[0].model
+        batch, capacity = self._batch(first)
+        tokens, pos, flags = (np.ctypeslib.as_array(a, shape=(capacity,)) for a in (batch.token, batch.pos,
+                                                                                    batch.logits))
+        taken: list[tuple[_Call, int, int]] = []  # a call, how many of its tokens, how many rows they give
+        n = 0
+        for call in group:
+            take = min(call.m - call.done, capacity - n)
+            if take <= 0:
+                break
+            src = slice(call.done, call.done + take)
+            tokens[n:n + take] = call.model._b_token[src]
+            pos[n:n + take] = call.model._b_pos[src]
+            flags[n:n + take] = call.model._b_logits[src]
+            for i in range(n, n + take):
+                batch.seq_id[i][0] = call.model.seq
+            taken.append((call, take, int(np.count_nonzero(call.model._b_logits[src]))))
+            n += take
+        batch.n_tokens = n
+        t0 = time.perf_counter()
+        with first._log:
+            rc = ll.llama_decode(first._ctx, batch)
+        n_rows = sum(r for _, _, r in taken)
+        logits = None
+        if rc == 0 and n_rows:
+            logits = np.ctypeslib.as_array(ll.llama_get_logits(first._ctx), shape=(n_rows, first.n_vocab))
+        elif rc == 0:
+            ll.llama_synchronize(first._ctx)  # on a GPU the decode returns before the work is done
+        spent = time.perf_counter() - t0
+        self.steps += 1
+        self.widest = max(self.widest, len(taken))
+        row = 0
+        for call, take, r in taken:
+            call.seconds += spent
+            call.width = max(call.width, len(taken))
+            if rc != 0:
+                call.rc, call.finished = rc, True
+                continue
+            call.done += take
+            call.finished = call.done == call.m
+            if r and logits is not None:
+                rows = logits[row:row + r]
+                # a call that spans steps keeps copies: the next step overwrites the buffer
+                call.rows.append(rows if call.finished and not call.rows else np.array(rows))
+            row += r
+
+    def _batch(self, model: Any) -> tuple[Any, int]:
+        """The batch for ``model``'s context, made on first use (as many tokens as the context's ``n_batch``)."""
+        key = id(model._ctx)
+        if key not in self._batches:
+            capacity = model.n_batch
+            batch = ll.llama_batch_init(capacity, 0, 1)
+            np.ctypeslib.as_array(batch.n_seq_id, shape=(capacity,))[:] = 1
+            self._batches[key] = (batch, capacity)
+        return self._batches[key]

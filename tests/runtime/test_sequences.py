@@ -1,0 +1,209 @@
+"""Several sequences in one context: each evaluated, cut back, checkpointed, saved and loaded alone, and their
+decode calls gathered into joint decodes by a ``StepBatcher``, each giving what it gives alone."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tinyarch import write_tiny_mamba, write_tiny_qwen35
+
+from localspec.errors import ConfigError, ContextOverflowError, GenerationCancelled
+from localspec.runtime import memory
+from localspec.runtime.batching import StepBatcher
+from localspec.runtime.model import Model
+
+PROMPTS = ["The cat sat on the mat and the dog sat on the", "in the end, in the end, in the end, in the",
+           "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n", "Once upon a time there was a"]
+
+
+@pytest.fixture(scope="module")
+def recurrent_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("seqarch")
+    write_tiny_mamba(d / "mamba.gguf", seed=0)
+    write_tiny_qwen35(d / "qwen35.gguf", seed=0)
+    return d
+
+
+def greedy(model: Model, prompt: list[int], n: int) -> tuple[list[int], list[np.ndarray]]:
+    """``n`` greedy tokens after ``prompt``, one decode per token, and the rows they were chosen from."""
+    row = model.eval(prompt, logits="last")[0]
+    out, rows = [], []
+    for _ in range(n):
+        rows.append(np.array(row))
+        out.append(int(np.argmax(row)))
+        row = model.eval([out[-1]], logits="last")[0]
+    return out, rows
+
+
+def test_each_sequence_keeps_its_own_cache_and_gives_what_a_model_of_one_gives(tiny_dir):
+    with Model(tiny_dir / "target.gguf", n_ctx=1024) as alone, \
+            Model(tiny_dir / "target.gguf", n_ctx=1024, n_seq=3) as shared:
+        seqs = [shared, shared.sequence(1), shared.sequence(2)]
+        prompts = [alone.tokenize(p) for p in PROMPTS[:3]]
+        for seq, prompt in zip(seqs, prompts, strict=True):
+            seq.eval(prompt, logits="none")
+        for seq, prompt in zip(seqs, prompts, strict=True):  # interleaved: each continues from its own cells
+            alone.reset()
+            expected, expected_rows = greedy(alone, prompt, 12)
+            seq.truncate(0)
+            got, rows = greedy(seq, prompt, 12)
+            assert got == expected
+            np.testing.assert_allclose(np.array(rows), np.array(expected_rows), atol=1e-3)
+        seqs[1].truncate(5)
+        seqs[2].reset()
+        assert seqs[1].n_past == 5 and seqs[2].n_past == 0 and seqs[0].n_past == len(prompts[0]) + 12
+        alone.reset()  # what sequence 0 still holds continues as it would alone
+        held = seqs[0].tokens.tolist()
+        np.testing.assert_allclose(seqs[0].eval([7], logits="last")[0], alone.eval([*held, 7], logits="last")[0],
+                                   atol=1e-3)
+
+
+def test_a_sequence_out_of_range_is_refused_with_what_to_do(tiny_dir):
+    with Model(tiny_dir / "draft.gguf", n_ctx=256, n_seq=2) as m:
+        with pytest.raises(ConfigError, match="n_seq"):
+            m.sequence(2)
+        with pytest.raises(ConfigError, match="n_seq"):
+            m.sequence(1).sequence(1)
+    with pytest.raises(ConfigError, match="1 to"):
+        Model(tiny_dir / "draft.gguf", n_ctx=256, n_seq=0)
+
+
+def test_a_state_saved_from_one_sequence_loads_into_another_model(tiny_dir):
+    with Model(tiny_dir / "target.gguf", n_ctx=512, n_seq=2) as shared, \
+            Model(tiny_dir / "target.gguf", n_ctx=512) as alone:
+        other = shared.sequence(1)
+        shared.eval(alone.tokenize(PROMPTS[1]), logits="none")
+        prompt = alone.tokenize(PROMPTS[0])
+        expected = np.array(other.eval(prompt, logits="last")[0])
+        data = other.save_state()
+        assert alone.load_state(np.array(prompt), data)
+        other.reset()
+        assert other.load_state(np.array(prompt), data) and other.n_past == len(prompt)
+        np.testing.assert_allclose(alone.eval([5], logits="last")[0], other.eval([5], logits="last")[0], atol=1e-3)
+        assert shared.n_past == len(alone.tokenize(PROMPTS[1]))  # the other sequence was left alone
+        alone.truncate(len(prompt) - 1)
+        np.testing.assert_allclose(alone.eval(prompt[-1:], logits="last")[0], expected, atol=1e-3)
+
+
+@pytest.mark.parametrize("arch", ["mamba", "qwen35"])
+def test_a_recurrent_sequence_goes_back_through_its_own_checkpoints(recurrent_dir, arch):
+    path = recurrent_dir / f"{arch}.gguf"
+    with Model(path, n_ctx=512) as alone, Model(path, n_ctx=512, n_seq=2) as shared:
+        first, second = shared, shared.sequence(1)
+        prompt = alone.tokenize(PROMPTS[0])
+        expected, _ = greedy(alone, prompt, 10)
+        first.eval(alone.tokenize(PROMPTS[2]), logits="none")
+        second.eval(prompt, logits="none")
+        second.checkpoint()
+        first.eval([3, 4, 5], logits="none")
+        second.eval([9] * 12, logits="none")  # a wrong guess, past what a rollback undoes
+        second.truncate(len(prompt))
+        assert second.n_past == len(prompt) and first.n_past == len(alone.tokenize(PROMPTS[2])) + 3
+        second.truncate(len(prompt) - 1)
+        got, _ = greedy(second, prompt[-1:], 10)
+        assert got == expected
+        assert first.memory.kind in (memory.CHECKPOINT, memory.ROLLBACK)
+
+
+def _run_together(models: list[Model], prompts: list[list[int]], n: int, batcher: StepBatcher,
+                  aborts: list[threading.Event] | None = None) -> list[object]:
+    results: list[object] = [None] * len(models)
+    start = threading.Barrier(len(models))
+
+    def work(i: int) -> None:
+        with batcher.member():
+            start.wait()
+            try:
+                abort = aborts[i] if aborts else None
+                models[i].eval(prompts[i], logits="none", abort=abort)
+                results[i] = _continue(models[i], n)
+            except Exception as exc:  # the test reads it
+                results[i] = exc
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(models))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a member waited forever"
+    return results
+
+
+def _continue(model: Model, n: int) -> list[int]:
+    """``n`` greedy tokens after what the model holds (its last token evaluated again for its row)."""
+    last = int(model.tokens[-1])
+    model.truncate(model.n_past - 1)
+    row = model.eval([last], logits="last")[0]
+    out = []
+    for _ in range(n):
+        out.append(int(np.argmax(row)))
+        row = model.eval([out[-1]], logits="last")[0]
+    return out
+
+
+def test_sequences_decoded_together_give_each_its_own_tokens_in_fewer_decodes(tiny_dir):
+    with Model(tiny_dir / "target.gguf", n_ctx=2048) as alone, \
+            Model(tiny_dir / "target.gguf", n_ctx=2048, n_seq=4) as shared:
+        prompts = [alone.tokenize(p) for p in PROMPTS]
+        expected = []
+        for prompt in prompts:
+            alone.reset()
+            alone.eval(prompt, logits="none")
+            expected.append(_continue(alone, 16))
+        seqs = [shared, *(shared.sequence(i) for i in range(1, 4))]
+        batcher = StepBatcher()
+        for s in seqs:
+            s.attach(batcher)
+        got = _run_together(seqs, prompts, 16, batcher)
+        assert got == expected
+        assert batcher.widest == 4
+        assert batcher.steps < sum(s.decode_calls for s in seqs)  # the calls shared decodes
+
+
+def test_a_long_prompt_is_read_across_steps_while_the_others_decode(tiny_dir):
+    with Model(tiny_dir / "target.gguf", n_ctx=4096, n_batch=64) as alone, \
+            Model(tiny_dir / "target.gguf", n_ctx=4096, n_batch=64, n_seq=2) as shared:
+        long = alone.tokenize(" ".join(PROMPTS * 12))
+        short = alone.tokenize(PROMPTS[0])
+        assert len(long) > 4 * 64
+        expected = []
+        for prompt in (long, short):
+            alone.reset()
+            alone.eval(prompt, logits="none")
+            expected.append(_continue(alone, 40))
+        seqs = [shared, shared.sequence(1)]
+        batcher = StepBatcher()
+        for s in seqs:
+            s.attach(batcher)
+        assert _run_together(seqs, [long, short], 40, batcher) == expected
+        assert batcher.widest == 2
+
+
+def test_a_cancelled_sequence_stops_and_the_others_go_on(tiny_dir):
+    with Model(tiny_dir / "target.gguf", n_ctx=4096, n_batch=32) as alone, \
+            Model(tiny_dir / "target.gguf", n_ctx=4096, n_batch=32, n_seq=2) as shared:
+        short = alone.tokenize(PROMPTS[1])
+        alone.eval(short, logits="none")
+        expected = _continue(alone, 20)
+        seqs = [shared, shared.sequence(1)]
+        batcher = StepBatcher()
+        for s in seqs:
+            s.attach(batcher)
+        aborts = [threading.Event(), threading.Event()]
+        aborts[0].set()  # cancelled before its long prompt was read
+        got = _run_together(seqs, [alone.tokenize(" ".join(PROMPTS * 10)), short], 20, batcher, aborts)
+        assert isinstance(got[0], GenerationCancelled) and shared.n_past == 0
+        assert got[1] == expected
+
+
+def test_sequences_that_overflow_the_shared_cells_get_a_clear_error(tiny_dir):
+    with Model(tiny_dir / "target.gguf", n_ctx=256, n_seq=2) as shared:
+        other = shared.sequence(1)
+        shared.eval(list(range(10, 210)), logits="none")
+        with pytest.raises(ContextOverflowError, match="shared by its 2 sequences"):
+            other.eval(list(range(10, 150)), logits="none")
+        assert other.n_past == 0 and shared.n_past == 200
+        assert other.eval([5, 6], logits="last").shape[0] == 1  # what fits still goes
