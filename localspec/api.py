@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -31,6 +32,7 @@ from .drafting.costs import CostCorrection, CostProfile
 from .drafting.estimates import AcceptanceEstimate, history_estimates
 from .drafting.history import PROMPT_KEEP, HistoryStore, history_dir
 from .errors import ConfigError
+from .lanes import Lanes, Prompt
 from .methods import AUTO_KMAX, HISTORY, get_method
 from .options import GenerationOptions, check_k
 from .prompt_cache.cache import PromptCache
@@ -55,7 +57,9 @@ class Pair:
     caches keep the longest shared prefix between calls, so a follow-up on
     the same text (a chat turn) only processes what is new. The two models
     share one cache each, so a Pair runs one generation at a time: finish
-    or close a stream before starting the next.
+    or close a stream before starting the next. ``generate_many`` runs
+    several together, on the other sequences of a pair loaded with
+    ``parallel``.
 
     Args:
         target: the loaded target model.
@@ -93,6 +97,9 @@ class Pair:
         self.history_alpha = history_estimates()
         #: What generations are built from besides the models: drafters, grammar states, the MTP head.
         self.assembly = Assembly(target, draft)
+        #: The models' other sequences, for generations decoded together (``generate_many``).
+        self.lanes = Lanes(self)
+        self._recording = threading.Lock()  # lanes record into the one history store
 
     @property
     def history(self) -> Optional[HistoryStore]:
@@ -190,6 +197,7 @@ class Pair:
                 n, shape = wrong
                 self.notify(f"localspec: real rounds disagreed with the cached cost profile (verifying {n} tokens "
                             f"took {shape:.2f}x the share of a step it said); it will be measured again next time.")
+        self.lanes.close()
         self.assembly.close()
         if self.cache is not None:
             self.cache.flush()  # its disk writes finish first; the cache itself may be shared with other pairs
@@ -287,6 +295,31 @@ class Pair:
             ContextOverflowError: the prompt does not fit the context.
         """
         return self.stream(prompt, options, **changes).finish()
+
+    def generate_many(self, prompts: Sequence[Prompt], options: Optional[GenerationOptions] = None, *,
+                      return_exceptions: bool = False, **changes: Any) -> list[Any]:
+        """Generate for several prompts together and return their results in order.
+
+        Up to ``parallel`` of them (see ``load``) decode at once: each on its own sequence of the models'
+        contexts, with its own drafter and acceptance, their tokens verified in one llama.cpp decode per step,
+        so each gives exactly what ``generate`` or ``chat`` gives it alone (up to the batch-shape rounding of
+        near-ties that any batch size brings). The rest wait for a free sequence. A pair loaded with one
+        sequence runs them one after another.
+
+        Args:
+            prompts: raw prompts (text or token ids) and conversations (lists of chat messages), mixed freely.
+            options: the generation options for all of them (default: the pair's defaults).
+            return_exceptions: put a failed prompt's exception in its place in the list instead of raising the
+                first one once all have finished.
+            **changes: single options to change, e.g. ``max_tokens=64`` (see ``GenerationOptions``).
+
+        Returns:
+            A ``Result`` per prompt, in order (or its exception, with ``return_exceptions``).
+
+        Raises:
+            ConfigError, SamplingError: an option is out of range, or a prompt is empty (before any work).
+        """
+        return self.lanes.generate_many(prompts, options, changes, return_exceptions)
 
     def chat(self, messages: Sequence[Mapping[str, Any]], options: Optional[GenerationOptions] = None, *,
              tools: Union[None, ToolUse, Sequence[Mapping[str, Any]]] = None, tool_choice: Any = None,
@@ -429,7 +462,8 @@ class Pair:
         """Record a finished generation: the prompt's new part (what the cache did not hold) and the reply."""
         fresh = prompt_tokens[done.stats.cached_prompt_tokens:][-PROMPT_KEEP:]
         try:
-            store.add(fresh + done.tokens, done.stats.drafted_by.get(HISTORY.name, 0),
-                      done.stats.accepted_by.get(HISTORY.name, 0))
+            with self._recording:
+                store.add(fresh + done.tokens, done.stats.drafted_by.get(HISTORY.name, 0),
+                          done.stats.accepted_by.get(HISTORY.name, 0))
         except OSError as exc:  # a full or read-only disk must not cost the reply
             self.notify(f"localspec: could not record this generation in {store.path}: {exc.strerror or exc}.")

@@ -94,6 +94,8 @@ class GenerationStats:
             spent in llama.cpp. A round is timed from the draft to the truncation; emitting its tokens is not
             in it (that costs all alike).
         auto: for method "auto": rounds per method, the choices it made and the estimates behind them.
+        batch_width: the most generations whose tokens shared one of this generation's target decodes (1: it
+            decoded alone; see ``Pair.generate_many``).
     """
 
     method: str
@@ -124,6 +126,7 @@ class GenerationStats:
     replayed_tokens: int = 0
     round_time_by: dict[str, dict[str, float]] = field(default_factory=dict)
     auto: Optional[AutoReport] = None
+    batch_width: int = 1
 
     def count_round(self, draft: Draft, kept: int, phase: str = ANSWER) -> None:
         """Count one verified round begun in ``phase`` ("reasoning" or "answer"); accepted tokens are counted when

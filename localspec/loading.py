@@ -112,6 +112,7 @@ def load(
     cache_ram: Optional[int] = None,
     cache_disk: Optional[int] = None,
     fit: bool = False,
+    parallel: int = 1,
 ) -> Pair:
     """Load a target model and, optionally, a draft model of the same family.
 
@@ -148,6 +149,9 @@ def load(
             (default: a tenth of the free space there, at most 16 GiB); 0 for no disk tier.
         fit: without ``n_ctx``, the largest context the target was trained for that fits the memory
             (``fit_context``; said through ``notify``), instead of the pair's or 4096.
+        parallel: generations the pair can decode together (``Pair.generate_many``): sequences in each
+            model's context, sharing its ``n_ctx`` cells (one unified cache, so one long prompt may use them
+            all).
 
     Returns:
         The loaded ``Pair``; ``close()`` it, or use it in a ``with`` block, to free the models.
@@ -171,14 +175,15 @@ def load(
     # A recurrent target that can roll back keeps snapshots for auto's longest draft (longer ones checkpoint);
     # a draft model decodes one token at a time, which no rollback undoes, so it checkpoints instead.
     t = Model(target, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, n_gpu_layers=n_gpu_layers,
-              flash_attn=flash_attn, huge_pages=huge_pages, rollback_tokens=AUTO_KMAX, verbose=verbose)
+              flash_attn=flash_attn, huge_pages=huge_pages, rollback_tokens=AUTO_KMAX, verbose=verbose,
+              n_seq=parallel)
     d = None
     try:
         if draft is not None:
             check_vocab(t.vocab_info(), read_vocab(draft))  # before the draft's weights are loaded
             d = Model(draft, n_ctx=t.n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch,
                       n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, huge_pages=huge_pages, rollback_tokens=0,
-                      verbose=verbose)
+                      verbose=verbose, n_seq=parallel)
         if history is None:
             history = history_enabled()
         cache = open_prompt_cache(prompt_cache, cache_ram, cache_disk, say)

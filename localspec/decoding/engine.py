@@ -146,6 +146,7 @@ class Generation:
         target, stats = self.target, self.stats
         stats.prompt_tokens = self._n = len(self._prompt)
         self._context[:self._n] = self._prompt
+        target.widest_batch = 1  # read at the end (``_settle``)
         start = self._counters()  # rewinds count from here; llama.cpp's time from the first round
         try:
             first = self._prefill()
@@ -322,6 +323,7 @@ class Generation:
         stats.target_seconds = target_busy - start[1]
         stats.draft_seconds = stats.llama_seconds - stats.target_seconds
         stats.rewinds, stats.replayed_tokens = (a - b for a, b in zip(rewound, start[2], strict=True))
+        stats.batch_width = target.widest_batch
         self._flush_text()
         if self.prompt_cache is not None:  # after the stats: saving is not decoding
             for m in self._models():  # the reply too: the next turn of this conversation starts with it

@@ -1,0 +1,90 @@
+"""``Pair.generate_many``: several generations decoded together, each giving what it gives alone."""
+
+from __future__ import annotations
+
+import pytest
+
+import localspec
+from localspec.constraint import Constraint
+from localspec.drafting.costs import CostProfile
+from localspec.errors import ConfigError, ContextOverflowError
+
+# Memory-bound (a GPU): a draft model pays, so auto drafts with it too.
+GPU = CostProfile.synthetic([1.0] * 9, 0.1, name="gpu-like")
+
+PROMPTS = ["The cat sat on the mat and the dog sat on the", "in the end, in the end, in the end, in the",
+           "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n",
+           [{"role": "user", "content": "Say the alphabet."}],
+           "Once upon a time there was a", [{"role": "user", "content": "Count: one, two, three, four,"}]]
+
+
+@pytest.fixture(scope="module")
+def pairs(tiny_dir):
+    alone = localspec.load(tiny_dir / "target.gguf", tiny_dir / "draft.gguf", n_ctx=1024, history=False,
+                           prompt_cache=False)
+    together = localspec.load(tiny_dir / "target.gguf", tiny_dir / "draft.gguf", n_ctx=1024, history=False,
+                              prompt_cache=False, parallel=4)
+    for pair in (alone, together):
+        pair.set_profile(GPU)
+    yield alone, together
+    alone.close()
+    together.close()
+
+
+def _alone(pair, prompt, **options):
+    return pair.chat(prompt, **options) if isinstance(prompt, list) else pair.generate(prompt, **options)
+
+
+@pytest.mark.parametrize("method", ["plain", "lookup", "draft", "auto"])
+def test_each_prompt_decoded_together_gives_its_tokens_alone(pairs, method):
+    alone, together = pairs
+    options = dict(max_tokens=40, method=method)
+    expected = [_alone(alone, p, **options).tokens for p in PROMPTS]
+    results = together.generate_many(PROMPTS, **options)
+    assert [r.tokens for r in results] == expected
+    assert all(r.stats.method == method for r in results)
+    assert max(r.stats.batch_width for r in results) > 1  # their tokens shared decodes
+    assert all(r.stats.batch_width == 1 for r in (_alone(alone, PROMPTS[0], **options),))
+
+
+def test_a_seeded_sample_decoded_together_draws_what_it_draws_alone(pairs):
+    alone, together = pairs
+    options = dict(max_tokens=32, method="draft", temperature=0.9, seed=7)
+    expected = [_alone(alone, p, **options).tokens for p in PROMPTS[:4]]
+    assert [r.tokens for r in together.generate_many(PROMPTS[:4], **options)] == expected
+
+
+def test_a_grammar_holds_for_each_prompt_decoded_together(pairs):
+    alone, together = pairs
+    pytest.importorskip("llguidance")
+    options = dict(max_tokens=24, method="lookup", grammar=Constraint.regex(r"(yes|no|[a-z]+ [0-9]+)"))
+    expected = [_alone(alone, p, **options).text for p in PROMPTS[:4]]
+    assert [r.text for r in together.generate_many(PROMPTS[:4], **options)] == expected
+
+
+def test_one_prompt_that_overflows_fails_alone_and_the_others_finish(pairs):
+    _, together = pairs
+    prompts = [PROMPTS[0], "word " * 2000, PROMPTS[1]]
+    results = together.generate_many(prompts, max_tokens=16, return_exceptions=True)
+    assert isinstance(results[1], ContextOverflowError)
+    assert all(len(r.tokens) == 16 for r in (results[0], results[2]))
+    with pytest.raises(ContextOverflowError):
+        together.generate_many(prompts, max_tokens=16)
+
+
+def test_more_prompts_than_sequences_wait_for_a_free_one(pairs):
+    alone, together = pairs
+    prompts = [f"Item {i}: the" for i in range(9)]
+    expected = [alone.generate(p, max_tokens=12).tokens for p in prompts]
+    assert [r.tokens for r in together.generate_many(prompts, max_tokens=12)] == expected
+
+
+def test_a_pair_of_one_sequence_runs_them_one_after_another_and_bad_input_is_refused(pairs):
+    alone, _ = pairs
+    results = alone.generate_many(PROMPTS[:2], max_tokens=8)
+    assert [r.tokens for r in results] == [alone.generate(p, max_tokens=8).tokens for p in PROMPTS[:2]]
+    assert alone.generate_many([]) == []
+    with pytest.raises(ConfigError, match="Prompt 1"):
+        alone.generate_many(["fine", []])
+    with pytest.raises(ConfigError, match="max_tokens"):
+        alone.generate_many(["fine"], max_tokens=0)
