@@ -88,3 +88,32 @@ def test_a_pair_of_one_sequence_runs_them_one_after_another_and_bad_input_is_ref
         alone.generate_many(["fine", []])
     with pytest.raises(ConfigError, match="max_tokens"):
         alone.generate_many(["fine"], max_tokens=0)
+
+
+@pytest.fixture(scope="module")
+def arch_pairs(tmp_path_factory):
+    from tinyarch import write_tiny_gemma2, write_tiny_lfm2, write_tiny_mamba, write_tiny_qwen35
+
+    d = tmp_path_factory.mktemp("lanes-arch")
+    opened = {}
+    for name, write in {"mamba": write_tiny_mamba, "qwen35": write_tiny_qwen35, "lfm2": write_tiny_lfm2,
+                        "gemma2": write_tiny_gemma2}.items():
+        write(d / f"{name}.gguf", seed=0)
+        write(d / f"{name}-draft.gguf", seed=0, noise=0.35)
+        opened[name] = tuple(localspec.load(d / f"{name}.gguf", d / f"{name}-draft.gguf", n_ctx=1024, history=False,
+                                            prompt_cache=False, parallel=n) for n in (1, 3))
+    yield opened
+    for pair in (p for both in opened.values() for p in both):
+        pair.close()
+
+
+@pytest.mark.parametrize("arch", ["mamba", "qwen35", "lfm2", "gemma2"])
+@pytest.mark.parametrize("method", ["plain", "lookup", "draft"])
+def test_every_memory_decoded_together_gives_its_tokens_alone(arch_pairs, arch, method):
+    alone, together = arch_pairs[arch]
+    prompts = [p for p in PROMPTS if isinstance(p, str)][:3]
+    expected = [alone.generate(p, max_tokens=32, method=method).tokens for p in prompts]
+    results = together.generate_many(prompts, max_tokens=32, method=method)
+    assert [r.tokens for r in results] == expected, f"{arch} {method}"
+    if method == "draft":
+        assert sum(r.stats.rewinds for r in results) >= (1 if arch == "mamba" else 0)  # checkpoints, per sequence

@@ -119,12 +119,21 @@ class CacheControl:
             self.reset()
             return
         self._checkpoints = [c for c in self._checkpoints if c.position <= n]
-        if n >= self._undo_floor and ll.llama_memory_seq_rm(self._mem, self.seq, n, -1):
+        if n >= self._undo_floor and ll.llama_memory_seq_rm(self._mem, self.seq, n, -1) and self._window_kept(n):
             self._n = n
             if self.memory.kind == memory.ROLLBACK:
                 self._undo_floor = n  # a rollback is single-use until the next decode
             return
         self._rewind(n, replay)
+
+    def _window_kept(self, n: int) -> bool:
+        """Whether the sliding-window layers still hold the window before position ``n``. llama.cpp gives the
+        cells of positions that have left every window of their sequence to new tokens (of any sequence:
+        a unified cache of several does so often), so a cut back past them needs the positions again."""
+        if not self.n_swa:
+            return True
+        first = int(ll.llama_memory_seq_pos_min(self._mem, self.seq))  # -1: none of its cells is left
+        return 0 <= first <= max(0, n - self.n_swa)
 
     def _rewind(self, n: int, replay: bool) -> None:
         """Go back to the newest checkpoint at or before ``n`` (or to the start), then evaluate up to n again."""
