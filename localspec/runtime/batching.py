@@ -2,8 +2,8 @@
 
 Each generation runs in its own thread on its own sequence of a shared context (``Model.sequence``) and calls
 ``eval`` as it would alone. A ``StepBatcher`` its sequences are attached to holds each decode call until every
-member thread is waiting in one, then decodes them together: one ``llama_decode`` per context (the target's,
-the draft model's), each call's tokens under its own sequence id. So N streams decode in lockstep, a step
+member thread is waiting in one, then its own thread decodes them together: one ``llama_decode`` per context
+(the target's, the draft model's), each call's tokens under its own sequence id. So N streams decode in lockstep, a step
 costing about what one sequence of their total tokens costs, and the code of a round (drafting, acceptance,
 cutting back) is the same as for one stream.
 
@@ -62,6 +62,8 @@ class StepBatcher:
         self._members: set[int] = set()
         self._calls: list[_Call] = []
         self._batches: dict[int, tuple[Any, int]] = {}  # id of a context: its llama_batch and capacity
+        self._driver: Optional[threading.Thread] = None
+        self._closed = False
         self.steps = 0
         self.widest = 0
 
@@ -76,51 +78,69 @@ class StepBatcher:
         finally:
             with self._cond:
                 self._members.discard(me)
-                self._run_while_all_wait()  # the others may have been waiting for this one alone
+                self._cond.notify_all()  # the others may have been waiting for this one alone
 
     def decode(self, model: Any, m: int, abort: Optional[threading.Event]) -> tuple[int, np.ndarray, float, int]:
         """Decode the ``m`` tokens ``model``'s batch holds, with the other members' calls.
 
         Returns:
-            llama.cpp's code (0: decoded; 2: ``abort`` was set first), the rows of the tokens whose logits were
-            asked for (those finished in the last step are a view of llama.cpp's buffer, valid until this
-            thread's next call), the seconds of the decodes that served it, and the most calls one of them held.
+            llama.cpp's code (0: decoded; 2: ``abort`` was set first; -1: the step failed), the rows of the tokens
+            whose logits were asked for (those finished in the last step are a view of llama.cpp's buffer, valid
+            until this thread's next call), the seconds of the decodes that served it, and the most calls one of
+            them held.
         """
         call, me = _Call(model, m, abort), threading.get_ident()
         with self._cond:
+            if self._closed:
+                raise RuntimeError("This StepBatcher is closed.")
+            self._start_driver()
             joined = me not in self._members
             self._members.add(me)
             self._calls.append(call)
+            self._cond.notify_all()
             try:
-                self._run_while_all_wait()
                 while not call.finished:
                     self._cond.wait()
             finally:
                 if joined:  # a copy of its rows: the steps that go on without it overwrite llama.cpp's buffer
                     call.rows = [np.array(r) for r in call.rows]
                     self._members.discard(me)
-                    self._run_while_all_wait()
+                    self._cond.notify_all()
         return call.rc, call.result(model.n_vocab), call.seconds, call.width
 
     def close(self) -> None:
-        """Free the batches (the batcher cannot be used afterwards)."""
+        """Stop the decoding thread and free the batches (the batcher cannot be used afterwards)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._driver is not None:
+            self._driver.join()
         for batch, _ in self._batches.values():
             ll.llama_batch_free(batch)
         self._batches.clear()
 
-    def _run_while_all_wait(self) -> None:
-        """While every member waits in a call, decode steps (each finishes at least one call unless a long one
-        needs more), then wake the threads whose calls finished."""
-        try:
-            while self._calls and len(self._calls) >= len(self._members):  # one call per waiting member
-                self._step()
-        except BaseException:
-            for call in self._calls:  # nobody may wait for a step that will not come
-                call.rc, call.finished = -1, True
-            self._calls = []
-            raise
-        finally:
-            self._cond.notify_all()
+    def _start_driver(self) -> None:
+        if self._driver is None:
+            self._driver = threading.Thread(target=self._drive, name="localspec-batch", daemon=True)
+            self._driver.start()
+
+    def _drive(self) -> None:
+        """The one thread that decodes: while every member waits in a call, a step (each finishes at least one
+        call unless a long one needs more), then the threads whose calls finished are woken. Always the same
+        thread, so that llama.cpp's CPU threads (an OpenMP team per calling thread) are one team, not one
+        per member spinning beside the others."""
+        with self._cond:
+            while not self._closed:
+                if not (self._calls and len(self._calls) >= len(self._members)):  # one call per waiting member
+                    self._cond.wait()
+                    continue
+                try:
+                    self._step()
+                except BaseException:
+                    for call in self._calls:  # nobody may wait for a step that will not come
+                        call.rc, call.finished = -1, True
+                    self._calls = []
+                self._cond.notify_all()
 
     def _step(self) -> None:
         """One decode per context over the calls: the shortest first, a long one filling the rest."""

@@ -129,6 +129,9 @@ def _run_together(models: list[Model], prompts: list[list[int]], n: int, batcher
     for t in threads:
         t.join(60)
     assert not any(t.is_alive() for t in threads), "a member waited forever"
+    for model in models:
+        model.attach(None)
+    batcher.close()
     return results
 
 

@@ -1,0 +1,75 @@
+"""Several requests decoded together (``Pair.generate_many``) against the same requests one after another.
+
+Loads the pair once with ``--parallel`` sequences and, alternating which goes first in each repetition, times
+the prompts generated one after another (``generate``) and together (``generate_many``), greedy, checking
+that both give the same tokens. Prints the wall times and their ratio (medians).
+
+    python benchmarks/many_together.py TARGET.gguf [--draft DRAFT.gguf] [--parallel 4] [--method plain]
+        [--max-tokens 128] [--reps 3] [--threads 2] [--workload new|copy|mixed]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import localspec
+
+NEW = ["Write a short story about a lighthouse keeper who finds a message in a bottle.",
+       "Explain how a hash map works, with an example in Python.",
+       "Describe the water cycle for a ten-year-old.",
+       "List ten ideas for a weekend project with a Raspberry Pi, one line each."]
+PARAGRAPH = ("Teh quick brown fox jumpd over the lazy dog, wich was sleeping in the sun. The dog didnt notice, "
+             "becuase it was dreaming of chasing rabits across the feild behind the old farm house.")
+MODULE = "\n".join(f"def compute_total_{i}(items):\n    total = 0\n    for item in items:\n        total += item.price"
+                   f" * item.count\n    return total\n" for i in range(4))
+COPY = [f"Fix the spelling in this paragraph and give only the fixed paragraph:\n\n{PARAGRAPH}",
+        f"Rename compute_total_0 to order_total in this module and give the whole module:\n\n{MODULE}"]
+WORKLOADS = {"new": NEW, "copy": COPY * 2, "mixed": NEW[:2] + COPY}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("target")
+    ap.add_argument("--draft")
+    ap.add_argument("--parallel", type=int, default=4)
+    ap.add_argument("--method", default="plain")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="new")
+    args = ap.parse_args()
+    prompts = [[{"role": "user", "content": p}] for p in WORKLOADS[args.workload]]
+    seconds: dict[str, list[float]] = {"one after another": [], "together": []}
+    with localspec.load(args.target, args.draft, n_ctx=4096, n_threads=args.threads, n_threads_batch=args.threads,
+                        parallel=args.parallel, history=False, prompt_cache=False) as pair:
+        options = dict(max_tokens=args.max_tokens, method=args.method)
+        for rep in range(args.reps):
+            order = list(seconds) if rep % 2 == 0 else list(reversed(seconds))
+            tokens = {}
+            for name in order:
+                pair.reset()
+                for lane in range(1, args.parallel):
+                    pair.lanes.lane(lane).reset()  # nothing cached from the other way's run
+                t0 = time.perf_counter()
+                if name == "together":
+                    results = pair.generate_many(prompts, **options)
+                else:
+                    results = [pair.chat(p, **options) for p in prompts]
+                seconds[name].append(time.perf_counter() - t0)
+                tokens[name] = [r.tokens for r in results]
+                print(f"rep {rep + 1}: {name:18s} {seconds[name][-1]:6.1f} s, "
+                      f"{sum(len(t) for t in tokens[name])} tokens", flush=True)
+            same = tokens["together"] == tokens["one after another"]
+            print(f"rep {rep + 1}: the same tokens: {same}", flush=True)
+    alone, together = (statistics.median(seconds[k]) for k in ("one after another", "together"))
+    print(f"{len(prompts)} {args.workload} requests, {args.method}, {args.max_tokens} tokens each, "
+          f"{args.threads} threads, parallel {args.parallel}: one after another {alone:.1f} s, together "
+          f"{together:.1f} s: {alone / together:.2f}x (medians of {args.reps})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
