@@ -10,7 +10,8 @@ and step. The pair's prompt cache, history, cost correction and measured costs a
 from __future__ import annotations
 
 import copy
-import queue
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
@@ -40,6 +41,8 @@ class Lanes:
     def __init__(self, pair: Any):
         self.pair = pair
         self._seqs: list[tuple[Any, Any, Assembly]] = []  # sequences 1..: the target's, the draft's, their assembly
+        self._cond = threading.Condition()
+        self._idle = {seq: 0.0 for seq in range(self.width)}  # lanes no generation holds: when each was released
 
     @property
     def width(self) -> int:
@@ -60,6 +63,45 @@ class Lanes:
         lane = copy.copy(pair)
         lane.target, lane.draft, lane.assembly = self._seqs[i - 1]
         return lane
+
+    def acquire(self) -> int:
+        """A lane no generation holds (the one released longest ago), held until ``release``; waits for one."""
+        with self._cond:
+            while not self._idle:
+                self._cond.wait()
+            seq = min(self._idle, key=self._idle.__getitem__)
+            del self._idle[seq]
+            return seq
+
+    def release(self, seq: int) -> None:
+        """Lane ``seq`` is free again; what its sequences hold stays until another lane needs the cells."""
+        with self._cond:
+            self._idle[seq] = time.monotonic()
+            self._cond.notify()
+
+    def make_room(self, seq: int, need: int) -> None:
+        """Before lane ``seq`` reads a prompt: empty idle lanes' sequences, the one released longest ago first,
+        until ``need`` cells (at most the context) are free of what the other lanes hold. A lane that is
+        generating is never touched; an idle one's last state is in the prompt cache, if the pair has one."""
+        if self.width == 1:
+            return
+        with self._cond:
+            for models in self._models():
+                n_ctx = models[seq].n_ctx
+                held = sum(m.n_past for i, m in enumerate(models) if i != seq and m is not None)
+                for other in sorted(self._idle, key=self._idle.__getitem__):
+                    if held + min(need, n_ctx) <= n_ctx:
+                        break
+                    if other != seq and models[other] is not None and models[other].n_past:
+                        held -= models[other].n_past
+                        models[other].reset()
+
+    def _models(self) -> list[list[Any]]:
+        """The target's sequences and the draft's, by lane (None: not opened yet, so holding nothing)."""
+        made = [(self.pair.target, self.pair.draft), *((t, d) for t, d, _ in self._seqs)]
+        made += [(None, None)] * (self.width - len(made))
+        targets, drafts = [t for t, _ in made], [d for _, d in made]
+        return [targets] + ([drafts] if self.pair.draft is not None else [])
 
     def close(self) -> None:
         """Free the lanes' sequences (their batches; the contexts go with the pair's models)."""
@@ -85,21 +127,19 @@ class Lanes:
             return [self._one(pair, item, opts, return_exceptions) for item in items]
         self._prepare(opts)
         batcher = StepBatcher()
-        lanes = [self.lane(i) for i in range(width)]
-        free: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        lanes = [self.lane(i) for i in range(self.width)]
         for lane in lanes:
-            free.put(lane)
             for model in (lane.target, lane.draft):
                 if model is not None:
                     model.attach(batcher)
 
         def run(item: Prompt) -> Any:
-            lane = free.get()  # one of ``width`` workers: a lane is always free
+            seq = self.acquire()  # one of ``width`` workers: a lane is always free
             try:
                 with batcher.member():
-                    return self._one(lane, item, opts, return_exceptions)
+                    return self._one(self.lane(seq), item, opts, return_exceptions)
             finally:
-                free.put(lane)
+                self.release(seq)
 
         try:
             with ThreadPoolExecutor(width, thread_name_prefix="localspec-lane") as pool:

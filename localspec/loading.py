@@ -22,6 +22,10 @@ from .sizes import human_bytes
 
 PathLike = Union[str, os.PathLike]
 
+#: Generations decoded together where the caller leaves it to localspec (as llama-server's automatic slots):
+#: they share the context's cells, so more costs little memory; a step of more costs more time.
+AUTO_PARALLEL = 4
+
 
 def history_enabled() -> bool:
     """History's global switch: on unless ``LOCALSPEC_HISTORY`` is off, 0, false or no."""
@@ -112,7 +116,7 @@ def load(
     cache_ram: Optional[int] = None,
     cache_disk: Optional[int] = None,
     fit: bool = False,
-    parallel: int = 1,
+    parallel: Optional[int] = 1,
 ) -> Pair:
     """Load a target model and, optionally, a draft model of the same family.
 
@@ -149,9 +153,10 @@ def load(
             (default: a tenth of the free space there, at most 16 GiB); 0 for no disk tier.
         fit: without ``n_ctx``, the largest context the target was trained for that fits the memory
             (``fit_context``; said through ``notify``), instead of the pair's or 4096.
-        parallel: generations the pair can decode together (``Pair.generate_many``): sequences in each
-            model's context, sharing its ``n_ctx`` cells (one unified cache, so one long prompt may use them
-            all).
+        parallel: generations the pair can decode together (``Pair.generate_many``, ``serve``'s requests):
+            sequences in each model's context, sharing its ``n_ctx`` cells (one unified cache, so one long
+            prompt may use them all). None: ``AUTO_PARALLEL``, or 1 for a target with an MTP head (which
+            drafts for one sequence).
 
     Returns:
         The loaded ``Pair``; ``close()`` it, or use it in a ``with`` block, to free the models.
@@ -172,6 +177,8 @@ def load(
         n_ctx = choice.n_ctx
     n_ctx = n_ctx if n_ctx is not None else 4096 if files.n_ctx is None else files.n_ctx  # a pair's 0: its own
     draft_k = draft_k if draft_k is not None else files.draft_k
+    if parallel is None:
+        parallel = 1 if read_local(target).mtp_layers else AUTO_PARALLEL
     # A recurrent target that can roll back keeps snapshots for auto's longest draft (longer ones checkpoint);
     # a draft model decodes one token at a time, which no rollback undoes, so it checkpoints instead.
     t = Model(target, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, n_gpu_layers=n_gpu_layers,

@@ -20,8 +20,11 @@ from .shared import ModelArgs, friendly_errors, generation_options, model_option
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port (0: any free one).")
 @click.option("--api-key", envvar="LOCALSPEC_API_KEY", default=None,
               help="Require 'Authorization: Bearer KEY' on every request but /health (or set LOCALSPEC_API_KEY).")
+@click.option("--parallel", type=click.IntRange(0, 64), default=0, show_default=True,
+              help="Requests decoded together, each speculating on its own, their tokens in one batch per step "
+                   "(they share the context's cells); 0: automatic (4, or 1 for a target whose MTP head drafts).")
 @click.option("--max-queue", type=click.IntRange(0, 1000), default=8, show_default=True,
-              help="Requests that may wait while one generates; more get 503.")
+              help="Requests that may wait while the others generate; more get 503.")
 @click.option("--allow-origin", "origins", multiple=True, metavar="ORIGIN",
               help="A web page origin (e.g. http://localhost:3000) allowed to call the API from a browser; "
                    "repeatable, '*' for any page. Without it, requests that carry an Origin get 403.")
@@ -39,7 +42,7 @@ from .shared import ModelArgs, friendly_errors, generation_options, model_option
                    "--verbose adds the start of each prompt).")
 @friendly_errors
 def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, api_key: Optional[str],
-          max_queue: int, origins: tuple[str, ...], max_body: Optional[int], keep_billing_header: bool,
+          parallel: int, max_queue: int, origins: tuple[str, ...], max_body: Optional[int], keep_billing_header: bool,
           metrics: bool, quiet: bool) -> None:
     """Serve the pair over HTTP: OpenAI chat completions, completions and Responses, Anthropic Messages, Ollama.
 
@@ -63,7 +66,7 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
                                    "`pip install fastapi uvicorn pydantic prometheus-client`.") from None
     source = click.get_current_context().get_parameter_source("max_tokens")
     max_tokens = options.max_tokens if source is not click.core.ParameterSource.DEFAULT else None
-    with models.open(fit=True) as pair:
+    with models.open(fit=True, parallel=parallel or None) as pair:
         name = models.pair_name or pair.target.path.stem
         server = Server.for_pair(pair, name, options, max_queue=max_queue, max_tokens=max_tokens,
                                  keep_billing_header=keep_billing_header)
@@ -73,6 +76,7 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
         say(f"localspec serve: model {name!r} on http://{host}:{port}/v1 "
             f"({'API key required' if api_key else 'no API key'}; history "
             f"{'recorded' if server.limits.history else 'off'}; "
-            f"{pair.cache.describe() if pair.cache is not None else 'no prompt cache'}); Ctrl-C stops")
+            f"{pair.cache.describe() if pair.cache is not None else 'no prompt cache'}; "
+            f"{server.parallel} request{'s' if server.parallel > 1 else ''} at once); Ctrl-C stops")
         run(server, app, host, port)
 

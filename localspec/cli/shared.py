@@ -75,13 +75,14 @@ class ModelArgs:
     cache_ram: Optional[int] = None
     cache_disk: Optional[int] = None
 
-    def open(self, method: Optional[str] = None, prompt_cache: Optional[bool] = None, fit: bool = False) -> Pair:
+    def open(self, method: Optional[str] = None, prompt_cache: Optional[bool] = None, fit: bool = False,
+             parallel: Optional[int] = 1) -> Pair:
         """Load the registered pair by name, or the target (and draft) given as files or as the scan's names.
 
         A target given without a draft gets the best draft found on this machine
         (``localspec models --scan``), said on stderr, unless ``method`` needs none.
         ``prompt_cache`` False loads it without one; ``fit`` without --ctx chooses the context the memory
-        holds (see ``load``).
+        holds (see ``load``); ``parallel`` is how many generations it can decode together (None: automatic).
         """
         from ..loading import load
 
@@ -89,7 +90,7 @@ class ModelArgs:
         return load(model, draft, n_ctx=self.n_ctx, n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
                     n_gpu_layers=self.n_gpu_layers, verbose=self.verbose, flash_attn=FLASH_ATTN[self.flash_attn],
                     huge_pages=self.huge_pages, notify=say, prompt_cache=prompt_cache, cache_ram=_mib(self.cache_ram),
-                    cache_disk=_mib(self.cache_disk), fit=fit)
+                    cache_disk=_mib(self.cache_disk), fit=fit, parallel=parallel)
 
     def files(self, method: Optional[str] = None) -> Resolved:
         """The target and draft files ``open`` would load (a found draft said on stderr), without loading them."""

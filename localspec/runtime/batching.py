@@ -18,10 +18,28 @@ import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import llama_cpp as ll
 import numpy as np
+
+from .process import abort_hook
+
+#: Steps of more tokens than this can be stopped inside llama.cpp (the hook costs a Python call per graph node,
+#: which only a long step amortises).
+ABORTABLE_STEP = 64
+
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class _Op:
+    """Another llama.cpp call on an attached context (a cut, a checkpoint, a state saved), and its outcome."""
+
+    fn: Callable[[], Any]
+    value: Any = None
+    error: Optional[BaseException] = None
+    done: bool = False
 
 
 @dataclass(eq=False)
@@ -44,6 +62,16 @@ class _Call:
         return self.rows[0] if len(self.rows) == 1 else np.concatenate(self.rows)
 
 
+class _All:
+    """An event that is set when all of ``events`` are (what ``abort_hook`` asks)."""
+
+    def __init__(self, events: list[Optional[threading.Event]]):
+        self.events = events
+
+    def is_set(self) -> bool:
+        return all(e is not None and e.is_set() for e in self.events)
+
+
 class StepBatcher:
     """Gathers the decode calls of the sequences attached to it (``Model.attach``) into joint decodes.
 
@@ -61,6 +89,7 @@ class StepBatcher:
         self._cond = threading.Condition()
         self._members: set[int] = set()
         self._calls: list[_Call] = []
+        self._ops: list[_Op] = []
         self._batches: dict[int, tuple[Any, int]] = {}  # id of a context: its llama_batch and capacity
         self._driver: Optional[threading.Thread] = None
         self._closed = False
@@ -108,6 +137,22 @@ class StepBatcher:
                     self._cond.notify_all()
         return call.rc, call.result(model.n_vocab), call.seconds, call.width
 
+    def run(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the batcher's thread, between steps: every llama.cpp call on an attached context goes there
+        (``Model`` sends its cuts, checkpoints and states), so no two threads touch a context at once."""
+        op = _Op(fn)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("This StepBatcher is closed.")
+            self._start_driver()
+            self._ops.append(op)
+            self._cond.notify_all()
+            while not op.done:
+                self._cond.wait()
+        if op.error is not None:
+            raise op.error
+        return op.value  # type: ignore[no-any-return]
+
     def close(self) -> None:
         """Stop the decoding thread and free the batches (the batcher cannot be used afterwards)."""
         with self._cond:
@@ -131,6 +176,9 @@ class StepBatcher:
         per member spinning beside the others."""
         with self._cond:
             while not self._closed:
+                if self._ops:
+                    self._run_ops()
+                    continue
                 if not (self._calls and len(self._calls) >= len(self._members)):  # one call per waiting member
                     self._cond.wait()
                     continue
@@ -141,6 +189,16 @@ class StepBatcher:
                         call.rc, call.finished = -1, True
                     self._calls = []
                 self._cond.notify_all()
+
+    def _run_ops(self) -> None:
+        ops, self._ops = self._ops, []
+        for op in ops:
+            try:
+                op.value = op.fn()
+            except BaseException as exc:  # the caller's to raise
+                op.error = exc
+            op.done = True
+        self._cond.notify_all()
 
     def _step(self) -> None:
         """One decode per context over the calls: the shortest first, a long one filling the rest."""
@@ -177,7 +235,11 @@ class StepBatcher:
             n += take
         batch.n_tokens = n
         t0 = time.perf_counter()
-        with first._log:
+        # a long step stops within milliseconds once every call in it is cancelled (a server shutting down);
+        # one call cancelled among others waits for the step's end, which the others need
+        events = [c.abort for c, _, _ in taken]
+        stoppable = n > ABORTABLE_STEP and all(e is not None for e in events)
+        with first._log, abort_hook(first._ctx, _All(events) if stoppable else None):
             rc = ll.llama_decode(first._ctx, batch)
         n_rows = sum(r for _, _, r in taken)
         logits = None

@@ -10,11 +10,12 @@ A whole state (``save_state``) is what the prompt cache keeps, under the
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Union
 
 import llama_cpp as ll
 import numpy as np
@@ -24,6 +25,8 @@ from . import memory
 from .memory import Checkpoint, MemoryInfo
 from .process import LlamaLog
 from .vocabulary import Tokens
+
+T = TypeVar("T")
 
 #: Checkpoints a model keeps at once (one per round, one at a prompt's end, one spare).
 MAX_CHECKPOINTS = 3
@@ -57,6 +60,7 @@ class CacheControl:
     _file_identity: str
     seq: int
     n_seq: int
+    _batcher: Any  # a ``batching.StepBatcher``, or None
 
     if TYPE_CHECKING:  # defined by ``Model`` and ``ModelVocabulary``
         def eval(self, tokens: Tokens, *, logits: Any = "last", abort: Optional[threading.Event] = None
@@ -65,6 +69,13 @@ class CacheControl:
         def check_tokens(self, tokens: Tokens) -> np.ndarray: ...
 
         def _repair(self, failed: bool = False) -> None: ...
+
+    def _llama(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, a llama.cpp call on this context: on the batcher's thread while one decodes this context
+        with other sequences, so that no two threads ever touch it at once."""
+        if self._batcher is None:
+            return fn(*args)
+        return self._batcher.run(functools.partial(fn, *args))
 
     # -- cutting back -----------------------------------------------------------
 
@@ -89,7 +100,7 @@ class CacheControl:
         self._repair()
         t0 = time.perf_counter()
         with self._log:
-            self._checkpoints.append(memory.save(self._ctx, self._n, self.seq))
+            self._checkpoints.append(self._llama(memory.save, self._ctx, self._n, self.seq))
         del self._checkpoints[:-MAX_CHECKPOINTS]
         self.busy_seconds += time.perf_counter() - t0
 
@@ -119,7 +130,8 @@ class CacheControl:
             self.reset()
             return
         self._checkpoints = [c for c in self._checkpoints if c.position <= n]
-        if n >= self._undo_floor and ll.llama_memory_seq_rm(self._mem, self.seq, n, -1) and self._window_kept(n):
+        cut = n >= self._undo_floor and self._llama(ll.llama_memory_seq_rm, self._mem, self.seq, n, -1)
+        if cut and self._window_kept(n):
             self._n = n
             if self.memory.kind == memory.ROLLBACK:
                 self._undo_floor = n  # a rollback is single-use until the next decode
@@ -132,7 +144,7 @@ class CacheControl:
         a unified cache of several does so often), so a cut back past them needs the positions again."""
         if not self.n_swa:
             return True
-        first = int(ll.llama_memory_seq_pos_min(self._mem, self.seq))  # -1: none of its cells is left
+        first = int(self._llama(ll.llama_memory_seq_pos_min, self._mem, self.seq))  # -1: none of its cells is left
         return 0 <= first <= max(0, n - self.n_swa)
 
     def _rewind(self, n: int, replay: bool) -> None:
@@ -140,12 +152,13 @@ class CacheControl:
         t0 = time.perf_counter()
         start = self._checkpoints[-1] if self._checkpoints else None  # every checkpoint is at most n
         with self._log:
-            if start is None or not memory.restore(self._ctx, start, self.seq):
+            if start is None or not self._llama(memory.restore, self._ctx, start, self.seq):
                 self._clear()
                 start = None
                 self._checkpoints.clear()  # one llama.cpp refused is no use, nor are the older ones it hid
             at = start.position if start is not None else 0
-            if not ll.llama_memory_seq_rm(self._mem, self.seq, at, -1):  # a hybrid's attention part, past the state
+            # the attention part of a hybrid, past the state
+            if not self._llama(ll.llama_memory_seq_rm, self._mem, self.seq, at, -1):
                 raise BackendError(f"llama.cpp could not cut the cache of {self.path.name} back to position {at}.")
         self._n = self._undo_floor = at
         self.rewinds += 1
@@ -169,9 +182,9 @@ class CacheControl:
     def _clear(self) -> None:
         """Empty llama.cpp's memory of this sequence: all of it where the context holds one."""
         if self.n_seq == 1:
-            ll.llama_memory_clear(self._mem, True)
+            self._llama(ll.llama_memory_clear, self._mem, True)
         else:
-            ll.llama_memory_seq_rm(self._mem, self.seq, -1, -1)
+            self._llama(ll.llama_memory_seq_rm, self._mem, self.seq, -1, -1)
 
     # -- whole states -------------------------------------------------------------
 
@@ -203,7 +216,7 @@ class CacheControl:
         self._repair()
         t0 = time.perf_counter()
         with self._log:
-            data = memory.save_sequence(self._ctx, self.seq)
+            data = self._llama(memory.save_sequence, self._ctx, self.seq)
         if self._ext is not None:
             data += self.hidden[: self._n].data.cast("B")  # the rows' bytes, without a copy of them first
         self.busy_seconds += time.perf_counter() - t0
@@ -223,7 +236,7 @@ class CacheControl:
         self._repair()
         t0 = time.perf_counter()
         with self._log:
-            ok = memory.restore_sequence(self._ctx, data, len(data) - rows, self.seq)
+            ok = self._llama(memory.restore_sequence, self._ctx, data, len(data) - rows, self.seq)
         self.busy_seconds += time.perf_counter() - t0
         self._checkpoints.clear()
         if not ok:

@@ -274,7 +274,7 @@ class Model(CacheControl, ModelVocabulary):
         n_batch = n if n_batch is None else n_batch
         if n < 1 or n_batch < 1:
             raise ConfigError(f"Thread counts must be at least 1, got {n} and {n_batch} for batches.")
-        ll.llama_set_n_threads(self._ctx, n, n_batch)
+        self._llama(ll.llama_set_n_threads, self._ctx, n, n_batch)
         self.n_threads, self.n_threads_batch = n, n_batch
 
     # -- the cache ------------------------------------------------------------
@@ -402,7 +402,8 @@ class Model(CacheControl, ModelVocabulary):
         if info.kind == memory.FULL:
             return
         if not info.state_bytes:
-            self.memory = memory.with_state_size(info, self._ctx, self.seq)  # measurable once the state holds a token
+            # measurable once the state holds a token
+            self.memory = self._llama(memory.with_state_size, info, self._ctx, self.seq)
             if self.verbose:
                 sys.stderr.write(f"localspec: {self.path.name}: {self.memory.describe()}\n")
         # A rollback reaches the state after any but the first of the last decode's tokens (llama.cpp
@@ -479,11 +480,11 @@ class Model(CacheControl, ModelVocabulary):
             # clean-up after a failure may have "rolled back" to a snapshot that was never written.
             self._rewind(self._n, replay=True)
             return
-        held = int(ll.llama_memory_seq_pos_max(self._mem, self.seq)) + 1
+        held = int(self._llama(ll.llama_memory_seq_pos_max, self._mem, self.seq)) + 1
         m = int(self._batch.n_tokens) if self._batch is not None else 0  # the chunk that was being decoded
         if not failed and m and held == self._n + m and self._b_pos[0] == self._n:
             self._keep_hidden_rows(m)  # it finished (llama.cpp removes a failed chunk itself): adopt it
             self._tokens[self._n : held] = self._b_token[:m]
             self._n = held
         elif held > self._n:
-            ll.llama_memory_seq_rm(self._mem, self.seq, self._n, -1)
+            self._llama(ll.llama_memory_seq_rm, self._mem, self.seq, self._n, -1)

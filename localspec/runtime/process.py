@@ -7,9 +7,8 @@ import contextlib
 import ctypes
 import os
 import sys
-import threading
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Iterator, Optional, Protocol, Union
 
 import llama_cpp as ll
 import numpy as np
@@ -157,8 +156,14 @@ def context_params(n_ctx: int, n_batch: int, n_threads: int, n_threads_batch: in
     return cparams
 
 
+class Flag(Protocol):
+    """What ``abort_hook`` asks: a ``threading.Event``, or anything else that says whether it is set."""
+
+    def is_set(self) -> bool: ...
+
+
 @contextlib.contextmanager
-def abort_hook(ctx: Optional[ll.llama_context_p], abort: Optional[threading.Event]) -> Iterator[None]:
+def abort_hook(ctx: Optional[ll.llama_context_p], abort: Optional[Flag]) -> Iterator[None]:
     """While in the block, llama.cpp asks ``abort`` between the nodes of its graph (None: no hook).
 
     The hook costs a Python call per node, which only a long batch amortises.

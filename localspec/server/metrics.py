@@ -85,7 +85,8 @@ class _Collector(Collector):
                 family.add_metric([drafter], n)
             yield family
         running, waiting = self.gauges()
-        yield GaugeMetricFamily("localspec_running", "Generations running now (0 or 1).", value=running)
+        yield GaugeMetricFamily("localspec_running", "Generations running now (at most the server's --parallel).",
+                                value=running)
         yield GaugeMetricFamily("localspec_queued", "Requests waiting for the generation worker.", value=waiting)
 
 

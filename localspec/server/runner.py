@@ -4,7 +4,6 @@ generations it would otherwise wait for."""
 from __future__ import annotations
 
 import asyncio
-import functools
 from typing import Any, Optional
 
 import uvicorn
@@ -33,8 +32,7 @@ class _Uvicorn(uvicorn.Server):
     async def shutdown(self, sockets: Any = None) -> None:
         await super().shutdown(sockets)
         # The worker finishes its cancelled generation (and records it) before the process goes.
-        stop = functools.partial(self.localspec.worker.shutdown, wait=True, cancel_futures=True)
-        await asyncio.get_running_loop().run_in_executor(None, stop)
+        await asyncio.get_running_loop().run_in_executor(None, self.localspec.close)
 
 
 def run(server: Server, app: FastAPI, host: str, port: int) -> None:

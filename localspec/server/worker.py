@@ -1,8 +1,10 @@
-"""The server's one generation worker: admitted requests (``Job``), their queue, and their events.
+"""The server's generation workers: admitted requests (``Job``), their queue, and their events.
 
-Both models of a pair share one cache, so generations run one at a time on a
-single worker thread; further requests wait in a bounded queue and get 503
-with ``Retry-After`` once it is full. A job's events (its text, reasoning and
+A pair loaded with N sequences (``serve --parallel``) runs up to N generations
+at once, each on a worker thread of its own and a lane of the pair (its own
+sequence of each model's context), their decode calls batched into one step;
+further requests wait in a bounded queue and get 503 with ``Retry-After`` once
+it is full. A job's events (its text, reasoning and
 token log-probabilities as they come, then its end or an error) go back to the
 event loop, where the relay (``server.relay``) writes them to the client in its
 API's shape. A client that goes away, streaming or not, cancels its generation
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,6 +37,7 @@ from ..errors import (
 from ..methods import REGISTRY
 from ..options import GenerationOptions
 from ..results import Stream
+from ..runtime.batching import StepBatcher
 from . import metrics as server_metrics
 from .generation import GenerationRequest, Limits
 from .http import ApiError
@@ -86,13 +90,16 @@ class Job:
 
 
 class Server:
-    """The pair, the single generation worker, and the admitted jobs.
+    """The pair, its generation workers, and the admitted jobs.
+
+    A pair loaded with several sequences (``parallel``) runs as many requests at once, each on its own lane
+    (``Pair.lanes``), their decode calls batched together; the rest wait in line.
 
     Args:
-        pair: the loaded models (used from the worker thread only).
+        pair: the loaded models (used from the worker threads only).
         name: the model name clients use.
         defaults: options for what a request leaves out.
-        max_queue: requests that may wait while one generates; more get 503.
+        max_queue: requests that may wait while the others generate; more get 503.
         max_tokens: the most tokens one request may generate (larger requests are capped); None: the context.
         history: False keeps every request out of the history store, whatever it asks.
         keep_billing_header: keep Claude Code's billing-header block in Messages requests (see ``Limits``).
@@ -104,7 +111,17 @@ class Server:
         self.defaults = defaults
         self.limits = Limits((name,), max_tokens, history, keep_billing_header)
         self.max_queue = max_queue
-        self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-generate")
+        #: Requests that run at once: the pair's sequences.
+        self.parallel = pair.lanes.width
+        self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=self.parallel,
+                                                            thread_name_prefix="localspec-generate")
+        self.batcher: Optional[StepBatcher] = None
+        if self.parallel > 1:  # every lane's decode calls go together, from the first request to the last
+            self.batcher = StepBatcher()
+            for lane in map(pair.lanes.lane, range(self.parallel)):
+                for model in (lane.target, lane.draft):
+                    if model is not None:
+                        model.attach(self.batcher)
         self.jobs: set[Job] = set()  # running + waiting; only touched on the event loop's thread
         #: Generations by outcome; "refused": the request was at fault (a 4xx found on the worker), "failed": 5xx.
         self.counts = {"completed": 0, "cancelled": 0, "refused": 0, "failed": 0}
@@ -138,8 +155,18 @@ class Server:
         return self.limits.models[0]
 
     def occupancy(self) -> tuple[int, int]:
-        """(running, waiting): the generation on the worker (0 or 1) and the requests queued behind it."""
-        return min(len(self.jobs), 1), max(0, len(self.jobs) - 1)
+        """(running, waiting): the generations on the workers (up to ``parallel``) and the requests queued."""
+        return min(len(self.jobs), self.parallel), max(0, len(self.jobs) - self.parallel)
+
+    def close(self) -> None:
+        """Wait for the workers to finish what they run (queued requests are dropped), then stop batching."""
+        self.worker.shutdown(wait=True, cancel_futures=True)
+        if self.batcher is not None:
+            for lane in map(self.pair.lanes.lane, range(self.parallel)):
+                for model in (lane.target, lane.draft):
+                    if model is not None:
+                        model.attach(None)
+            self.batcher.close()
 
     def admit(self, request: GenerationRequest, task: Optional[Task] = None) -> Job:
         """Queue a generation on the worker, or ``task`` (which uses the pair too), behind the same limit
@@ -150,8 +177,9 @@ class Server:
         """
         if self.stopping:
             raise ApiError(503, "The server is shutting down.", type="server_error", code="server_stopping")
-        if len(self.jobs) > self.max_queue:
-            raise ApiError(503, f"The server is busy: one generation is running and {self.max_queue} are "
+        if len(self.jobs) >= self.parallel + self.max_queue:
+            running = "one generation is" if self.parallel == 1 else f"{self.parallel} generations are"
+            raise ApiError(503, f"The server is busy: {running} running and {self.max_queue} are "
                            "waiting; try again shortly.", type="server_error", code="server_busy",
                            headers={"Retry-After": "5"})
         job = Job(request, asyncio.get_running_loop(), task, admitted=self.jobs)
@@ -194,12 +222,17 @@ class Server:
             self.counts[outcome] += 1
 
     def generate(self, job: Job) -> None:
-        """Run one job on the worker thread, sending events back to the loop."""
+        """Run one job on a worker thread, on a free lane, sending events back to the loop."""
         try:
             if job.task is not None:
                 self._run_task(job)
             else:
-                self._generate(job)
+                seq = self.pair.lanes.acquire()  # never waits: a worker holds at most one of the lanes
+                try:
+                    with self.batcher.member() if self.batcher is not None else contextlib.nullcontext():
+                        self._generate(job, self.pair if seq == 0 else self.pair.lanes.lane(seq))
+                finally:
+                    self.pair.lanes.release(seq)
         finally:
             job.loop.call_soon_threadsafe(self.jobs.discard, job)  # admission ends when the worker is done
 
@@ -223,7 +256,7 @@ class Server:
         else:
             job.put("done", value)
 
-    def _generate(self, job: Job) -> None:
+    def _generate(self, job: Job, pair: Pair) -> None:
         if job.cancelled.is_set():  # its client left, or the server is stopping, while it waited
             self._cancelled(job)
             return
@@ -233,14 +266,14 @@ class Server:
         try:
             if req.chat:
                 assert req.messages is not None
-                stream = self.pair.stream_chat(req.messages, req.options, tools=req.tools,
-                                               template_vars=req.template_vars)
+                stream = pair.stream_chat(req.messages, req.options, tools=req.tools,
+                                          template_vars=req.template_vars)
             elif req.suffix is not None:
                 assert isinstance(req.prompt, str)
-                stream = self.pair.stream_infill(req.prompt, req.suffix, req.options)
+                stream = pair.stream_infill(req.prompt, req.suffix, req.options)
             else:
                 assert req.prompt is not None
-                stream = self.pair.stream(req.prompt, req.options)
+                stream = pair.stream(req.prompt, req.options)
             job.stream = stream
             if job.cancelled.is_set():  # its client left while the stream was being set up
                 stream.cancel()
@@ -248,7 +281,7 @@ class Server:
                 if job.cancelled.is_set():
                     break  # leaving the loop closes the stream: both caches stay consistent
                 if ev.logprob is not None:  # before its text, so a chunk carries the tokens that made it
-                    job.put("logprobs", server_logprobs.entry(ev, self.pair.target.token_bytes))
+                    job.put("logprobs", server_logprobs.entry(ev, pair.target.token_bytes))
                 if ev.reasoning:
                     job.put("reasoning", ev.reasoning)
                     thought += len(ev.reasoning)

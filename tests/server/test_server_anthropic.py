@@ -287,8 +287,8 @@ def test_a_client_that_writes_a_60_mb_body_first_reads_the_413_in_each_apis_shap
 def test_a_full_queue_is_overloaded_529(pair, tmp_path):
     r = error_response(ApiError(503, "busy", type="server_error", code="server_busy"))
     assert r.status_code == 529 and json.loads(r.body)["error"]["type"] == "overloaded_error"
-    s = ServeProcess(["-t", str(pair.target.path), "-d", "none", "--ctx", "1024", "--max-queue", "0", "-m", "plain"],
-                     tmp_path)
+    s = ServeProcess(["-t", str(pair.target.path), "-d", "none", "--ctx", "1024", "--max-queue", "0", "--parallel", "1",
+                      "-m", "plain"], tmp_path)
     try:
         busy = anthropic.Anthropic(base_url=s.base, api_key="x", max_retries=0, timeout=60)
         with busy.messages.stream(model="x", max_tokens=1000, messages=MESSAGES) as running:
@@ -426,8 +426,8 @@ def test_a_schema_the_engine_cannot_take_is_the_400_chat_completions_gives(serve
 
 
 def test_count_tokens_waits_in_the_queue_and_is_refused_with_it(pair, tmp_path):
-    s = ServeProcess(["-t", str(pair.target.path), "-d", "none", "--ctx", "1024", "--max-queue", "0", "-m", "plain"],
-                     tmp_path)
+    s = ServeProcess(["-t", str(pair.target.path), "-d", "none", "--ctx", "1024", "--max-queue", "0", "--parallel", "1",
+                      "-m", "plain"], tmp_path)
     try:
         busy = anthropic.Anthropic(base_url=s.base, api_key="x", max_retries=0, timeout=60)
         with busy.messages.stream(model="x", max_tokens=1000, messages=MESSAGES) as running:

@@ -21,7 +21,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France? Answer i
 def server(tmp_path_factory):
     d = real_models_dir()
     s = ServeProcess(["-t", str(d / "target.gguf"), "-d", str(d / "draft.gguf"), "--ctx", "2048",
-                      "--max-queue", "1"], tmp_path_factory.mktemp("serve-real"), timeout=300)
+                      "--max-queue", "1", "--parallel", "1"], tmp_path_factory.mktemp("serve-real"), timeout=300)
     yield s
     s.close()
 
@@ -132,22 +132,22 @@ def test_a_client_that_leaves_during_a_long_prompt_frees_the_worker_at_once(serv
     assert again.choices[0].message.content == want.choices[0].message.content
 
 
-@pytest.mark.parametrize("sig,during", [(signal.SIGTERM, "decoding"), (signal.SIGINT, "decoding"),
-                                        (signal.SIGTERM, "prompt")])
-def test_a_signal_mid_generation_ends_the_server_within_seconds(tmp_path, sig, during):
+@pytest.mark.parametrize("sig,during,parallel", [(signal.SIGTERM, "decoding", 1), (signal.SIGINT, "decoding", 3),
+                                                 (signal.SIGTERM, "prompt", 1), (signal.SIGTERM, "prompt", 3)])
+def test_a_signal_mid_generation_ends_the_server_within_seconds(tmp_path, sig, during, parallel):
     d = real_models_dir()
-    s = ServeProcess(["-t", str(d / "target.gguf"), "--ctx", "2048", "--threads", "2", "-m", "plain"], tmp_path,
-                     timeout=300)
+    s = ServeProcess(["-t", str(d / "target.gguf"), "--ctx", "2048", "--threads", "2", "-m", "plain",
+                      "--parallel", str(parallel)], tmp_path, timeout=300)
     try:
         client = openai.OpenAI(base_url=s.url, api_key="x", max_retries=0, timeout=120)
         if during == "decoding":
             stream = client.chat.completions.create(model="target", stream=True, **LONG)
             next(iter(stream))
-        else:  # a long prompt runs, two more wait
+        else:  # a long prompt runs, two more wait (or, three at once, run beside it)
             running = _open_request(s, {"messages": [{"role": "user", "content": LONG_PROMPT}], "max_tokens": 8})
             _wait_for(s, lambda h: h["running"] == 1)
             waiting = [_open_request(s, {**LONG, "max_tokens": 4}) for _ in range(2)]
-            _wait_for(s, lambda h: h["queued"] == 2)
+            _wait_for(s, lambda h: h["queued"] == 2 if parallel == 1 else h["running"] == 3)
             time.sleep(0.5)
         started = time.monotonic()
         s.proc.send_signal(sig)

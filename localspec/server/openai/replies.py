@@ -51,7 +51,7 @@ def stats(r: Result) -> dict[str, Any]:
     ours = {"method": s.method, "k": s.k, "rounds": s.rounds, "restored_prompt_tokens": s.restored_prompt_tokens,
             "rounds_per_method": {m: n for m, n in s.rounds_by_method.items() if n}, "drafted": s.drafted,
             "accepted": s.accepted, "acceptance_rate": s.acceptance_rate, "tokens_per_round": s.tokens_per_round,
-            "drafted_by": s.drafted_by, "accepted_by": s.accepted_by}
+            "drafted_by": s.drafted_by, "accepted_by": s.accepted_by, "batch_width": s.batch_width}
     return {"timings": timings, "localspec": ours}
 
 

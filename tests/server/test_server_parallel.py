@@ -1,0 +1,104 @@
+"""`localspec serve --parallel`: requests that arrive together run together, each exactly what it gives alone,
+through the official clients; one that leaves or fails ends alone."""
+
+from __future__ import annotations
+
+import threading
+
+import anthropic
+import openai
+import pytest
+from serverproc import ServeProcess
+from tinymodel import HERMES_TEMPLATE as TEMPLATE
+from tinymodel import write_tiny_model
+
+import localspec
+
+QUESTIONS = ["in the end, in the end, what is the weather in the end", "The cat sat on the mat and the dog sat",
+             "def add(a, b):\n    return a + b\n\ndef sub(a, b):", "Count: one, two, three, four,"]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("parallel")
+    for name, noise in (("t.gguf", 0.0), ("d.gguf", 0.35)):
+        write_tiny_model(d / name, seed=0, noise=noise, chat_template=TEMPLATE)
+    with localspec.load(d / "t.gguf", d / "d.gguf", n_ctx=2048, history=False, prompt_cache=False) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def server(pair, tmp_path_factory):
+    s = ServeProcess(["-t", str(pair.target.path), "-d", str(pair.draft.path), "--ctx", "2048", "--no-history",
+                      "--parallel", "3", "--max-queue", "4"], tmp_path_factory.mktemp("serve"))
+    yield s
+    s.close()
+
+
+def _together(calls):
+    """Run the calls at once, each in its own thread; their results (or exceptions) in order."""
+    out: list[object] = [None] * len(calls)
+    start = threading.Barrier(len(calls))
+
+    def run(i):
+        start.wait()
+        try:
+            out[i] = calls[i]()
+        except Exception as exc:  # the test reads it
+            out[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return out
+
+
+def _streamed(client, question, method):
+    chunks = list(client.chat.completions.create(
+        model="t", messages=[{"role": "user", "content": question}], max_tokens=40, temperature=0, stream=True,
+        extra_body={"method": method}))
+    final = next(c for c in chunks if c.choices and c.choices[0].finish_reason)
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), final.model_extra["localspec"]
+
+
+def test_the_server_says_how_many_requests_run_at_once(server):
+    assert "3 requests at once" in server.output()
+
+
+@pytest.mark.parametrize("method", ["plain", "lookup", "draft", "auto"])
+def test_requests_sent_together_run_together_and_each_answers_as_alone(server, pair, method):
+    client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=120)
+    alone = [pair.chat([{"role": "user", "content": q}], max_tokens=40, method=method).text for q in QUESTIONS]
+    got = _together([lambda q=q: _streamed(client, q, method) for q in QUESTIONS])  # 4 requests, 3 at once
+    assert [text for text, _ in got] == alone
+    assert max(ours["batch_width"] for _, ours in got) > 1  # their tokens shared decodes
+    assert server.get("/health")["running"] == 0
+
+
+def test_one_client_leaving_and_one_bad_request_end_alone(server, pair):
+    oa = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=120)
+    an = anthropic.Anthropic(base_url=server.base, api_key="x", max_retries=0, timeout=120)
+    question = [{"role": "user", "content": QUESTIONS[0]}]
+    alone = pair.chat(question, max_tokens=40, method="plain").text
+
+    def leaves():
+        with oa.chat.completions.create(model="t", messages=question, max_tokens=400, temperature=0,
+                                        stream=True) as stream:
+            next(iter(stream))  # it has begun; leaving closes the connection
+        return "left"
+
+    def too_long():
+        return oa.chat.completions.create(model="t", messages=[{"role": "user", "content": "word " * 3000}],
+                                          max_tokens=4)
+
+    def stays():
+        reply = an.messages.create(model="t", max_tokens=40, messages=question,
+                                   extra_body={"method": "plain", "temperature": 0})
+        return reply.content[0].text
+
+    left, failed, stayed = _together([leaves, too_long, stays])
+    assert left == "left"
+    assert isinstance(failed, openai.BadRequestError) and "context" in str(failed)
+    assert stayed == alone
