@@ -11,6 +11,7 @@ defaults:
 * ``batch-2048``: 2048-token decode calls split by llama.cpp into ubatches of 512, as llama-server's.
 
     python benchmarks/prompt_parity.py TARGET.gguf --llama-server PATH [--tokens 4096] [--reps 3]
+        [--variants localspec,no-abort,batch-2048]
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=32768)
+    ap.add_argument("--variants", default="localspec,no-abort,batch-2048",
+                    help="the localspec variants to time beside llama-server, comma-separated")
     args = ap.parse_args()
     tokens = prompt_tokens(args.target, args.tokens)
     runs: dict[str, Callable[[], float]] = {
@@ -108,6 +111,8 @@ def main() -> int:
         "no-abort": lambda: localspec_read(args.target, tokens, args.threads, args.ctx, abort=False),
         "batch-2048": lambda: localspec_read(args.target, tokens, args.threads, args.ctx, n_batch=2048),
     }
+    chosen = {"llama-server", *args.variants.split(",")}
+    runs = {name: run for name, run in runs.items() if name in chosen}
     seconds: dict[str, list[float]] = {name: [] for name in runs}
     names = list(runs)
     for rep in range(args.reps):

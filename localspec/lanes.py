@@ -9,17 +9,17 @@ and step. The pair's prompt cache, history, cost correction and measured costs a
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from .drafting.assembly import Assembly
 from .errors import ConfigError
 from .methods import get_method
 from .options import GenerationOptions
-from .results import Result
 from .runtime.batching import StepBatcher
 
 #: What ``generate_many`` takes for each generation: a raw prompt (text or token ids) or a conversation.
@@ -62,6 +62,8 @@ class Lanes:
             self._seqs.append((target, draft, Assembly(target, draft)))
         lane = copy.copy(pair)
         lane.target, lane.draft, lane.assembly = self._seqs[i - 1]
+        # what the pair measures (thread counts, the cost profile) is measured once, on it, and kept there
+        lane.choose_threads, lane.calibrate = pair.choose_threads, pair.calibrate
         return lane
 
     def acquire(self) -> int:
@@ -136,8 +138,7 @@ class Lanes:
         def run(item: Prompt) -> Any:
             seq = self.acquire()  # one of ``width`` workers: a lane is always free
             try:
-                with batcher.member():
-                    return self._one(self.lane(seq), item, opts, return_exceptions)
+                return self._one(self.lane(seq), item, opts, return_exceptions, batcher)
             finally:
                 self.release(seq)
 
@@ -168,13 +169,15 @@ class Lanes:
             _ = pair.history
 
     @staticmethod
-    def _one(lane: Any, item: Prompt, opts: GenerationOptions, return_exceptions: bool) -> Any:
-        call: Callable[[], Result] = ((lambda: lane.chat(item, opts)) if is_conversation(item)
-                                      else (lambda: lane.generate(item, opts)))
-        if not return_exceptions:
-            return call()
+    def _one(lane: Any, item: Prompt, opts: GenerationOptions, return_exceptions: bool,
+             batcher: Optional[StepBatcher] = None) -> Any:
+        """``item``'s result on ``lane`` (or its exception, with ``return_exceptions``): set up alone, decoded as
+        a member of ``batcher`` (its setup holds none of the other lanes' steps back)."""
         try:
-            return call()
-        except Exception as exc:  # the caller asked for it in its place
-            return exc
-
+            stream = lane.stream_chat(item, opts) if is_conversation(item) else lane.stream(item, opts)
+            with batcher.member() if batcher is not None else contextlib.nullcontext():
+                return stream.finish()
+        except Exception as exc:
+            if not return_exceptions:
+                raise
+            return exc  # the caller asked for it in its place

@@ -111,7 +111,7 @@ def speculative_round(
     # checkpoint, the kept ones are evaluated again: that time counts as verifying).
     target.truncate(n + kept)
     verifying = target.busy_seconds - verify_started - saving
-    timing = RoundTiming(known + 1, verifying, draft.model_steps, drafting, saving)
+    timing = RoundTiming(known + 1, verifying, draft.model_steps, drafting, saving, shared=target.last_width > 1)
     if drafter is not None:
         learn(drafter, draft, kept, timing)
     return Round(draft, kept, nxt, timing, kept_rows)

@@ -322,7 +322,7 @@ class AutoDrafter(Drafter):
         """A round's real cost: into the evidence that corrects the profile decided by, and a drafting round's
         tokens and cost, in steps of the profile it was chosen by, into its method's realized gain."""
         bet, self._bet = self._bet, None
-        if self.correction is None:
+        if self.correction is None or timing.shared:  # a decode shared with other sequences: not its own cost
             return
         if bet is not None and bet.tokens:
             steps = (timing.verify_seconds + timing.draft_seconds + timing.rollback_seconds) / self.profile.verify[0]

@@ -17,6 +17,7 @@ model and no copies:
 from __future__ import annotations
 
 import dataclasses
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
@@ -94,6 +95,8 @@ class RoundTiming:
     draft_steps: int = 0
     draft_seconds: float = 0.0
     rollback_seconds: float = 0.0
+    #: The verification shared a decode with other sequences' tokens: its time is not this round's alone.
+    shared: bool = False
 
 
 @dataclass
@@ -123,6 +126,8 @@ class CostCorrection:
     _draft: list[float] = field(default_factory=lambda: [0.0, 0.0])  # seconds, steps
     # by method: rounds, and the sums of their realized over predicted speeds and of its square (all faded)
     _gains: dict[str, list[float]] = field(default_factory=dict)
+    # generations decoded together (``Pair.generate_many``, ``serve --parallel``) share one correction
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     def observe_gain(self, method: str, predicted_tokens: float, predicted_steps: float, tokens: int,
                      steps: float) -> None:
@@ -138,9 +143,10 @@ class CostCorrection:
         if predicted_tokens <= 0 or predicted_steps <= 0 or steps <= 0:
             return
         x = (tokens / steps) / (predicted_tokens / predicted_steps)
-        g = self._gains.setdefault(method, [0.0, 0.0, 0.0])
-        for i, v in enumerate((1.0, x, x * x)):
-            g[i] = g[i] * self.decay + v
+        with self._lock:
+            g = self._gains.setdefault(method, [0.0, 0.0, 0.0])
+            for i, v in enumerate((1.0, x, x * x)):
+                g[i] = g[i] * self.decay + v
 
     def gain_factor(self, method: str) -> float:
         """How much of its predicted speed ``method``'s rounds have clearly delivered: 1 unless they have
@@ -152,8 +158,8 @@ class CostCorrection:
         a method that keeps delivering much less than it was chosen for is held to a higher bar. What it
         judges is the acceptance estimate and the verification's cost, as llama.cpp spent it.
         """
-        g = self._gains.get(method)
-        if g is None or g[0] <= 0:
+        g = list(self._gains.get(method) or [])
+        if not g or g[0] <= 0:
             return 1.0
         n = g[0] + GAIN_PRIOR_ROUNDS
         mean = (g[1] + GAIN_PRIOR_ROUNDS) / n
@@ -163,18 +169,20 @@ class CostCorrection:
     def new_generation(self) -> None:
         """A new generation starts: the realized-gain evidence counts half, and for at most
         ``GAIN_CARRY_ROUNDS`` rounds."""
-        for g in self._gains.values():
-            keep = min(0.5, GAIN_CARRY_ROUNDS / g[0]) if g[0] > 0 else 0.0
-            g[:] = [v * keep for v in g]
+        with self._lock:
+            for g in self._gains.values():
+                keep = min(0.5, GAIN_CARRY_ROUNDS / g[0]) if g[0] > 0 else 0.0
+                g[:] = [v * keep for v in g]
 
     def observe(self, timing: RoundTiming) -> None:
         """Add one round's real costs."""
         n = timing.n
-        self._sums[n] = self._sums.get(n, 0.0) * self.decay + timing.verify_seconds
-        self._counts[n] = self._counts.get(n, 0.0) * self.decay + 1.0
-        if timing.draft_steps:
-            self._draft[0] = self._draft[0] * self.decay + timing.draft_seconds
-            self._draft[1] = self._draft[1] * self.decay + timing.draft_steps
+        with self._lock:
+            self._sums[n] = self._sums.get(n, 0.0) * self.decay + timing.verify_seconds
+            self._counts[n] = self._counts.get(n, 0.0) * self.decay + 1.0
+            if timing.draft_steps:
+                self._draft[0] = self._draft[0] * self.decay + timing.draft_seconds
+                self._draft[1] = self._draft[1] * self.decay + timing.draft_steps
 
     def evidence(self, n: int) -> float:
         """How many (faded) rounds of n tokens have been observed."""
@@ -188,6 +196,11 @@ class CostCorrection:
         Only the shape counts (a machine uniformly slower now changes no choice), only n seen in at
         least ``evidence`` rounds next to single steps, and only steps over ``floor`` seconds.
         """
+        with self._lock:
+            return self._disagreement(profile, evidence, tolerance, floor)
+
+    def _disagreement(self, profile: CostProfile, evidence: float, tolerance: float,
+                      floor: float) -> Optional[tuple[int, float]]:
         if self.evidence(1) < evidence or profile.verify[0] <= floor:
             return None
         step = self._sums[1] / self._counts[1]
@@ -201,6 +214,10 @@ class CostCorrection:
 
     def apply(self, profile: CostProfile) -> CostProfile:
         """``profile`` with the evidence folded in (the profile itself when there is none)."""
+        with self._lock:
+            return self._apply(profile)
+
+    def _apply(self, profile: CostProfile) -> CostProfile:
         if not self._counts and not self._draft[1]:
             return profile
         w = self.prior_weight

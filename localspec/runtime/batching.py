@@ -131,6 +131,8 @@ class StepBatcher:
                 while not call.finished:
                     self._cond.wait()
             finally:
+                if not call.finished:  # interrupted while waiting: the step must not count it, nor decode it
+                    self._calls.remove(call)
                 if joined:  # a copy of its rows: the steps that go on without it overwrite llama.cpp's buffer
                     call.rows = [np.array(r) for r in call.rows]
                     self._members.discard(me)
@@ -154,9 +156,15 @@ class StepBatcher:
         return op.value  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        """Stop the decoding thread and free the batches (the batcher cannot be used afterwards)."""
+        """Stop the decoding thread and free the batches (the batcher cannot be used afterwards); a call or op
+        still waiting fails."""
         with self._cond:
             self._closed = True
+            for call in self._calls:
+                call.rc, call.finished = -1, True
+            for op in self._ops:
+                op.error, op.done = RuntimeError("This StepBatcher was closed."), True
+            self._calls, self._ops = [], []
             self._cond.notify_all()
         if self._driver is not None:
             self._driver.join()
@@ -214,34 +222,50 @@ class StepBatcher:
         self._calls = [c for c in self._calls if not c.finished]
 
     def _decode_group(self, group: list[_Call]) -> None:
-        """One llama.cpp decode of as much of ``group``'s calls (on one context) as its ``n_batch`` takes."""
+        """One llama.cpp decode of as much of ``group``'s calls (on one context) as its ``n_batch`` takes; where
+        the cells have no room for all of them, each alone, so that only a call that does not fit fails."""
         first = group[0].model
-        batch, capacity = self._batch(first)
-        tokens, pos, flags = (np.ctypeslib.as_array(a, shape=(capacity,)) for a in (batch.token, batch.pos,
-                                                                                    batch.logits))
-        taken: list[tuple[_Call, int, int]] = []  # a call, how many of its tokens, how many rows they give
+        capacity = self._batch(first)[1]
+        taken: list[tuple[_Call, int]] = []  # a call, and how many of its tokens go in this step
         n = 0
         for call in group:
             take = min(call.m - call.done, capacity - n)
             if take <= 0:
                 break
+            taken.append((call, take))
+            n += take
+        if self._decode(first, taken, last_try=len(taken) == 1) == 1 and len(taken) > 1:  # 1: no free cells
+            for part in taken:
+                self._decode(first, [part], last_try=True)
+
+    def _decode(self, first: Any, taken: list[tuple[_Call, int]], last_try: bool) -> int:
+        """Decode ``taken`` (calls on ``first``'s context and how many of their tokens) and hand each its rows
+        and outcome; llama.cpp's code. A failure for want of cells is left to the caller unless ``last_try``
+        (llama.cpp then leaves the memory as it was)."""
+        batch, capacity = self._batch(first)
+        tokens, pos, flags = (np.ctypeslib.as_array(a, shape=(capacity,)) for a in (batch.token, batch.pos,
+                                                                                    batch.logits))
+        n, counts = 0, []
+        for call, take in taken:
             src = slice(call.done, call.done + take)
             tokens[n:n + take] = call.model._b_token[src]
             pos[n:n + take] = call.model._b_pos[src]
             flags[n:n + take] = call.model._b_logits[src]
             for i in range(n, n + take):
                 batch.seq_id[i][0] = call.model.seq
-            taken.append((call, take, int(np.count_nonzero(call.model._b_logits[src]))))
+            counts.append(int(np.count_nonzero(call.model._b_logits[src])))  # the rows its tokens give
             n += take
         batch.n_tokens = n
         t0 = time.perf_counter()
         # a long step stops within milliseconds once every call in it is cancelled (a server shutting down);
         # one call cancelled among others waits for the step's end, which the others need
-        events = [c.abort for c, _, _ in taken]
+        events = [c.abort for c, _ in taken]
         stoppable = n > ABORTABLE_STEP and all(e is not None for e in events)
         with first._log, abort_hook(first._ctx, _All(events) if stoppable else None):
-            rc = ll.llama_decode(first._ctx, batch)
-        n_rows = sum(r for _, _, r in taken)
+            rc = int(ll.llama_decode(first._ctx, batch))
+        if rc == 1 and not last_try:
+            return rc
+        n_rows = sum(counts)
         logits = None
         if rc == 0 and n_rows:
             logits = np.ctypeslib.as_array(ll.llama_get_logits(first._ctx), shape=(n_rows, first.n_vocab))
@@ -251,7 +275,7 @@ class StepBatcher:
         self.steps += 1
         self.widest = max(self.widest, len(taken))
         row = 0
-        for call, take, r in taken:
+        for (call, take), r in zip(taken, counts, strict=True):
             call.seconds += spent
             call.width = max(call.width, len(taken))
             if rc != 0:
@@ -264,6 +288,7 @@ class StepBatcher:
                 # a call that spans steps keeps copies: the next step overwrites the buffer
                 call.rows.append(rows if call.finished and not call.rows else np.array(rows))
             row += r
+        return rc
 
     def _batch(self, model: Any) -> tuple[Any, int]:
         """The batch for ``model``'s context, made on first use (as many tokens as the context's ``n_batch``)."""

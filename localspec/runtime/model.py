@@ -125,10 +125,11 @@ class Model(CacheControl, ModelVocabulary):
         self._batcher: Optional[StepBatcher] = None  # where decode calls go to be batched with other sequences'
         #: True when the caller left the thread count to localspec (see ``calibration.choose_threads``).
         self.threads_unset = not n_threads
-        self.n_threads = n_threads if n_threads else default_threads()
+        # the context's thread counts, one list its sequences (``sequence``) share, as they share the context
+        self._threads = [n_threads if n_threads else default_threads(), 0]
         #: True when the caller left the batch thread count to localspec.
         self.batch_threads_unset = not n_threads_batch
-        self.n_threads_batch = n_threads_batch if n_threads_batch else self.n_threads
+        self._threads[1] = n_threads_batch if n_threads_batch else self.n_threads
         if n_gpu_layers is None:
             n_gpu_layers = -1 if gpu_offload_supported() else 0
         self.n_gpu_layers = n_gpu_layers
@@ -208,6 +209,8 @@ class Model(CacheControl, ModelVocabulary):
         #: The most sequences one of its decodes held since this was last set to 1 (a generation does at its
         #: start): more than 1 when a ``StepBatcher`` decoded it with other sequences.
         self.widest_batch = 1
+        #: How many sequences its last decode held (1: alone).
+        self.last_width = 1
 
     # -- lifetime -----------------------------------------------------------
 
@@ -234,7 +237,7 @@ class Model(CacheControl, ModelVocabulary):
         view._dirty = False
         view._checkpoints = []
         view.rewinds = view.replayed_tokens = view.decode_calls = 0
-        view.widest_batch = 1
+        view.widest_batch = view.last_width = 1
         view.busy_seconds = 0.0
         view._batch, view._b_token, view._b_pos, view._b_logits = one_sequence_batch(self.n_batch, seq)
         return view
@@ -275,7 +278,10 @@ class Model(CacheControl, ModelVocabulary):
         if n < 1 or n_batch < 1:
             raise ConfigError(f"Thread counts must be at least 1, got {n} and {n_batch} for batches.")
         self._llama(ll.llama_set_n_threads, self._ctx, n, n_batch)
-        self.n_threads, self.n_threads_batch = n, n_batch
+        self._threads[:] = [n, n_batch]
+
+    n_threads = property(lambda self: self._threads[0], doc="CPU threads for single-token steps (the context's).")
+    n_threads_batch = property(lambda self: self._threads[1], doc="CPU threads for batches (the context's).")
 
     # -- the cache ------------------------------------------------------------
 
@@ -360,14 +366,16 @@ class Model(CacheControl, ModelVocabulary):
         self._dirty = True  # until the record below matches the cache again
         batched: Optional[np.ndarray] = None
         if self._batcher is not None:  # with other sequences' tokens, in one decode: its rows come copied out
-            rc, batched, spent, width = self._batcher.decode(self, m, abort)
-            self.widest_batch = max(self.widest_batch, width)
+            rc, batched, spent, self.last_width = self._batcher.decode(self, m, abort)
+            self.widest_batch = max(self.widest_batch, self.last_width)
             t0 = time.perf_counter() - spent  # llama.cpp's time, not the wait for the other sequences
         else:
             with self._log:
                 rc = ll.llama_decode(self._ctx, self._batch)
+            self.last_width = 1
         if rc != 0:
-            ll.llama_set_abort_callback(self._ctx, ll.ggml_abort_callback(), None)  # the repair must not abort too
+            if self._batcher is None:  # the repair must not abort too (a batcher's steps remove their own hook)
+                ll.llama_set_abort_callback(self._ctx, ll.ggml_abort_callback(), None)
             self._repair(failed=True)
             if rc == 2 and abort is not None and abort.is_set():  # 2: the abort callback said stop
                 raise GenerationCancelled(f"Cancelled at position {self._n} of {self.path.name}.")

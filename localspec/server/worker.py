@@ -125,6 +125,7 @@ class Server:
         self.jobs: set[Job] = set()  # running + waiting; only touched on the event loop's thread
         #: Generations by outcome; "refused": the request was at fault (a 4xx found on the worker), "failed": 5xx.
         self.counts = {"completed": 0, "cancelled": 0, "refused": 0, "failed": 0}
+        self._counting = threading.Lock()  # the workers count at once
         self.totals = server_metrics.Totals()  # tokens and requests, for /metrics
         self.created = int(time.time())
         self.stopping = False
@@ -144,9 +145,12 @@ class Server:
             defaults = defaults.replace(max_tokens=pair.target.n_ctx)
         server = cls(pair, name, defaults, max_queue=max_queue, max_tokens=max_tokens,
                      history=pair.history is not None, keep_billing_header=keep_billing_header)
-        if REGISTRY.get(defaults.method).adaptive:
-            # On the worker thread that will generate: llama.cpp's OpenMP threads belong to the thread that
-            # calls it, and a second team left over from another thread slowed every later batch by a fifth.
+        # Measured now, not in the first requests (and never in a lane while others run), on the worker thread
+        # that will generate (a batcher's decodes go to its own thread): llama.cpp's OpenMP threads belong to
+        # the thread that calls it, and a second team left over from another thread slowed every later batch
+        # by a fifth.
+        server.worker.submit(pair.choose_threads).result()
+        if REGISTRY.get(defaults.method).adaptive or server.parallel > 1:
             server.worker.submit(pair.calibrate).result()
         return server
 
@@ -216,10 +220,14 @@ class Server:
                 self._count(job, "cancelled")
             job.events.put_nowait(("error", stopping))  # its client hears now, not after the worker
 
+    def _bump(self, outcome: str) -> None:
+        with self._counting:
+            self.counts[outcome] += 1
+
     def _count(self, job: Job, outcome: str) -> None:
         """Count a generation's outcome (a task is not a generation)."""
         if job.task is None:
-            self.counts[outcome] += 1
+            self._bump(outcome)
 
     def generate(self, job: Job) -> None:
         """Run one job on a worker thread, on a free lane, sending events back to the loop."""
@@ -229,8 +237,7 @@ class Server:
             else:
                 seq = self.pair.lanes.acquire()  # never waits: a worker holds at most one of the lanes
                 try:
-                    with self.batcher.member() if self.batcher is not None else contextlib.nullcontext():
-                        self._generate(job, self.pair if seq == 0 else self.pair.lanes.lane(seq))
+                    self._generate(job, self.pair if seq == 0 else self.pair.lanes.lane(seq))
                 finally:
                     self.pair.lanes.release(seq)
         finally:
@@ -277,24 +284,26 @@ class Server:
             job.stream = stream
             if job.cancelled.is_set():  # its client left while the stream was being set up
                 stream.cancel()
-            for ev in stream:
-                if job.cancelled.is_set():
-                    break  # leaving the loop closes the stream: both caches stay consistent
-                if ev.logprob is not None:  # before its text, so a chunk carries the tokens that made it
-                    job.put("logprobs", server_logprobs.entry(ev, pair.target.token_bytes))
-                if ev.reasoning:
-                    job.put("reasoning", ev.reasoning)
-                    thought += len(ev.reasoning)
-                if ev.text:
-                    job.put("text", ev.text)
-                    sent += len(ev.text)
+            # it decodes with the other lanes from here (its setup above held none of their steps back)
+            with self.batcher.member() if self.batcher is not None else contextlib.nullcontext():
+                for ev in stream:
+                    if job.cancelled.is_set():
+                        break  # leaving the loop closes the stream: both caches stay consistent
+                    if ev.logprob is not None:  # before its text, so a chunk carries the tokens that made it
+                        job.put("logprobs", server_logprobs.entry(ev, pair.target.token_bytes))
+                    if ev.reasoning:
+                        job.put("reasoning", ev.reasoning)
+                        thought += len(ev.reasoning)
+                    if ev.text:
+                        job.put("text", ev.text)
+                        sent += len(ev.text)
         except LocalspecError as exc:
             error = _library_error(exc, req.chat)
-            self.counts["failed" if error.status >= 500 else "refused"] += 1
+            self._bump("failed" if error.status >= 500 else "refused")
             job.put("error", error)
             return
         except Exception as exc:  # a bug: answer 500 and keep serving
-            self.counts["failed"] += 1
+            self._bump("failed")
             job.put("error", ApiError(500, f"Generation failed: {exc!r}.", type="server_error"))
             return
         if job.cancelled.is_set():
@@ -306,6 +315,6 @@ class Server:
             job.put("reasoning", result.reasoning[thought:])  # held back until the end (a marker's start)
         if len(result.text) > sent:
             job.put("text", result.text[sent:])  # held back until the end (an incomplete character)
-        self.counts["completed"] += 1
+        self._bump("completed")
         self.totals.generated(result.stats)
         job.put("done", result)

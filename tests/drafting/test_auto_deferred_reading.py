@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import numpy as np
 
 from localspec.drafting.auto import MIN_HORIZON, AutoDrafter
 from localspec.drafting.candidates import Candidate
-from localspec.drafting.costs import CostProfile
+from localspec.drafting.costs import CostCorrection, CostProfile
 from localspec.drafting.drafters import ModelDrafter
 from localspec.drafting.estimates import AcceptanceEstimate
 from localspec.methods import DRAFT
@@ -73,31 +70,26 @@ def _long_prompt() -> str:
     return " ".join(f"item {i} is stored in box {i % 7} next to item {i + 3}." for i in range(42))
 
 
-def _gpu_like_at_the_real_step(pair) -> CostProfile:
-    """The GPU-like curve at this machine's real single step, so that the rounds auto times do not correct it
-    away before the reply is long enough (they time single steps alone until the draft model drafts)."""
-    m = pair.target
-    m.reset()
-    m.eval([1, 2, 3], logits="last")
-    times = []
-    for _ in range(15):
-        t0 = time.perf_counter()
-        m.eval([5], logits="last")
-        times.append(time.perf_counter() - t0)
-    m.reset()
-    return CostProfile.synthetic([1.0] * 9, 0.1, step=statistics.median(times), name="gpu-like")
+class _Unlearning(CostCorrection):
+    """A correction that learns nothing: auto decides by the GPU-like profile alone, whatever this machine's
+    real rounds cost."""
+
+    def observe(self, timing) -> None:
+        pass
+
+    def observe_gain(self, *args) -> None:
+        pass
 
 
 def test_a_short_reply_to_a_long_prompt_leaves_the_draft_model_idle_and_a_long_one_drafts_exactly(make_pair):
     pair = make_pair(GPU, n_ctx=4096)
+    pair.cost_correction = _Unlearning()
     prompt = _long_prompt()
     assert len(pair.target.tokenize(prompt)) > 1500
     short_plain = pair.generate(prompt, max_tokens=12, method="plain")
-    short = pair.generate(prompt, max_tokens=12, method="auto")
+    short = pair.generate(prompt, max_tokens=12, method="auto", history=False)
     assert short.tokens == short_plain.tokens
     assert short.stats.auto.rounds["draft"] == 0 and pair.draft.n_past == 0  # it never read the prompt
-    pair = make_pair(None, n_ctx=4096)
-    pair.set_profile(_gpu_like_at_the_real_step(pair))
     long_plain = pair.generate(prompt, max_tokens=200, method="plain")
     long = pair.generate(prompt, max_tokens=200, method="auto", history=False)
     assert long.tokens == long_plain.tokens

@@ -48,8 +48,9 @@ class HistoryIndex:
     def __init__(self) -> None:
         self._corpus = np.full(1, -1, dtype=np.int32)  # starts with a separator: index 0 never matches
         self._size = 1
-        self._keys = {n: np.zeros(0, dtype=np.uint32) for n in WINDOWS}
-        self._pos = {n: np.zeros(0, dtype=np.int32) for n in WINDOWS}
+        # each window's sorted hashes and their end positions, replaced as one pair: a generation matching on
+        # another thread never pairs one's new keys with the other's old positions
+        self._windows = {n: (np.zeros(0, dtype=np.uint32), np.zeros(0, dtype=np.int32)) for n in WINDOWS}
 
     @property
     def corpus(self) -> np.ndarray:
@@ -80,9 +81,9 @@ class HistoryIndex:
             keys, pos = keys[order], pos[order]
             # New positions are the largest, so inserting after equal keys keeps each key's
             # occurrences in position order (newest last).
-            at = np.searchsorted(self._keys[n], keys, side="right")
-            self._keys[n] = np.insert(self._keys[n], at, keys)
-            self._pos[n] = np.insert(self._pos[n], at, pos)
+            old_keys, old_pos = self._windows[n]
+            at = np.searchsorted(old_keys, keys, side="right")
+            self._windows[n] = (np.insert(old_keys, at, keys), np.insert(old_pos, at, pos))
 
     def extend(self, records: Sequence[np.ndarray]) -> None:
         """Append many records at once: one sort per window instead of one merge per record."""
@@ -98,8 +99,7 @@ class HistoryIndex:
             h = _hashes(corpus, n)
             ok = np.flatnonzero(h)
             order = np.argsort(h[ok], kind="stable")  # positions ascend within each key: newest last
-            self._keys[n] = h[ok][order]
-            self._pos[n] = (ok[order] + n - 1).astype(np.int32)
+            self._windows[n] = (h[ok][order], (ok[order] + n - 1).astype(np.int32))
 
     def match(self, context: np.ndarray) -> tuple[int, np.ndarray]:
         """The longest suffix of ``context`` found here: (its length, end positions of its newest occurrences).
@@ -108,14 +108,16 @@ class HistoryIndex:
         """
         corpus = self.corpus
         for n in WINDOWS:
-            if len(context) < n or self._keys[n].size == 0:
+            keys, positions = self._windows[n]
+            if len(context) < n or keys.size == 0:
                 continue
             key = _hashes(np.asarray(context[-n:], dtype=np.int32), n)[0]
-            lo = int(np.searchsorted(self._keys[n], key, side="left"))
-            hi = int(np.searchsorted(self._keys[n], key, side="right"))
-            if hi <= lo:
+            lo = int(np.searchsorted(keys, key, side="left"))
+            hi = int(np.searchsorted(keys, key, side="right"))
+            cand = positions[max(lo, hi - MAX_CANDIDATES) : hi]
+            cand = cand[cand < len(corpus)]  # a record added since ``corpus`` was read is not in it
+            if not cand.size:
                 continue
-            cand = self._pos[n][max(lo, hi - MAX_CANDIDATES) : hi]
             # Match length of each occurrence: how many tokens, going back from its end, equal
             # the context's last tokens (a hash collision gives fewer than n and is dropped).
             w = min(MAX_MATCH, len(context))
