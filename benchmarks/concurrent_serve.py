@@ -10,7 +10,7 @@ workloads are the cases agents and chat apps make:
 * ``title``: a ~3k-token request, then 1 s later a 16-token title request beside it (the title's time counts).
 
     python benchmarks/concurrent_serve.py TARGET.gguf --llama-server PATH [--draft DRAFT.gguf]
-        [--workload new] [--parallel 4] [--threads 2] [--reps 3] [--method plain]
+        [--workload new] [--parallel 4] [--threads 2] [--reps 3] [--method plain] [--flash-attn on|off]
 """
 
 from __future__ import annotations
@@ -65,18 +65,22 @@ def start(cmd: list[str], env: Optional[dict[str, str]] = None) -> subprocess.Po
     raise SystemExit(f"{cmd[0]} did not start")
 
 
-def send(requests: list[tuple[float, list[dict[str, str]], int]], extra: dict[str, Any]) -> list[float]:
+def send(requests: list[tuple[float, list[dict[str, str]], int]], model: str, extra: dict[str, Any]) -> list[float]:
     """Each request's seconds from the workload's start to its last token."""
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key="x", max_retries=0, timeout=3600)
     done: list[float] = [0.0] * len(requests)
+    failed: list[BaseException] = []
     t0 = time.perf_counter()
 
     def one(i: int) -> None:
         delay, messages, n = requests[i]
         time.sleep(delay)
-        for _ in client.chat.completions.create(model="m", messages=messages, max_tokens=n,  # type: ignore
-                                                temperature=0, stream=True, extra_body=extra):
-            pass
+        try:
+            for _ in client.chat.completions.create(model=model, messages=messages, max_tokens=n,  # type: ignore
+                                                    temperature=0, stream=True, extra_body=extra):
+                pass
+        except Exception as exc:  # raised below, once the others are done
+            failed.append(exc)
         done[i] = time.perf_counter() - t0
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(requests))]
@@ -84,6 +88,8 @@ def send(requests: list[tuple[float, list[dict[str, str]], int]], extra: dict[st
         t.start()
     for t in threads:
         t.join()
+    if failed:
+        raise SystemExit(f"a request failed: {failed[0]}")
     return done
 
 
@@ -98,13 +104,16 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--method", default="plain")
+    ap.add_argument("--flash-attn", choices=["on", "off"], default="on",
+                    help="flash attention on both sides (llama-server's automatic choice on a CPU is on)")
     args = ap.parse_args()
     requests = workload(args.workload)
     localspec = [sys.executable, "-m", "localspec", "serve", "-t", args.target, "-d", args.draft or "none",
                  "--ctx", str(args.ctx), "--threads", str(args.threads), "--threads-batch", str(args.threads),
-                 "--parallel", str(args.parallel), "-m", args.method, "--port", str(PORT), "--quiet"]
+                 "--parallel", str(args.parallel), "-m", args.method, "--port", str(PORT), "--quiet",
+                 "--flash-attn", args.flash_attn]
     llama = [args.llama_server, "-m", args.target, "-c", str(args.ctx), "-t", str(args.threads), "-tb",
-             str(args.threads), "--port", str(PORT)]
+             str(args.threads), "--port", str(PORT), "-fa", args.flash_attn]
     env = {**os.environ, "LOCALSPEC_PROMPT_CACHE": "off", "LOCALSPEC_HISTORY": "off"}
     sides = {"localspec serve": (localspec, {"method": args.method}, env), "llama-server": (llama, {}, None)}
     times: dict[str, list[list[float]]] = {name: [] for name in sides}
@@ -113,13 +122,14 @@ def main() -> int:
             cmd, extra, environ = sides[name]
             proc = start(cmd, environ)
             try:
-                times[name].append(send(requests, extra))
+                times[name].append(send(requests, Path(args.target).stem, extra))
             finally:
                 proc.terminate()
                 proc.wait()
             print(f"rep {rep + 1}: {name:16s} " + " ".join(f"{t:6.1f}" for t in times[name][-1]) + " s", flush=True)
     print(f"{args.workload}: {len(requests)} requests, {args.threads}/{args.threads} threads, context {args.ctx}, "
-          f"localspec --parallel {args.parallel} -m {args.method}, llama-server's automatic slots; medians of "
+          f"flash attention {args.flash_attn}, localspec --parallel {args.parallel} -m {args.method}, llama-server's "
+          f"automatic slots; medians of "
           f"{args.reps}:")
     for name in sides:
         last = statistics.median(max(r) for r in times[name])

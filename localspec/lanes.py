@@ -55,11 +55,12 @@ class Lanes:
         pair = self.pair
         if i == 0:
             return pair
-        while len(self._seqs) < i:
-            seq = len(self._seqs) + 1
-            target = pair.target.sequence(seq)
-            draft = pair.draft.sequence(seq) if pair.draft is not None else None
-            self._seqs.append((target, draft, Assembly(target, draft)))
+        with self._cond:  # made once, whichever thread asks first
+            while len(self._seqs) < i:
+                seq = len(self._seqs) + 1
+                target = pair.target.sequence(seq)
+                draft = pair.draft.sequence(seq) if pair.draft is not None else None
+                self._seqs.append((target, draft, Assembly(target, draft)))
         lane = copy.copy(pair)
         lane.target, lane.draft, lane.assembly = self._seqs[i - 1]
         # what the pair measures (thread counts, the cost profile) is measured once, on it, and kept there
