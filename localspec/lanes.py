@@ -106,6 +106,13 @@ class Lanes:
         targets, drafts = [t for t, _ in made], [d for _, d in made]
         return [targets] + ([drafts] if self.pair.draft is not None else [])
 
+    def attach(self, batcher: Optional[StepBatcher]) -> None:
+        """Send every lane's decode calls (the target's and the draft's) to ``batcher``; None: each alone again."""
+        self.lane(self.width - 1)  # every sequence opened
+        for models in self._models():
+            for model in models:
+                model.attach(batcher)
+
     def close(self) -> None:
         """Free the lanes' sequences (their batches; the contexts go with the pair's models)."""
         for target, draft, assembly in self._seqs:
@@ -130,11 +137,7 @@ class Lanes:
             return [self._one(pair, item, opts, return_exceptions) for item in items]
         self._prepare(opts)
         batcher = StepBatcher()
-        lanes = [self.lane(i) for i in range(self.width)]
-        for lane in lanes:
-            for model in (lane.target, lane.draft):
-                if model is not None:
-                    model.attach(batcher)
+        self.attach(batcher)
 
         def run(item: Prompt) -> Any:
             seq = self.acquire()  # one of ``width`` workers: a lane is always free
@@ -148,10 +151,7 @@ class Lanes:
                 futures = [pool.submit(run, item) for item in items]
                 results = [f.exception() or f.result() for f in futures]
         finally:
-            for lane in lanes:
-                for model in (lane.target, lane.draft):
-                    if model is not None:
-                        model.attach(None)
+            self.attach(None)
             batcher.close()
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None and not return_exceptions:

@@ -118,10 +118,7 @@ class Server:
         self.batcher: Optional[StepBatcher] = None
         if self.parallel > 1:  # every lane's decode calls go together, from the first request to the last
             self.batcher = StepBatcher()
-            for lane in map(pair.lanes.lane, range(self.parallel)):
-                for model in (lane.target, lane.draft):
-                    if model is not None:
-                        model.attach(self.batcher)
+            pair.lanes.attach(self.batcher)
         self.jobs: set[Job] = set()  # running + waiting; only touched on the event loop's thread
         #: Generations by outcome; "refused": the request was at fault (a 4xx found on the worker), "failed": 5xx.
         self.counts = {"completed": 0, "cancelled": 0, "refused": 0, "failed": 0}
@@ -166,10 +163,7 @@ class Server:
         """Wait for the workers to finish what they run (queued requests are dropped), then stop batching."""
         self.worker.shutdown(wait=True, cancel_futures=True)
         if self.batcher is not None:
-            for lane in map(self.pair.lanes.lane, range(self.parallel)):
-                for model in (lane.target, lane.draft):
-                    if model is not None:
-                        model.attach(None)
+            self.pair.lanes.attach(None)
             self.batcher.close()
 
     def admit(self, request: GenerationRequest, task: Optional[Task] = None) -> Job:
