@@ -18,10 +18,13 @@ if TYPE_CHECKING:
 @model_options
 @click.option("--recalibrate", is_flag=True, help="Measure again even if a calibration is cached.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
+@click.option("--parallel", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Sequences the target holds: the multi-sequence curve measures decodes of up to this many "
+                   "(1: the single curve only).")
 @friendly_errors
-def calibrate(models: ModelArgs, recalibrate: bool, as_json: bool) -> None:
+def calibrate(models: ModelArgs, recalibrate: bool, as_json: bool, parallel: int) -> None:
     """Measure what verification and drafting cost on this machine (used by auto)."""
-    with models.open() as pair:
+    with models.open(parallel=parallel) as pair:
         profile = pair.calibrate(refresh=recalibrate)
         sweep = pair.choose_threads()  # cached by now: what the choice was made from
         batches = pair.thread_choice.batch_seconds if pair.thread_choice else {}
@@ -30,6 +33,7 @@ def calibrate(models: ModelArgs, recalibrate: bool, as_json: bool) -> None:
             click.echo(json.dumps({"source": profile.source, "verify_seconds": profile.verify,
                                    "draft_step_seconds": profile.draft_step, "lookup_seconds": profile.lookup,
                                    "mtp_step_seconds": profile.mtp_step, "rollback_seconds": profile.rollback,
+                                   "together_seconds": profile.together,
                                    "memory": t.memory.describe(),
                                    "relative": profile.relative(), "threads": t.n_threads,
                                    "threads_batch": t.n_threads_batch, "thread_sweep_step_seconds": sweep,
@@ -64,6 +68,10 @@ def profile_table(profile: CostProfile, methods: list[Method], *, has_draft: boo
         f"cost profile ({profile.source}): one target step {1000 * profile.verify[0]:.1f} ms",
         "  verify n tokens / one step: " + "  ".join(f"{n + 1}:{v:.2f}" for n, v in enumerate(verify)),
     ]
+    together = rel.get("together")
+    if isinstance(together, list) and together:
+        lines.append("  one token from each of s sequences / one step: "
+                     + "  ".join(f"{s + 1}:{v:.2f}" for s, v in enumerate(together)))
     if has_draft:
         lines.append(f"  draft step / target step: {rel['draft_step']:.2f}")
     if has_head:

@@ -21,7 +21,7 @@ from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
-from ..drafting.costs import RoundTiming
+from ..drafting.costs import Beside, RoundTiming
 from ..drafting.drafters import EMPTY_DRAFT, Draft, Drafter, DraftGuide
 from ..events import SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, SOURCE_GRAMMAR, SOURCE_TARGET
 from ..options import SamplingParams
@@ -111,7 +111,7 @@ def speculative_round(
     # checkpoint, the kept ones are evaluated again: that time counts as verifying).
     target.truncate(n + kept)
     verifying = target.busy_seconds - verify_started - saving
-    timing = RoundTiming(known + 1, verifying, draft.model_steps, drafting, saving, shared=target.last_width > 1)
+    timing = RoundTiming(known + 1, verifying, draft.model_steps, drafting, saving, Beside(*target.beside))
     if drafter is not None:
         learn(drafter, draft, kept, timing)
     return Round(draft, kept, nxt, timing, kept_rows)

@@ -36,7 +36,9 @@ from ..methods import AUTO, AUTO_KMAX, PLAIN, REGISTRY
 from ..runtime.model import Model
 from .candidates import Candidate  # importing it attaches the built-in methods' candidates
 from .costs import (
+    ALONE,
     MIN_GAIN,
+    Beside,
     CostCorrection,
     CostProfile,
     RoundTiming,
@@ -145,6 +147,9 @@ class AutoDrafter(Drafter):
         # draft models that have not read the prompt (by candidate name), and those to read it before this round
         self._cold: dict[str, Candidate] = {}
         self._due: list[Candidate] = []
+        # what other sequences put in the last decode (taken for what they will put in the next): a round in a
+        # shared decode is weighed by the whole step's tokens per second
+        self._beside: Beside = ALONE
 
     @property
     def profile(self) -> CostProfile:
@@ -190,7 +195,7 @@ class AutoDrafter(Drafter):
         if self.max_tokens is not None:
             horizon = min(horizon, self.max_tokens - generated)
         alpha = min(c.ceiling, next(iter(c.estimates.values())).alpha)
-        kk, speed = best_k(profile, c.method, alpha, kmax, min_gain=MIN_GAIN)
+        kk, speed = best_k(profile, c.method, alpha, kmax, min_gain=MIN_GAIN, beside=self._beside)
         if kk == 0 or horizon <= 0:
             return False
         per_token = profile.draft_step * profile.verify[-1] / (len(profile.verify) * profile.verify[0])
@@ -212,8 +217,8 @@ class AutoDrafter(Drafter):
         forced = guide.forced if guide is not None else 0
         choices = self._choices(context, min(k, self.kmax), rng, guide)
         best = max(choices, key=lambda ch: ch.speed)  # plain on ties: it comes first
-        if best.k and not forced:  # (a forced batch is timed by its whole size, not the guess's)
-            best = self._longer(best)
+        if best.k and not forced and not self._beside.tokens:  # (a forced or shared batch is timed by its whole
+            best = self._longer(best)  # size, not the guess's)
         if best.k == 0:  # nothing pays: plain, unless a method is due for a look
             best = self._explore(choices, forced) or PLAIN_CHOICE
         if best.method == PLAIN.name:
@@ -268,7 +273,8 @@ class AutoDrafter(Drafter):
             # model's rounds also pay its catch-up after plain rounds, which would mislead the measure)
             f = self.correction.gain_factor(c.name) if self.correction is not None and c.free else 1.0
             alpha = min(c.ceiling, est.alpha)
-            kk, speed = best_k(self.profile, c.method, alpha, most, min_gain=MIN_GAIN / f, forced=forced)
+            kk, speed = best_k(self.profile, c.method, alpha, most, min_gain=MIN_GAIN / f, forced=forced,
+                               beside=self._beside)
             choices.append(Choice(speed * f, c.name, kk, alpha, est, guess, f, most))
         return choices
 
@@ -278,7 +284,8 @@ class AutoDrafter(Drafter):
         (the correction learns only the batch sizes it sees)."""
         if not 0 < best.k < best.most or not self._untimed(best.k + 2):
             return best
-        longer = round_speedup(self.profile, self._by_name[best.method].method, best.alpha, best.k + 1)
+        longer = round_speedup(self.profile, self._by_name[best.method].method, best.alpha, best.k + 1,
+                               beside=self._beside)
         if longer * best.factor < MIN_GAIN:
             return best
         return dataclasses.replace(best, speed=longer * best.factor, k=best.k + 1)
@@ -307,13 +314,13 @@ class AutoDrafter(Drafter):
         A free guesser is never explored for its acceptance: its guesses are scored in the plain rounds it
         sits out, at no cost, and on a machine where it cannot pay a look would only lose time.
         """
-        untimed = self._untimed(2)
+        untimed = self._untimed(2) and not self._beside.tokens  # a shared decode's rounds are never timed alone
         for c in choices[1:]:
             stale = self._round - self._last_tried[c.method] >= self.explore_every
             optimistic = untimed or (not self._by_name[c.method].free and
                                      best_k(self.profile, self._by_name[c.method].method,
                                             min(self._by_name[c.method].ceiling, c.alpha + 0.25),
-                                            1, forced=forced)[1] > 1.0)
+                                            1, forced=forced, beside=self._beside)[1] > 1.0)
             if stale and optimistic:
                 return Choice(c.speed, c.method, 1, c.alpha, c.estimate, c.draft)
         return None
@@ -322,6 +329,7 @@ class AutoDrafter(Drafter):
         """A round's real cost: into the evidence that corrects the profile decided by, and a drafting round's
         tokens and cost, in steps of the profile it was chosen by, into its method's realized gain."""
         bet, self._bet = self._bet, None
+        self._beside = timing.beside
         if self.correction is None or timing.shared:  # a decode shared with other sequences: not its own cost
             return
         if bet is not None and bet.tokens:

@@ -9,6 +9,7 @@ models and leaves their caches empty: callers do it at named points
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -27,6 +28,7 @@ from ..runtime.process import default_threads, gpu_offload_supported
 from .costs import CostProfile
 from .drafters import PromptLookupDrafter
 from .mtp_head import MtpHead
+from .together import measure_together
 
 #: A cached time is trusted while a fresh one is within this fraction of it, or within STALE_FLOOR seconds.
 STALE_TOLERANCE = 0.25
@@ -46,6 +48,8 @@ _KEPT = ("; kept all the same, and measured again when a later start finds steps
 #: fewer repetitions (never under 3): a slow machine is measured no worse for it, and sooner.
 SWEEP_SHAPE_SECONDS = 1.5
 MEASURE_SECONDS = 8.0
+#: The most sequences the multi-sequence curve measures (``together``), where the target holds that many.
+TOGETHER_MOST = 8
 #: Bumped whenever ``measure`` or what it measures changes (3: huge pages for the model buffers; 4: a
 #: 128-token context, whose prefill took a newcomer's slow machine 15 s at 256, and fewer passes there),
 #: so profiles measured the old way are measured again.
@@ -459,8 +463,14 @@ def calibrate(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, refr
         rec = store[key]
         then, now = rec["verify"][0], step if step is not None else step_seconds(target)  # still holds?
         if not _stale(then, now):
-            return CostProfile(rec["verify"], rec["draft_step"], rec["lookup"], "cache",
-                               mtp_step=rec.get("mtp_step", 0.0), rollback=rec.get("rollback", 0.0))
+            cached = CostProfile(rec["verify"], rec["draft_step"], rec["lookup"], "cache",
+                                 mtp_step=rec.get("mtp_step", 0.0), rollback=rec.get("rollback", 0.0),
+                                 together=rec.get("together", []))
+            if len(cached.together) >= min(target.n_seq, TOGETHER_MOST) or target.n_seq < 2:
+                return cached
+            profile = dataclasses.replace(cached, together=measure_together(target, TOGETHER_MOST))
+            _save_store(path, {**_read_store(path), key: {**rec, "together": profile.together}}, notify)
+            return profile
         say(f"localspec: the cached cost profile no longer holds (a step takes {1000 * now:.1f} ms, "
             f"{1000 * then:.1f} ms when measured); measuring again")
     else:
@@ -468,6 +478,7 @@ def calibrate(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, refr
             "settings; `localspec calibrate` shows them)")
     profile = measure(target, draft, kmax, head=head)
     target.reset()
+    profile.together = measure_together(target, TOGETHER_MOST)  # where the target holds several sequences
     if draft is not None:
         draft.reset()
     if profile.source.endswith("busy"):
@@ -475,7 +486,7 @@ def calibrate(target: Model, draft: Optional[Model], kmax: int = AUTO_KMAX, refr
             "correct them meanwhile")
     store = _read_store(path)  # another process may have added profiles meanwhile
     store[key] = {"verify": profile.verify, "draft_step": profile.draft_step, "lookup": profile.lookup,
-                  "mtp_step": profile.mtp_step, "rollback": profile.rollback,
+                  "mtp_step": profile.mtp_step, "rollback": profile.rollback, "together": profile.together,
                   "target": str(target.path), "draft": str(draft.path) if draft else None,
                   "busy": profile.source.endswith("busy"),
                   "threads": target.n_threads, "gpu_layers": target.n_gpu_layers, "measured_at": time.time()}

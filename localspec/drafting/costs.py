@@ -55,6 +55,9 @@ class CostProfile:
     source: str = "measured"
     mtp_step: float = 0.0
     rollback: float = 0.0
+    #: together[s - 1]: one decode of one token from each of s sequences (empty: not measured, taken to cost
+    #: what one sequence of s tokens costs).
+    together: list[float] = field(default_factory=list)
 
     @property
     def kmax(self) -> int:
@@ -67,6 +70,15 @@ class CostProfile:
             return v[n - 1]
         return v[-1] + (n - len(v)) * (v[-1] - v[-2] if len(v) > 1 else v[-1])
 
+    def step_seconds(self, tokens: int, sequences: int) -> float:
+        """Seconds for one decode of ``tokens`` tokens from ``sequences`` sequences: verify(tokens), times what
+        ``together`` measured several sequences to cost over one sequence of as many tokens."""
+        seconds = self.verify_seconds(tokens)
+        s = min(sequences, len(self.together))
+        if s > 1:
+            seconds *= max(1.0, self.together[s - 1] / self.verify_seconds(s))
+        return seconds
+
     def relative(self) -> dict[str, object]:
         """Costs relative to one target step (what decides everything)."""
         v1 = self.verify[0]
@@ -75,6 +87,8 @@ class CostProfile:
         for name in ("mtp_step", "rollback"):  # only where the models have them
             if getattr(self, name):
                 out[name] = round(getattr(self, name) / v1, 3)
+        if self.together:
+            out["together"] = [round(v / v1, 3) for v in self.together]
         return out
 
     @classmethod
@@ -82,6 +96,21 @@ class CostProfile:
                   name: str = "synthetic") -> CostProfile:
         """A profile from ratios to one target step, e.g. a GPU-like flat verify curve."""
         return cls([r * step for r in verify_ratios], draft_ratio * step, 2e-5, name)
+
+
+@dataclass(frozen=True)
+class Beside:
+    """What other sequences put in the decode a round shares with them (``serve --parallel``,
+    ``Pair.generate_many``): their tokens, and how many of them are streams decoding (each giving a token or
+    more per step) rather than prompts being read (giving none), of how many sequences."""
+
+    tokens: int = 0
+    streams: int = 0
+    sequences: int = 0
+
+
+#: A round decoded alone.
+ALONE = Beside()
 
 
 @dataclass
@@ -95,8 +124,12 @@ class RoundTiming:
     draft_steps: int = 0
     draft_seconds: float = 0.0
     rollback_seconds: float = 0.0
-    #: The verification shared a decode with other sequences' tokens: its time is not this round's alone.
-    shared: bool = False
+    #: The other sequences' tokens in the decode that verified it (its time is then not this round's alone).
+    beside: Beside = ALONE
+
+    @property
+    def shared(self) -> bool:
+        return self.beside.tokens > 0
 
 
 @dataclass
@@ -256,6 +289,26 @@ def _interpolated(points: list[tuple[int, float]], size: int) -> list[float]:
     return out
 
 
+#: A step that holds a stream (a generation decoding) beside a prompt being read should cost at most about this
+#: many single steps: the prompt's share of it is sized from the verification curve (see ``prompt_chunk``).
+STREAM_STEP_BUDGET = 32
+
+#: The fewest prompt tokens a step beside streams takes, however steep the curve.
+MIN_PROMPT_CHUNK = 32
+
+
+def prompt_chunk(profile: CostProfile, budget: float = STREAM_STEP_BUDGET) -> int:
+    """The most prompt tokens to read in a step that also decodes other generations' tokens: as many as
+    verifying costs within ``budget`` single steps (the curve's mean slope continued past its end). On a CPU,
+    where cost grows with every token, a few dozen, so a stream beside a long prompt keeps going and a short
+    request starts within a step; on a GPU's flat curve, thousands (a context's whole batch)."""
+    v = profile.verify
+    slope = (v[-1] - v[0]) / (len(v) - 1) if len(v) > 1 else v[0]  # the whole curve's: the last step is noisy
+    if slope <= 0:
+        return 1 << 20
+    return max(MIN_PROMPT_CHUNK, len(v) + int((budget * v[0] - v[-1]) / slope))
+
+
 def expected_tokens(alpha: float, k: int) -> float:
     """Mean tokens per round with per-token acceptance alpha and draft length k."""
     if k == 0:
@@ -265,48 +318,59 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def round_cost(profile: CostProfile, method: Union[Method, str], k: int, forced: int = 0) -> float:
+def round_cost(profile: CostProfile, method: Union[Method, str], k: int, forced: int = 0,
+               beside: Beside = ALONE) -> float:
     """Seconds for one round of ``method`` (or the registered method of that name) with draft length k
-    (k = 0: one plain step), after ``forced`` tokens a grammar forced, verified in the same batch."""
+    (k = 0: one plain step), after ``forced`` tokens a grammar forced, verified in the same batch, and
+    with the ``beside`` tokens of other sequences in the same decode (the whole step: every one waits)."""
     m = REGISTRY.get(method) if isinstance(method, str) else method
     if not k and not forced:
-        return profile.verify[0]
-    cost = (m.round_cost(profile, k) if k else profile.verify[0]) + profile.rollback
-    if forced:  # the guess is verified after the forced tokens: the batch is that much larger
-        cost += profile.verify_seconds(forced + k + 1) - profile.verify_seconds(k + 1)
+        cost = profile.verify[0]
+    else:
+        cost = (m.round_cost(profile, k) if k else profile.verify[0]) + profile.rollback
+    extra = forced + beside.tokens
+    if extra:  # the guess is verified after the forced tokens, beside the others': the batch is that much larger
+        cost += (profile.step_seconds(extra + k + 1, 1 + beside.sequences)
+                 - profile.verify_seconds(k + 1))
     return cost
 
 
 def best_k(profile: CostProfile, method: Union[Method, str], alpha: float, kmax: int,
-           min_gain: float = MIN_GAIN, forced: int = 0) -> tuple[int, float]:
+           min_gain: float = MIN_GAIN, forced: int = 0, beside: Beside = ALONE) -> tuple[int, float]:
     """The draft length with the highest expected tokens/second, and that speedup over a round that guesses
     nothing (plain, or with ``forced`` tokens a grammar forced: the guess is verified after them).
 
+    With other sequences ``beside`` in the decode, the speed is the whole step's: their tokens (one per stream)
+    and this round's over the step's cost, so that drafting pays only where the batch has compute to spare
+    (on a CPU, a full batch drafts less; beside a prompt being read, a guess is almost free).
+
     K = 0 (speedup 1.0) unless some K is predicted at least ``min_gain`` times faster.
     """
-    bare = _bare_speed(profile, method, forced)  # once, not per K: this runs every round
+    bare = _bare_speed(profile, method, forced, beside)  # once, not per K: this runs every round
     best, best_speed = 0, 1.0
     for k in range(1, min(kmax, profile.kmax) + 1):
-        speed = _round_speed(profile, method, alpha, k, forced) / bare
+        speed = _round_speed(profile, method, alpha, k, forced, beside) / bare
         if speed > best_speed and speed >= min_gain:
             best, best_speed = k, speed
     return best, best_speed
 
 
-def round_speedup(profile: CostProfile, method: Union[Method, str], alpha: float, k: int, forced: int = 0) -> float:
+def round_speedup(profile: CostProfile, method: Union[Method, str], alpha: float, k: int, forced: int = 0,
+                  beside: Beside = ALONE) -> float:
     """The expected tokens/second of a round drafting ``k`` tokens over one that guesses nothing (plain, or
     the ``forced`` tokens alone), as ``best_k`` weighs each K."""
-    return _round_speed(profile, method, alpha, k, forced) / _bare_speed(profile, method, forced)
+    return _round_speed(profile, method, alpha, k, forced, beside) / _bare_speed(profile, method, forced, beside)
 
 
-def _round_speed(profile: CostProfile, method: Union[Method, str], alpha: float, k: int, forced: int) -> float:
-    """Expected tokens per second of a round drafting ``k`` tokens after the ``forced`` ones."""
-    return (forced + expected_tokens(alpha, k)) / round_cost(profile, method, k, forced)
+def _round_speed(profile: CostProfile, method: Union[Method, str], alpha: float, k: int, forced: int,
+                 beside: Beside) -> float:
+    """Expected tokens per second of a step whose round drafts ``k`` tokens after the ``forced`` ones."""
+    return (beside.streams + forced + expected_tokens(alpha, k)) / round_cost(profile, method, k, forced, beside)
 
 
-def _bare_speed(profile: CostProfile, method: Union[Method, str], forced: int) -> float:
-    """Tokens per second of a round that guesses nothing (plain, or the ``forced`` tokens alone)."""
-    return (forced + 1) / round_cost(profile, method, 0, forced)
+def _bare_speed(profile: CostProfile, method: Union[Method, str], forced: int, beside: Beside) -> float:
+    """Tokens per second of a step whose round guesses nothing (plain, or the ``forced`` tokens alone)."""
+    return (beside.streams + forced + 1) / round_cost(profile, method, 0, forced, beside)
 
 
 def predicted_speedup(profile: CostProfile, method: str, stats: dict[str, Any]) -> Optional[float]:

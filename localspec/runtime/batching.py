@@ -54,12 +54,33 @@ class _Call:
     rc: int = 0
     seconds: float = 0.0
     width: int = 1  # the most calls a decode that served it held
+    beside: tuple[int, int, int] = (0, 0, 0)  # the other calls in its last decode: tokens, streams, calls
     finished: bool = False
 
     def result(self, n_vocab: int) -> np.ndarray:
         if not self.rows:
             return np.zeros((0, n_vocab), dtype=np.float32)
         return self.rows[0] if len(self.rows) == 1 else np.concatenate(self.rows)
+
+
+def uninterrupted(wait: Callable[[], Any]) -> None:
+    """``wait()`` to its end even if Ctrl-C interrupts it, the interrupt raised afterwards: threads decoding on a
+    context must be waited for before it is detached or freed."""
+    interrupted: Optional[BaseException] = None
+    while True:
+        try:
+            wait()
+            break
+        except KeyboardInterrupt as exc:
+            interrupted = exc
+    if interrupted is not None:
+        raise interrupted
+
+
+def _is_stream(call: _Call) -> bool:
+    """Whether the call asks for every token's logits (a round being verified, a token decoded), unlike a prompt
+    being read (logits for its last token at most)."""
+    return bool(call.model._b_logits[call.done:call.m].all())
 
 
 class _All:
@@ -85,7 +106,10 @@ class StepBatcher:
         widest: the most calls one decode held.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, stream_chunk: Optional[int] = None) -> None:
+        #: In a step that holds a stream (a call asking every token's logits: a round being verified), the most
+        #: tokens the prompts being read take (None: all the room there is), so the stream's step stays short.
+        self.stream_chunk = stream_chunk
         self._cond = threading.Condition()
         self._members: set[int] = set()
         self._calls: list[_Call] = []
@@ -109,14 +133,17 @@ class StepBatcher:
                 self._members.discard(me)
                 self._cond.notify_all()  # the others may have been waiting for this one alone
 
-    def decode(self, model: Any, m: int, abort: Optional[threading.Event]) -> tuple[int, np.ndarray, float, int]:
+    def decode(self, model: Any, m: int,
+               abort: Optional[threading.Event]) -> tuple[int, np.ndarray, float, int, tuple[int, int, int]]:
         """Decode the ``m`` tokens ``model``'s batch holds, with the other members' calls.
 
         Returns:
             llama.cpp's code (0: decoded; 2: ``abort`` was set first; -1: the step failed), the rows of the tokens
             whose logits were asked for (those finished in the last step are a view of llama.cpp's buffer, valid
-            until this thread's next call), the seconds of the decodes that served it, and the most calls one of
-            them held.
+            until this thread's next call), the seconds of the decodes that served it, the most calls one of
+            them held, and what the other calls put in the last one: their tokens, how many of them asked for
+            every token's logits (streams verifying, where a prompt being read asks for one row or none), and
+            how many calls they were.
         """
         call, me = _Call(model, m, abort), threading.get_ident()
         with self._cond:
@@ -137,7 +164,7 @@ class StepBatcher:
                     call.rows = [np.array(r) for r in call.rows]
                     self._members.discard(me)
                     self._cond.notify_all()
-        return call.rc, call.result(model.n_vocab), call.seconds, call.width
+        return call.rc, call.result(model.n_vocab), call.seconds, call.width, call.beside
 
     def run(self, fn: Callable[[], T]) -> T:
         """``fn()`` on the batcher's thread, between steps: every llama.cpp call on an attached context goes there
@@ -228,12 +255,16 @@ class StepBatcher:
         capacity = self._batch(first)[1]
         taken: list[tuple[_Call, int]] = []  # a call, and how many of its tokens go in this step
         n = 0
-        for call in group:
-            take = min(call.m - call.done, capacity - n)
+        streams = [_is_stream(call) for call in group]
+        # beside a stream, the prompts take no more than stream_chunk tokens in all
+        reading = self.stream_chunk if self.stream_chunk and any(streams) else capacity
+        for call, stream in zip(group, streams, strict=True):
+            take = min(call.m - call.done, capacity - n, call.m if stream else reading)
             if take <= 0:
-                break
+                continue
             taken.append((call, take))
             n += take
+            reading -= 0 if stream else take
         if self._decode(first, taken, last_try=len(taken) == 1) == 1 and len(taken) > 1:  # 1: no free cells
             for part in taken:
                 self._decode(first, [part], last_try=True)
@@ -275,9 +306,11 @@ class StepBatcher:
         self.steps += 1
         self.widest = max(self.widest, len(taken))
         row = 0
+        streams = sum(r == take for (_, take), r in zip(taken, counts, strict=True))
         for (call, take), r in zip(taken, counts, strict=True):
             call.seconds += spent
             call.width = max(call.width, len(taken))
+            call.beside = (n - take, streams - (r == take), len(taken) - 1)
             if rc != 0:
                 call.rc, call.finished = rc, True
                 continue

@@ -209,8 +209,9 @@ class Model(CacheControl, ModelVocabulary):
         #: The most sequences one of its decodes held since this was last set to 1 (a generation does at its
         #: start): more than 1 when a ``StepBatcher`` decoded it with other sequences.
         self.widest_batch = 1
-        #: How many sequences its last decode held (1: alone).
-        self.last_width = 1
+        #: The other sequences in its last decode: their tokens, how many of them were all logits rows (streams
+        #: verifying, not prompts being read), and how many sequences they were ((0, 0, 0): alone).
+        self.beside = (0, 0, 0)
 
     # -- lifetime -----------------------------------------------------------
 
@@ -237,7 +238,7 @@ class Model(CacheControl, ModelVocabulary):
         view._dirty = False
         view._checkpoints = []
         view.rewinds = view.replayed_tokens = view.decode_calls = 0
-        view.widest_batch = view.last_width = 1
+        view.widest_batch, view.beside = 1, (0, 0, 0)
         view.busy_seconds = 0.0
         view._batch, view._b_token, view._b_pos, view._b_logits = one_sequence_batch(self.n_batch, seq)
         return view
@@ -366,13 +367,13 @@ class Model(CacheControl, ModelVocabulary):
         self._dirty = True  # until the record below matches the cache again
         batched: Optional[np.ndarray] = None
         if self._batcher is not None:  # with other sequences' tokens, in one decode: its rows come copied out
-            rc, batched, spent, self.last_width = self._batcher.decode(self, m, abort)
-            self.widest_batch = max(self.widest_batch, self.last_width)
+            rc, batched, spent, width, self.beside = self._batcher.decode(self, m, abort)
+            self.widest_batch = max(self.widest_batch, width)
             t0 = time.perf_counter() - spent  # llama.cpp's time, not the wait for the other sequences
         else:
             with self._log:
                 rc = ll.llama_decode(self._ctx, self._batch)
-            self.last_width = 1
+            self.beside = (0, 0, 0)
         if rc != 0:
             if self._batcher is None:  # the repair must not abort too (a batcher's steps remove their own hook)
                 ll.llama_set_abort_callback(self._ctx, ll.ggml_abort_callback(), None)

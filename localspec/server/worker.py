@@ -149,6 +149,8 @@ class Server:
         server.worker.submit(pair.choose_threads).result()
         if REGISTRY.get(defaults.method).adaptive or server.parallel > 1:
             server.worker.submit(pair.calibrate).result()
+        if server.batcher is not None:  # again, now that the costs that size its prompt chunks are known
+            pair.lanes.attach(server.batcher)
         return server
 
     @property
