@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -180,6 +180,11 @@ class Pair:
                                       choice.batch_threads if model.batch_threads_unset else model.n_threads_batch)
         return self.thread_choice.step_seconds
 
+    @property
+    def cost_profile(self) -> Optional[CostProfile]:
+        """The cost profile auto decides by, if measured or set (None: not yet; ``calibrate`` measures it)."""
+        return self._profile
+
     def set_profile(self, profile: Optional[CostProfile]) -> None:
         """Use this cost profile for auto mode instead of measuring (e.g. to simulate a GPU).
 
@@ -326,6 +331,25 @@ class Pair:
         """
         return self.lanes.generate_many(prompts, options, changes, return_exceptions)
 
+    def generate_each(self, prompts: Sequence[Prompt],
+                      options: Union[None, GenerationOptions, Sequence[GenerationOptions]] = None,
+                      **changes: Any) -> Iterator[tuple[int, Any]]:
+        """As ``generate_many``, but each result as soon as it is done: for a script that saves them as they come.
+
+        Args:
+            prompts: as ``generate_many``'s.
+            options: the generation options for all of them, or a list of one per prompt (default: the pair's).
+            **changes: single options to change in each, e.g. ``max_tokens=64`` (see ``GenerationOptions``).
+
+        Returns:
+            ``(index, result)`` pairs in the order they finish, ``result`` the prompt's ``Result`` or the exception
+            that ended it. Leaving early (a ``break``, Ctrl-C) cancels what runs and starts no more.
+
+        Raises:
+            ConfigError, SamplingError: an option is out of range, or a prompt is empty (before any work).
+        """
+        return self.lanes.each(prompts, options, changes)
+
     def chat(self, messages: Sequence[Mapping[str, Any]], options: Optional[GenerationOptions] = None, *,
              tools: Union[None, ToolUse, Sequence[Mapping[str, Any]]] = None, tool_choice: Any = None,
              parallel_tool_calls: Optional[bool] = None, template_vars: Optional[Mapping[str, Any]] = None,
@@ -445,7 +469,7 @@ class Pair:
     def _start(self, prompt_tokens: list[int], prompt_text: Optional[str], opts: GenerationOptions,
                calls: Optional[frozenset[str]] = None, boundaries: Sequence[int] = ()) -> Stream:
         check_prompt(self.target, len(prompt_tokens))  # before any work, calibration included
-        self.lanes.make_room(self.target.seq, len(prompt_tokens) + min(opts.max_tokens, ROOM_TO_REPLY))
+        self.lanes.ready(self.target, prompt_tokens, min(opts.max_tokens, ROOM_TO_REPLY))
         processing = Processing.from_options(opts, self.target.n_vocab)
         self.choose_threads()  # once per machine (cached); plain decoding runs at the fastest count too
         method, k = get_method(opts.method), opts.draft_length(self.draft_k)

@@ -13,14 +13,20 @@ import contextlib
 import copy
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Mapping, Optional, Sequence, Union
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+
+import numpy as np
 
 from .drafting.assembly import Assembly
-from .errors import ConfigError
+from .drafting.costs import prompt_chunk
+from .errors import ConfigError, GenerationCancelled, InterleavedGenerationError
 from .methods import get_method
 from .options import GenerationOptions
-from .runtime.batching import StepBatcher
+from .runtime.batching import StepBatcher, uninterrupted
+
+#: The fewest tokens more than its own that a lane takes from another's cells (below, reading them costs little).
+MIN_SHARED = 32
 
 #: What ``generate_many`` takes for each generation: a raw prompt (text or token ids) or a conversation.
 Prompt = Union[str, Sequence[int], Sequence[Mapping[str, Any]]]
@@ -43,6 +49,8 @@ class Lanes:
         self._seqs: list[tuple[Any, Any, Assembly]] = []  # sequences 1..: the target's, the draft's, their assembly
         self._cond = threading.Condition()
         self._idle = {seq: 0.0 for seq in range(self.width)}  # lanes no generation holds: when each was released
+        self._holders: dict[int, int] = {}  # the lanes generations hold: the thread that holds each
+        self._active = False  # a generate_many or generate_each is under way
 
     @property
     def width(self) -> int:
@@ -68,18 +76,22 @@ class Lanes:
         return lane
 
     def acquire(self) -> int:
-        """A lane no generation holds (the one released longest ago), held until ``release``; waits for one."""
+        """A lane no generation holds, held until ``release``; waits for one. An empty one first, so that what
+        the others hold stays for a prompt that shares it (see ``share``), then the one released longest ago."""
         with self._cond:
             while not self._idle:
                 self._cond.wait()
-            seq = min(self._idle, key=self._idle.__getitem__)
+            targets = self._models()[0]
+            seq = min(self._idle, key=lambda s: (targets[s] is not None and targets[s].n_past > 0, self._idle[s]))
             del self._idle[seq]
+            self._holders[seq] = threading.get_ident()
             return seq
 
     def release(self, seq: int) -> None:
         """Lane ``seq`` is free again; what its sequences hold stays until another lane needs the cells."""
         with self._cond:
             self._idle[seq] = time.monotonic()
+            self._holders.pop(seq, None)
             self._cond.notify()
 
     def make_room(self, seq: int, need: int) -> None:
@@ -99,6 +111,40 @@ class Lanes:
                         held -= models[other].n_past
                         models[other].reset()
 
+    def ready(self, target: Any, prompt: Sequence[int], reply: int) -> None:
+        """Before a generation on ``target`` (one of the lanes' target sequences) reads ``prompt``: the longest
+        prefix of it another idle lane holds, shared (see ``share``), then room for it and ``reply`` tokens (see
+        ``make_room``)."""
+        if self.width == 1:
+            return
+        with self._cond:
+            if self._holders and self._holders.get(target.seq) != threading.get_ident():
+                self._busy_check()  # a generation on a lane this thread does not hold, beside the lanes' own
+        shared = self.share(target, np.asarray(prompt[:-1], dtype=np.int32))
+        self.make_room(target.seq, len(prompt) + reply - shared)  # the shared cells are counted as the other's
+
+    def share(self, target: Any, wanted: np.ndarray) -> int:
+        """Give ``target``, and its lane's draft sequence, the longest prefix of ``wanted`` that an idle lane's
+        holds, its cells shared in the context (nothing read again), where that is at least ``MIN_SHARED``
+        tokens more than its own. Sub-agents and follow-ups that land on another lane than their system
+        prompt's then start from it. Returns how many of the target's tokens are now another lane's cells."""
+        shared = 0
+        with self._cond:  # an idle lane is not taken, emptied or changed meanwhile
+            for models in self._models():
+                mine = models[target.seq]
+                if mine is None or not mine.cuts_after_load:
+                    continue
+                best, most = None, mine.common_prefix(wanted) + MIN_SHARED - 1
+                for seq in self._idle:
+                    other = models[seq]
+                    if other is not None and other is not mine and other.common_prefix(wanted) > most:
+                        best, most = other, other.common_prefix(wanted)
+                if best is not None:
+                    mine.copy_prefix(best, most)
+                    if mine is target:
+                        shared = most
+        return shared
+
     def _models(self) -> list[list[Any]]:
         """The target's sequences and the draft's, by lane (None: not opened yet, so holding nothing)."""
         made = [(self.pair.target, self.pair.draft), *((t, d) for t, d, _ in self._seqs)]
@@ -107,7 +153,12 @@ class Lanes:
         return [targets] + ([drafts] if self.pair.draft is not None else [])
 
     def attach(self, batcher: Optional[StepBatcher]) -> None:
-        """Send every lane's decode calls (the target's and the draft's) to ``batcher``; None: each alone again."""
+        """Send every lane's decode calls (the target's and the draft's) to ``batcher``; None: each alone again.
+        Where the pair's costs are known, a prompt beside decoding lanes is read in chunks sized from them (see
+        ``costs.prompt_chunk``)."""
+        profile = self.pair.cost_profile
+        if batcher is not None and profile is not None:
+            batcher.stream_chunk = prompt_chunk(profile)
         self.lane(self.width - 1)  # every sequence opened
         for models in self._models():
             for model in models:
@@ -125,38 +176,84 @@ class Lanes:
     def generate_many(self, prompts: Sequence[Prompt], options: Optional[GenerationOptions],
                       changes: Mapping[str, Any], return_exceptions: bool) -> list[Any]:
         """See ``Pair.generate_many``."""
-        items = list(prompts)
-        pair = self.pair
-        opts = pair.options(options, **changes)  # a bad option fails before any work
-        for i, item in enumerate(items):
-            if not isinstance(item, (str, Sequence)) or (not isinstance(item, str) and not len(item)):
-                raise ConfigError(f"Prompt {i} of generate_many is {item!r}; give text, token ids or a list of "
-                                  "chat messages.")
-        width = min(self.width, len(items))
-        if width <= 1:  # one sequence: one after another, as generate and chat would
-            return [self._one(pair, item, opts, return_exceptions) for item in items]
-        self._prepare(opts)
-        batcher = StepBatcher()
-        self.attach(batcher)
-
-        def run(item: Prompt) -> Any:
-            seq = self.acquire()  # one of ``width`` workers: a lane is always free
-            try:
-                return self._one(self.lane(seq), item, opts, return_exceptions, batcher)
-            finally:
-                self.release(seq)
-
-        try:
-            with ThreadPoolExecutor(width, thread_name_prefix="localspec-lane") as pool:
-                futures = [pool.submit(run, item) for item in items]
-                results = [f.exception() or f.result() for f in futures]
-        finally:
-            self.attach(None)
-            batcher.close()
+        results: list[Any] = [None] * len(prompts)
+        for i, result in self.each(prompts, options, changes):
+            results[i] = result
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None and not return_exceptions:
             raise failed
         return results
+
+    def each(self, prompts: Sequence[Prompt], options: Union[None, GenerationOptions, Sequence[GenerationOptions]],
+             changes: Mapping[str, Any]) -> Iterator[tuple[int, Any]]:
+        """See ``Pair.generate_each``."""
+        items = list(prompts)
+        pair = self.pair
+        each = list(options) if isinstance(options, Sequence) else [options] * len(items)
+        if len(each) != len(items):
+            raise ConfigError(f"generate_each was given {len(each)} options for {len(items)} prompts; give one "
+                              "GenerationOptions for all, or one per prompt.")
+        opts = [pair.options(o, **changes) for o in each]  # a bad option fails before any work
+        for i, item in enumerate(items):
+            if not isinstance(item, (str, Sequence)) or (not isinstance(item, str) and not len(item)):
+                raise ConfigError(f"Prompt {i} is {item!r}; give text, token ids or a list of chat messages.")
+        with self._cond:
+            self._busy_check()
+        return self._each(items, opts)
+
+    def _busy_check(self) -> None:
+        """Raise if the lanes are already in use (another ``generate_many`` or ``generate_each``, a server)."""
+        if self._active or self._holders:
+            raise InterleavedGenerationError(
+                "This pair's sequences are already generating (generate_many or generate_each under way, or a "
+                "server); finish that, or leave its loop, before starting more on the pair.")
+
+    def _each(self, items: list[Prompt], opts: list[GenerationOptions]) -> Iterator[tuple[int, Any]]:
+        pair = self.pair
+        width = min(self.width, len(items))
+        if width <= 1:  # one sequence: one after another, as generate and chat would
+            for i, item in enumerate(items):
+                yield i, self._one(pair, item, opts[i])
+            return
+        with self._cond:
+            self._busy_check()
+            self._active = True
+        for o in {id(o): o for o in opts}.values():
+            self._prepare(o)
+        batcher = StepBatcher()
+        self.attach(batcher)
+        running: dict[int, Any] = {}  # the streams under way, by prompt: cancelled if the caller stops early
+        stop = threading.Event()
+
+        def started(i: int, stream: Any) -> None:
+            running[i] = stream
+            if stop.is_set():  # the caller stopped while it was being set up
+                stream.cancel()
+
+        def run(i: int) -> Any:
+            if stop.is_set():
+                return GenerationCancelled(f"Prompt {i} was not started: the caller stopped.")
+            seq = self.acquire()  # one of ``width`` workers: a lane is always free
+            try:
+                return self._one(self.lane(seq), items[i], opts[i], batcher, lambda s: started(i, s))
+            finally:
+                running.pop(i, None)
+                self.release(seq)
+
+        pool = ThreadPoolExecutor(width, thread_name_prefix="localspec-lane")
+        try:
+            futures = {pool.submit(run, i): i for i in range(len(items))}
+            for f in as_completed(futures):
+                yield futures[f], f.exception() or f.result()
+        finally:  # also when the caller stopped early (Ctrl-C, a break): what runs is cancelled, the rest not started
+            stop.set()
+            for stream in list(running.values()):
+                stream.cancel()
+            uninterrupted(pool.shutdown)  # every lane's thread done before the lanes decode alone again
+            self.attach(None)
+            batcher.close()
+            with self._cond:
+                self._active = False
 
     def _prepare(self, opts: GenerationOptions) -> None:
         """What every lane would otherwise do first, done once on sequence 0 before the lanes are made: the
@@ -170,15 +267,15 @@ class Lanes:
             _ = pair.history
 
     @staticmethod
-    def _one(lane: Any, item: Prompt, opts: GenerationOptions, return_exceptions: bool,
-             batcher: Optional[StepBatcher] = None) -> Any:
-        """``item``'s result on ``lane`` (or its exception, with ``return_exceptions``): set up alone, decoded as
-        a member of ``batcher`` (its setup holds none of the other lanes' steps back)."""
+    def _one(lane: Any, item: Prompt, opts: GenerationOptions, batcher: Optional[StepBatcher] = None,
+             started: Optional[Callable[[Any], None]] = None) -> Any:
+        """``item``'s result on ``lane``, or its exception: set up alone, decoded as a member of ``batcher`` (its
+        setup holds none of the other lanes' steps back); ``started`` is given its stream first."""
         try:
             stream = lane.stream_chat(item, opts) if is_conversation(item) else lane.stream(item, opts)
+            if started is not None:
+                started(stream)
             with batcher.member() if batcher is not None else contextlib.nullcontext():
                 return stream.finish()
         except Exception as exc:
-            if not return_exceptions:
-                raise
-            return exc  # the caller asked for it in its place
+            return exc  # in its place: the caller decides whether to raise it

@@ -7,7 +7,7 @@ import pytest
 import localspec
 from localspec.constraint import Constraint
 from localspec.drafting.costs import CostProfile
-from localspec.errors import ConfigError, ContextOverflowError
+from localspec.errors import ConfigError, ContextOverflowError, InterleavedGenerationError
 
 # Memory-bound (a GPU): a draft model pays, so auto drafts with it too.
 GPU = CostProfile.synthetic([1.0] * 9, 0.1, name="gpu-like")
@@ -77,6 +77,52 @@ def test_more_prompts_than_sequences_wait_for_a_free_one(pairs):
     prompts = [f"Item {i}: the" for i in range(9)]
     expected = [alone.generate(p, max_tokens=12).tokens for p in prompts]
     assert [r.tokens for r in together.generate_many(prompts, max_tokens=12)] == expected
+
+
+def test_a_prompt_an_idle_lane_holds_is_shared_not_read_again(pairs):
+    alone, together = pairs
+    system = "You are a careful assistant. " * 12 + "Answer in one line.\n"
+    for i in range(together.lanes.width):
+        together.lanes.lane(i).reset()
+    first = together.generate_many([system + "Task: name a colour."], max_tokens=8)[0]  # on the pair: lane 0
+    assert first.stats.cached_prompt_tokens < 10  # nothing to share yet
+    tasks = [system + f"Task: {t}" for t in ("count to three.", "say hello.", "name a fruit.")]
+    expected = [alone.generate(t, max_tokens=16).tokens for t in tasks]
+    # empty lanes go first: each starts from the idle lane that read the system prompt
+    results = together.generate_many(tasks, max_tokens=16)
+    assert [r.tokens for r in results] == expected
+    prefix = len(together.target.tokenize(system))
+    assert all(r.stats.cached_prompt_tokens >= prefix - 2 for r in results), [r.stats.cached_prompt_tokens
+                                                                                 for r in results]
+
+
+def test_results_come_as_they_finish_and_leaving_early_cancels_the_rest(pairs):
+    alone, together = pairs
+    prompts = ["Short: the", *(f"Long {i}: once upon a time" for i in range(5))]
+    options = [together.options(max_tokens=4)] + [together.options(max_tokens=200)] * 5
+    expected = alone.generate(prompts[0], max_tokens=4).tokens
+    results = together.generate_each(prompts, options)
+    i, first = next(results)
+    assert (i, first.tokens) == (0, expected)  # the short one is done first
+    # while the loop is paused, the lanes are busy: another generation on the pair is refused, not interleaved
+    with pytest.raises(InterleavedGenerationError):
+        together.generate("The cat", max_tokens=4)
+    with pytest.raises(InterleavedGenerationError):
+        together.generate_many(["The cat"], max_tokens=4)
+    results.close()  # leaving early: the running ones end as interrupted, the waiting ones never start
+    # the lanes are free again, and exact
+    assert [r.tokens for r in together.generate_many(prompts[:2], max_tokens=8)] == [
+        alone.generate(p, max_tokens=8).tokens for p in prompts[:2]]
+
+
+def test_each_prompt_may_have_its_own_options(pairs):
+    alone, together = pairs
+    options = [together.options(max_tokens=n, method=m) for n, m in ((6, "plain"), (12, "lookup"), (9, "draft"))]
+    got = dict(together.generate_each(PROMPTS[:3], options))
+    assert [got[i].tokens for i in range(3)] == [_alone(alone, p, max_tokens=o.max_tokens, method=o.method).tokens
+                                                 for p, o in zip(PROMPTS[:3], options, strict=True)]
+    with pytest.raises(ConfigError, match="2 options for 3 prompts"):
+        together.generate_each(PROMPTS[:3], options[:2])
 
 
 def test_a_pair_of_one_sequence_runs_them_one_after_another_and_bad_input_is_refused(pairs):

@@ -38,14 +38,35 @@ if TYPE_CHECKING:
                    "(needs the 'structured' extra). The calls print as JSON lines after the reply.")
 @click.option("--tool-choice", default=None,
               help="With --tools: auto (the model decides; the default), none, required, or a function's name.")
+@click.option("--input", "input_file", default=None, metavar="FILE.jsonl",
+              help="Many requests, one JSON object a line ({\"prompt\": ...}, {\"messages\": [...]} or "
+                   "{\"message\": ...}, with an optional \"id\" and options), decoded together ('-': stdin).")
+@click.option("--output", "output_file", default=None, metavar="FILE.jsonl",
+              help="With --input: where each result goes as a JSON line (default: stdout); lines it already "
+                   "answers are skipped, so a stopped run goes on.")
+@click.option("--parallel", type=click.IntRange(1, 64), default=None,
+              help="With --input: requests decoded at once [default: automatic].")
 @friendly_errors
 def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str], message: Optional[str],
              system: Optional[str], suffix: Optional[str], recalibrate: bool, as_json: bool,
              json_schema: Optional[str], json_object: bool, regex: Optional[str], grammar_file: Optional[str],
-             tools_file: Optional[str], tool_choice: Optional[str]) -> None:
-    """Generate a continuation of --prompt, a reply to --message, or the middle between --prompt and --suffix."""
+             tools_file: Optional[str], tool_choice: Optional[str], input_file: Optional[str],
+             output_file: Optional[str], parallel: Optional[int]) -> None:
+    """Generate a continuation of --prompt, a reply to --message, or the middle between --prompt and --suffix;
+    or answer every line of --input FILE.jsonl."""
+    constraint = _constraint(json_schema, json_object, regex, grammar_file)
+    if constraint is not None:
+        options = options.replace(grammar=constraint)
+    if input_file is not None or output_file is not None or parallel is not None:
+        single = [flag for flag, given in (("--prompt", prompt), ("--message", message), ("--system", system),
+                                           ("--suffix", suffix), ("--tools", tools_file),
+                                           ("--tool-choice", tool_choice), ("--json", as_json or None))
+                  if given is not None]
+        _from_file(models, options, input_file, output_file, parallel, recalibrate, single)
+        return
     if (prompt is None) == (message is None):
-        raise click.UsageError("Give exactly one of --prompt (raw text) or --message (a chat turn).")
+        raise click.UsageError("Give exactly one of --prompt (raw text) or --message (a chat turn), or --input "
+                               "FILE.jsonl.")
     if system is not None and message is None:
         raise click.UsageError("--system goes with --message, not with a raw --prompt.")
     if suffix is not None and prompt is None:
@@ -57,9 +78,6 @@ def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str
     if tool_choice is not None and tools_file is None:
         raise click.UsageError("--tool-choice goes with --tools FILE.")
     tools = _tools(tools_file, tool_choice)
-    constraint = _constraint(json_schema, json_object, regex, grammar_file)
-    if constraint is not None:
-        options = options.replace(grammar=constraint)
     with models.open(options.method) as pair:
         if recalibrate:
             pair.calibrate(refresh=True)
@@ -96,6 +114,29 @@ def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str
         for call in result.tool_calls or []:
             click.echo(json.dumps(call.to_openai(), ensure_ascii=False))
         click.echo(result.summary_line(), err=True)
+
+
+def _from_file(models: ModelArgs, options: GenerationOptions, input_file: Optional[str], output_file: Optional[str],
+               parallel: Optional[int], recalibrate: bool, single: list[str]) -> None:
+    """``--input FILE.jsonl``: every line answered, into ``--output``."""
+    from .jsonl import read_jobs, run
+
+    if input_file is None:
+        raise click.UsageError("--output and --parallel go with --input FILE.jsonl.")
+    if single:
+        raise click.UsageError(f"--input takes the requests from its file; leave out {', '.join(single)} (each "
+                               "output line is what --json prints; a line gives its own system turn as "
+                               "\"system\" or in \"messages\").")
+    jobs = read_jobs(input_file)  # a bad line is said before the models load
+    with models.open(options.method, parallel=parallel) as pair:
+        if recalibrate:
+            pair.calibrate(refresh=True)
+        failed = run(pair, jobs, output_file, options)
+    if failed:
+        again = (f"{output_file} and is tried again by the next run" if output_file not in (None, "-")
+                 else "the output")
+        raise click.ClickException(f"{failed} line{'s' if failed > 1 else ''} failed; each has its reason in "
+                                   f"{again}.")
 
 
 def _tools(tools_file: Optional[str], tool_choice: Optional[str]) -> Optional[ToolUse]:

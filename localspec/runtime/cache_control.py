@@ -179,6 +179,22 @@ class CacheControl:
         self._dirty = False
         self._checkpoints.clear()
 
+    def copy_prefix(self, src: Any, n: int) -> None:
+        """Hold the first ``n`` tokens that ``src``, another sequence of this context, holds: their cells shared
+        with it (llama.cpp's ``seq_cp``), nothing evaluated. What this sequence held goes. Only for a plain
+        attention cache (``cuts_after_load``), whose cells serve any sequence that has them.
+
+        Raises:
+            ValueError: ``src`` is not another sequence of this context, holds fewer tokens, or either cache
+                is not a plain attention cache.
+        """
+        if src._ctx is not self._ctx or src.seq == self.seq or n > src.n_past or not self.cuts_after_load:
+            raise ValueError(f"sequence {self.seq} cannot share {n} tokens of sequence {src.seq}")
+        self.reset()
+        self._llama(ll.llama_memory_seq_cp, self._mem, src.seq, self.seq, 0, n)
+        self._tokens[:n] = src._tokens[:n]
+        self._n, self._undo_floor = n, 0  # an attention cache cuts back anywhere
+
     def _clear(self) -> None:
         """Empty llama.cpp's memory of this sequence: all of it where the context holds one."""
         if self.n_seq == 1:

@@ -318,7 +318,9 @@ def test_serve_reports_cached_prompt_tokens_and_a_restart_starts_from_the_disk_t
     from serverproc import ServeProcess
 
     target, draft = models["llama"]
-    args = ["-t", str(target), "-d", str(draft), "--ctx", "2048", "-m", "draft"]
+    # one sequence, so that B1 takes A1's place and A2 comes back from the prompt cache (with several, A2 would
+    # share the cells of the sequence that still holds A1: tests/server/test_server_parallel.py)
+    args = ["-t", str(target), "-d", str(draft), "--ctx", "2048", "-m", "draft", "--parallel", "1"]
     a1 = conversation(SYSTEM_A, "in the end, in the end, in the end")
     b1 = conversation(SYSTEM_B, "the cat sat on the mat")
     server = ServeProcess(args, tmp_path)

@@ -88,6 +88,35 @@ def test_a_state_saved_from_one_sequence_loads_into_another_model(tiny_dir):
         np.testing.assert_allclose(alone.eval(prompt[-1:], logits="last")[0], expected, atol=1e-3)
 
 
+def test_a_sequence_takes_another_ones_prefix_without_reading_it(tiny_dir):
+    with Model(tiny_dir / "target.gguf", n_ctx=1024) as alone, \
+            Model(tiny_dir / "target.gguf", n_ctx=1024, n_seq=2) as shared:
+        system = alone.tokenize(PROMPTS[0] + " " + PROMPTS[2])
+        mine = system + alone.tokenize(" and then", add_special=False)
+        alone.eval(mine, logits="none")
+        expected = _continue(alone, 16)
+        first, second = shared, shared.sequence(1)
+        first.eval(system + alone.tokenize(" elsewhere", add_special=False), logits="none")
+        second.eval(alone.tokenize(PROMPTS[1]), logits="none")  # what it held goes
+        calls = second.decode_calls
+        second.copy_prefix(first, len(system))
+        assert second.n_past == len(system) and second.decode_calls == calls  # nothing evaluated
+        second.eval(mine[len(system):], logits="none")
+        assert _continue(second, 16) == expected
+        assert first.n_past == len(system) + len(alone.tokenize(" elsewhere", add_special=False))
+        with pytest.raises(ValueError, match="cannot share"):
+            second.copy_prefix(first, first.n_past + 1)  # more than it holds
+        with pytest.raises(ValueError, match="cannot share"):
+            second.copy_prefix(second, 2)
+
+
+def test_a_recurrent_state_is_never_shared(recurrent_dir):
+    with Model(recurrent_dir / "mamba.gguf", n_ctx=512, n_seq=2) as shared:
+        shared.eval(shared.tokenize(PROMPTS[0]), logits="none")
+        with pytest.raises(ValueError, match="cannot share"):
+            shared.sequence(1).copy_prefix(shared, 3)
+
+
 @pytest.mark.parametrize("arch", ["mamba", "qwen35"])
 def test_a_recurrent_sequence_goes_back_through_its_own_checkpoints(recurrent_dir, arch):
     path = recurrent_dir / f"{arch}.gguf"
@@ -164,9 +193,12 @@ def test_sequences_decoded_together_give_each_its_own_tokens_in_fewer_decodes(ti
         assert got == expected
         assert batcher.widest == 4
         assert batcher.steps < sum(s.decode_calls for s in seqs)  # the calls shared decodes
+        # the last step held a token of every sequence: each saw three streams beside it
+        assert [s.beside for s in seqs] == [(3, 3, 3)] * 4
 
 
-def test_a_long_prompt_is_read_across_steps_while_the_others_decode(tiny_dir):
+@pytest.mark.parametrize("chunk", [None, 16])
+def test_a_long_prompt_is_read_across_steps_while_the_others_decode(tiny_dir, chunk):
     with Model(tiny_dir / "target.gguf", n_ctx=4096, n_batch=64) as alone, \
             Model(tiny_dir / "target.gguf", n_ctx=4096, n_batch=64, n_seq=2) as shared:
         long = alone.tokenize(" ".join(PROMPTS * 12))
@@ -178,11 +210,49 @@ def test_a_long_prompt_is_read_across_steps_while_the_others_decode(tiny_dir):
             alone.eval(prompt, logits="none")
             expected.append(_continue(alone, 40))
         seqs = [shared, shared.sequence(1)]
-        batcher = StepBatcher()
+        batcher = StepBatcher(stream_chunk=chunk)
         for s in seqs:
             s.attach(batcher)
         assert _run_together(seqs, [long, short], 40, batcher) == expected
         assert batcher.widest == 2
+
+
+@pytest.mark.parametrize("chunk", [None, 16])
+def test_a_stream_decoding_beside_a_prompt_sees_the_prompt_chunk_that_shares_its_step(tiny_dir, chunk):
+    with Model(tiny_dir / "target.gguf", n_ctx=4096, n_batch=64, n_seq=2) as shared:
+        long = shared.tokenize(" ".join(PROMPTS * 12))
+        seqs = [shared, shared.sequence(1)]
+        batcher = StepBatcher(stream_chunk=chunk)
+        for s in seqs:
+            s.attach(batcher)
+        seen: list[tuple[int, int, int]] = []
+        start = threading.Barrier(2)
+
+        def read() -> None:
+            with batcher.member():
+                start.wait()
+                seqs[0].eval(long, logits="last")
+
+        def stream() -> None:
+            with batcher.member():
+                start.wait()
+                seqs[1].eval(shared.tokenize(PROMPTS[0]), logits="last")
+                for _ in range(3):
+                    seqs[1].eval([5], logits="last")
+                    seen.append(seqs[1].beside)
+
+        threads = [threading.Thread(target=f) for f in (read, stream)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for s in seqs:
+            s.attach(None)
+        batcher.close()
+        # one token of its own and the prompt's part of the step (at most what fills it, or its chunk), which
+        # gives no token
+        assert all(tokens <= (chunk or 63) and rest == [0, 1] for tokens, *rest in seen), seen
+        assert any(tokens == (chunk or 63) for tokens, *_ in seen), seen
 
 
 def test_a_cancelled_sequence_stops_and_the_others_go_on(tiny_dir):
