@@ -28,27 +28,17 @@ from typing import Any, Optional
 
 import openai
 
-sys.path.insert(0, str(Path(__file__).parent))
-from many_together import COPY, MODULE, NEW  # noqa: E402
+from localspec.bench.together import workloads
 
 PORT = 8941
 
 
 def workload(name: str) -> list[tuple[float, list[dict[str, str]], int]]:
-    """(delay in seconds, messages, max_tokens) of each request."""
-    if name == "new":
-        return [(0.0, [{"role": "user", "content": p}], 128) for p in NEW]
-    if name == "mixed":
-        return [(0.0, [{"role": "user", "content": p}], 128) for p in NEW[:2] + COPY]
-    if name == "fanout":
-        task = "Read this module and answer in one sentence: {}\n\n" + MODULE * 6
-        asks = ["what does compute_total_0 return?", "which loop variable is used?", "how many functions are there?"]
-        return [(0.0, [{"role": "user", "content": task.format(a)}], 48) for a in asks]
-    if name == "title":
-        long = "Summarise this module in detail:\n\n" + MODULE * 28
-        title = "Write a 3-word title for a chat about summing order totals."
-        return [(0.0, [{"role": "user", "content": long}], 64), (1.0, [{"role": "user", "content": title}], 16)]
-    raise SystemExit(f"unknown workload {name!r}")
+    """(delay in seconds, messages, max_tokens) of each request: ``localspec bench --together``'s workloads."""
+    known = workloads()
+    if name not in known:
+        raise SystemExit(f"unknown workload {name!r}; the workloads are {', '.join(known)}")
+    return [(s.delay, [{"role": "user", "content": s.content}], s.max_tokens) for s in known[name]]
 
 
 def start(cmd: list[str], env: Optional[dict[str, str]] = None) -> subprocess.Popen[bytes]:

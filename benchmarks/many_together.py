@@ -16,18 +16,9 @@ import sys
 import time
 
 import localspec
+from localspec.bench.together import COPY, NEW
 
-NEW = ["Write a short story about a lighthouse keeper who finds a message in a bottle.",
-       "Explain how a hash map works, with an example in Python.",
-       "Describe the water cycle for a ten-year-old.",
-       "List ten ideas for a weekend project with a Raspberry Pi, one line each."]
-PARAGRAPH = ("Teh quick brown fox jumpd over the lazy dog, wich was sleeping in the sun. The dog didnt notice, "
-             "becuase it was dreaming of chasing rabits across the feild behind the old farm house.")
-MODULE = "\n".join(f"def compute_total_{i}(items):\n    total = 0\n    for item in items:\n        total += item.price"
-                   f" * item.count\n    return total\n" for i in range(4))
-COPY = [f"Fix the spelling in this paragraph and give only the fixed paragraph:\n\n{PARAGRAPH}",
-        f"Rename compute_total_0 to order_total in this module and give the whole module:\n\n{MODULE}"]
-WORKLOADS = {"new": NEW, "copy": COPY * 2, "mixed": NEW[:2] + COPY}
+WORKLOADS = {"new": list(NEW), "copy": list(COPY * 2), "mixed": [*NEW[:2], *COPY]}
 
 
 def main() -> int:

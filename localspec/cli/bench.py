@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 import click
 
@@ -52,8 +53,16 @@ from .shared import ModelArgs, friendly_errors, model_options, say
                    "conversation, through `localspec serve` and llama-cpp-python's server (and llama-server where "
                    "found), started side by side; time to first token and total time. --cache-ram and "
                    "--cache-disk apply to its localspec server (default here: no disk tier, so a run starts cold).")
+@click.option("--together", is_flag=True,
+              help="Run requests sent together instead (a title request beside a long prompt, sub-agents, four "
+                   "requests at once), through `localspec serve`, llama-cpp-python's server and llama-server where "
+                   "found, each started afresh; when each request is done.")
+@click.option("--workload", "workloads", multiple=True,
+              type=click.Choice(["title", "fanout", "new", "mixed", "copy"]),
+              help="With --together: only these workloads (repeatable; default: all).")
 @click.option("--llama-server", "llama_server", default=None, metavar="PATH",
-              help="With --agent: llama.cpp's llama-server to add as a row (default: the one on the PATH, if any).")
+              help="With --agent or --together: llama.cpp's llama-server to add as a row (default: the one on the "
+                   "PATH, if any).")
 @click.option("--scale", type=click.FloatRange(min=0.01, max=20.0), default=1.0, show_default=True,
               help="With --agent: the prompts' size (1: system prompts of about 1.4k and 0.6k tokens, files of "
                    "1.2k).")
@@ -71,7 +80,8 @@ from .shared import ModelArgs, friendly_errors, model_options, say
 def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], quick: bool, reps: Optional[int],
           width: Optional[float], budget_minutes: Optional[float], lockstep: bool, max_tokens: Optional[int],
           k_lookup: Optional[str], k_draft: Optional[str], k_lcp_lookup: Optional[str], no_auto: bool, no_peers: bool,
-          history_check: bool, related: bool, agent: bool, llama_server: Optional[str], scale: float,
+          history_check: bool, related: bool, agent: bool, together: bool, workloads: tuple[str, ...],
+          llama_server: Optional[str], scale: float,
           structured: bool, sampled: bool, sampled_temperature: float,
           sampled_top_p: float,
           json_path: Optional[str], plot_path: Optional[str]) -> None:
@@ -92,13 +102,32 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
     if lockstep and related:
         raise click.UsageError("--related runs its requests in order, one after another; --lockstep is for the "
                                "suites.")
-    if sum((related, structured, agent)) > 1:
-        raise click.UsageError("--related, --structured and --agent are different workloads; give one.")
+    if sum((related, structured, agent, together)) > 1:
+        raise click.UsageError("--related, --structured, --agent and --together are different workloads; give one.")
+    if workloads and not together:
+        raise click.UsageError("--workload picks among --together's workloads; add --together.")
+    if together:
+        given = [name for name, on in (("--suite", suite), ("--quick", quick), ("--lockstep", lockstep),
+                                       ("--width", width is not None), ("--max-tokens", max_tokens),
+                                       ("--k-lookup", k_lookup), ("--k-draft", k_draft),
+                                       ("--k-lcp-lookup", k_lcp_lookup), ("--no-auto", no_auto),
+                                       ("--history-check", history_check), ("--sampled", sampled),
+                                       ("--plot", plot_path), ("--scale", scale != 1.0),
+                                       ("--category", categories), ("--budget", budget_minutes is not None),
+                                       ("--cache-ram", models.cache_ram is not None),
+                                       ("--cache-disk", models.cache_disk is not None)) if on]
+        if given:
+            raise click.UsageError(f"--together runs each server as it serves, on its own requests; leave out "
+                                   f"{', '.join(given)}.")
+        _bench_together(models, reps or 3, workloads, llama_server, no_peers, json_path)
+        return
     if not agent and (models.cache_ram is not None or models.cache_disk is not None):
         raise click.UsageError("--cache-ram and --cache-disk size the prompt cache of --agent's server; the other "
                                "workloads run without the prompt cache, so that every run processes its prompt.")
-    if not agent and (llama_server is not None or scale != 1.0):
-        raise click.UsageError("--llama-server and --scale belong to --agent's workload; add --agent.")
+    if not agent and scale != 1.0:
+        raise click.UsageError("--scale belongs to --agent's workload; add --agent.")
+    if not agent and llama_server is not None:
+        raise click.UsageError("--llama-server adds a row to --agent's or --together's workload; add one of them.")
     if agent:
         if suite or structured or lockstep or width is not None:
             raise click.UsageError("--agent runs its own two conversations, one request at a time; leave out --suite, "
@@ -180,8 +209,11 @@ def _bench_related(models: ModelArgs, suite: Optional[str], reps: Optional[int],
         sys.exit(1)
 
 
-def _bench_agent(models: ModelArgs, reps: int, max_tokens: int, scale: float, llama_server: Optional[str],
-                 no_peers: bool, json_path: Optional[str]) -> None:
+def _servers(models: ModelArgs, llama_server: Optional[str], no_peers: bool,
+             cache_row: bool) -> tuple[list[Any], dict[str, Any], str]:
+    """The servers to compare, all on the same files, threads, context and device (localspec's first;
+    llama-cpp-python's at its defaults, and with its RAM cache where ``cache_row``), the machine, and a line
+    describing them."""
     from ..bench import agent as workload
     from ..bench.machine import host_info
     from ..loading import fit_context
@@ -199,21 +231,45 @@ def _bench_agent(models: ModelArgs, reps: int, max_tokens: int, scale: float, ll
                                      models.cache_disk or 0)]
     if not no_peers:
         if workload.llama_cpp_server_installed():
-            specs += workload.llama_cpp_python_specs(target, threads, threads_batch, ctx, gpu)
+            specs += workload.llama_cpp_python_specs(target, threads, threads_batch, ctx, gpu)[:None if cache_row
+                                                                                                 else 1]
         else:
             say("bench: llama-cpp-python's server is not installed, so its rows are left out "
                 "(pip install 'llama-cpp-python[server]' adds them).")
         program = workload.find_llama_server(llama_server)
         if program:
             specs.append(workload.llama_server_spec(program, target, threads, threads_batch, ctx, gpu))
-    say(f"bench: agent workload x {len(specs)} servers x {reps} rep(s), {threads} threads ({threads_batch} for "
-        f"batches) each, context {ctx}, {max_tokens} tokens a reply")
     machine = {**host_info(), "threads": threads, "threads_batch": threads_batch, "n_ctx": ctx,
                "target": target, "draft": draft}
+    return specs, machine, f"{threads} threads ({threads_batch} for batches) each, context {ctx}"
+
+
+def _bench_agent(models: ModelArgs, reps: int, max_tokens: int, scale: float, llama_server: Optional[str],
+                 no_peers: bool, json_path: Optional[str]) -> None:
+    from ..bench import agent as workload
+
+    specs, machine, setup = _servers(models, llama_server, no_peers, cache_row=True)
+    say(f"bench: agent workload x {len(specs)} servers x {reps} rep(s), {setup}, {max_tokens} tokens a reply")
     report = workload.run_agent_bench(specs, max_tokens, scale, reps, machine, progress=say)
     click.echo(workload.render_agent(report))
     if json_path:
         workload.write_agent_json(report, Path(json_path))
+        say(f"wrote {json_path}")
+
+
+def _bench_together(models: ModelArgs, reps: int, names: Sequence[str], llama_server: Optional[str],
+                    no_peers: bool, json_path: Optional[str]) -> None:
+    from ..bench import together
+
+    specs, machine, setup = _servers(models, llama_server, no_peers, cache_row=False)
+    specs[0] = dataclasses.replace(specs[0], note="its defaults (requests at once: --parallel automatic, drafting "
+                                                  "auto), prompt cache and history off")
+    names = list(names) or list(together.workloads())
+    say(f"bench: {len(names)} workloads of requests together x {len(specs)} servers x {reps} rep(s), {setup}")
+    report = together.run_together_bench(specs, names, reps, machine, progress=say)
+    click.echo(together.render_together(report))
+    if json_path:
+        together.write_together_json(report, Path(json_path))
         say(f"wrote {json_path}")
 
 

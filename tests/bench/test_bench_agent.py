@@ -76,7 +76,7 @@ def test_a_server_that_never_answers_is_given_up_on() -> None:
 @pytest.mark.parametrize("args, says", [
     (["--agent", "--llama-server", "/no/such/llama-server"], "/no/such/llama-server is not a program"),
     (["--cache-ram", "64"], "--cache-ram and --cache-disk size the prompt cache of --agent's server"),
-    (["--llama-server", "x"], "belong to --agent's workload; add --agent"),
+    (["--llama-server", "x"], "--llama-server adds a row to --agent's or --together's workload"),
     (["--agent", "--lockstep"], "--agent runs its own two conversations"),
     (["--agent", "--structured"], "different workloads; give one"),
     (["--agent", "--quick", "--k-draft", "2"], "--quick, --k-draft belong to the suites"),
