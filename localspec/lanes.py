@@ -120,15 +120,17 @@ class Lanes:
         with self._cond:
             if self._holders and self._holders.get(target.seq) != threading.get_ident():
                 self._busy_check()  # a generation on a lane this thread does not hold, beside the lanes' own
-        shared = self.share(target, np.asarray(prompt[:-1], dtype=np.int32))
-        self.make_room(target.seq, len(prompt) + reply - shared)  # the shared cells are counted as the other's
+        self.share(target, np.asarray(prompt[:-1], dtype=np.int32))
+        # room for the whole prompt, the shared part too: the prompt cache may still put a longer state in its
+        # place, which takes its cells while it loads (lanes that share cells are each counted whole, so this
+        # errs toward emptying one idle lane more)
+        self.make_room(target.seq, len(prompt) + reply)
 
-    def share(self, target: Any, wanted: np.ndarray) -> int:
+    def share(self, target: Any, wanted: np.ndarray) -> None:
         """Give ``target``, and its lane's draft sequence, the longest prefix of ``wanted`` that an idle lane's
         holds, its cells shared in the context (nothing read again), where that is at least ``MIN_SHARED``
         tokens more than its own. Sub-agents and follow-ups that land on another lane than their system
-        prompt's then start from it. Returns how many of the target's tokens are now another lane's cells."""
-        shared = 0
+        prompt's then start from it."""
         with self._cond:  # an idle lane is not taken, emptied or changed meanwhile
             for models in self._models():
                 mine = models[target.seq]
@@ -141,9 +143,6 @@ class Lanes:
                         best, most = other, other.common_prefix(wanted)
                 if best is not None:
                     mine.copy_prefix(best, most)
-                    if mine is target:
-                        shared = most
-        return shared
 
     def _models(self) -> list[list[Any]]:
         """The target's sequences and the draft's, by lane (None: not opened yet, so holding nothing)."""
