@@ -70,7 +70,7 @@ def profile_table(profile: CostProfile, methods: list[Method], *, has_draft: boo
     ]
     together = rel.get("together")
     if isinstance(together, list) and together:
-        lines.append("  one token from each of s sequences / one step: "
+        lines.append("  one token from each of s sequences / one sequence's: "
                      + "  ".join(f"{s + 1}:{v:.2f}" for s, v in enumerate(together)))
     if has_draft:
         lines.append(f"  draft step / target step: {rel['draft_step']:.2f}")

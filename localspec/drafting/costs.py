@@ -56,7 +56,7 @@ class CostProfile:
     mtp_step: float = 0.0
     rollback: float = 0.0
     #: together[s - 1]: one decode of one token from each of s sequences (empty: not measured, taken to cost
-    #: what one sequence of s tokens costs).
+    #: what one sequence of s tokens costs); only its shape counts, together[s - 1] / together[0].
     together: list[float] = field(default_factory=list)
 
     @property
@@ -75,8 +75,8 @@ class CostProfile:
         ``together`` measured several sequences to cost over one sequence of as many tokens."""
         seconds = self.verify_seconds(tokens)
         s = min(sequences, len(self.together))
-        if s > 1:
-            seconds *= max(1.0, self.together[s - 1] / self.verify_seconds(s))
+        if s > 1:  # shapes, each over its own single step: they may be timed on different threads
+            seconds *= max(1.0, (self.together[s - 1] / self.together[0]) / (self.verify_seconds(s) / self.verify[0]))
         return seconds
 
     def relative(self) -> dict[str, object]:
@@ -87,8 +87,8 @@ class CostProfile:
         for name in ("mtp_step", "rollback"):  # only where the models have them
             if getattr(self, name):
                 out[name] = round(getattr(self, name) / v1, 3)
-        if self.together:
-            out["together"] = [round(v / v1, 3) for v in self.together]
+        if self.together:  # over its own single sequence's step
+            out["together"] = [round(v / self.together[0], 3) for v in self.together]
         return out
 
     @classmethod

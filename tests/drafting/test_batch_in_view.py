@@ -68,6 +68,9 @@ def test_the_multi_sequence_curve_makes_several_sequences_dearer_than_one_of_as_
     profile.together = [1.0, 1.8, 2.4, 3.0]
     assert profile.step_seconds(4, 4) == pytest.approx(2.5 * 3.0 / 2.5)
     assert profile.step_seconds(4, 1) == pytest.approx(2.5)
+    profile.together = [1.35, 1.35 * 1.8, 1.35 * 2.4, 1.35 * 3.0]  # timed slower on another thread: the shape counts
+    assert profile.step_seconds(4, 4) == pytest.approx(2.5 * 3.0 / 2.5)
+    assert profile.relative()["together"] == [1.0, 1.8, 2.4, 3.0]
     profile.together = [1.0, 1.2]  # cheaper than one sequence of as many tokens: never below that
     assert profile.step_seconds(2, 2) == pytest.approx(1.5)
 
