@@ -67,3 +67,10 @@ def test_bad_together_options_get_one_sentence(tiny_dir: Path, args: list[str], 
 def test_an_unknown_workload_from_python_is_named() -> None:
     with pytest.raises(ConfigError, match="no workload 'lunch'"):
         together.run_together_bench([], ["lunch"])
+
+
+def test_the_command_offers_exactly_the_library_s_workloads() -> None:
+    from localspec.cli.bench import bench
+
+    option = next(p for p in bench.params if p.name == "workloads")
+    assert list(option.type.choices) == list(together.workloads())  # one list, the library's, offered whole
