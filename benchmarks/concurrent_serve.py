@@ -1,8 +1,9 @@
 """Requests sent together to `localspec serve` and to llama-server, the same model, threads and context.
 
 Starts each server fresh for each repetition (alternating which goes first), sends the workload's requests at
-once through the ``openai`` client (greedy, streamed) and times each request's end and the last one's. The
-workloads are the cases agents and chat apps make:
+once as ``localspec bench --together`` does (greedy, streamed chat completions) and times each request's end and
+the last one's. Unlike the bench, it sets localspec's ``--parallel``, ``-m`` and both sides' flash attention. The
+workloads are the bench's (``copy`` too):
 
 * ``new``: four requests writing new text, 128 tokens each;
 * ``mixed``: two writing new text and two copying (fix a paragraph's spelling, rename a function);
@@ -16,71 +17,13 @@ workloads are the cases agents and chat apps make:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
-import subprocess
 import sys
-import threading
-import time
-import urllib.request
-from pathlib import Path
-from typing import Any, Optional
 
-import openai
-
-from localspec.bench.together import workloads
-
-PORT = 8941
-
-
-def workload(name: str) -> list[tuple[float, list[dict[str, str]], int]]:
-    """(delay in seconds, messages, max_tokens) of each request: ``localspec bench --together``'s workloads."""
-    known = workloads()
-    if name not in known:
-        raise SystemExit(f"unknown workload {name!r}; the workloads are {', '.join(known)}")
-    return [(s.delay, [{"role": "user", "content": s.content}], s.max_tokens) for s in known[name]]
-
-
-def start(cmd: list[str], env: Optional[dict[str, str]] = None) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"{cmd[0]} did not start")
-
-
-def send(requests: list[tuple[float, list[dict[str, str]], int]], model: str, extra: dict[str, Any]) -> list[float]:
-    """Each request's seconds from the workload's start to its last token."""
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key="x", max_retries=0, timeout=3600)
-    done: list[float] = [0.0] * len(requests)
-    failed: list[BaseException] = []
-    t0 = time.perf_counter()
-
-    def one(i: int) -> None:
-        delay, messages, n = requests[i]
-        time.sleep(delay)
-        try:
-            for _ in client.chat.completions.create(model=model, messages=messages, max_tokens=n,  # type: ignore
-                                                    temperature=0, stream=True, extra_body=extra):
-                pass
-        except Exception as exc:  # raised below, once the others are done
-            failed.append(exc)
-        done[i] = time.perf_counter() - t0
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(requests))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if failed:
-        raise SystemExit(f"a request failed: {failed[0]}")
-    return done
+from localspec.bench.agent import RunningServer, ServerSpec
+from localspec.bench.together import send_together, workloads
 
 
 def main() -> int:
@@ -97,31 +40,32 @@ def main() -> int:
     ap.add_argument("--flash-attn", choices=["on", "off"], default="on",
                     help="flash attention on both sides (llama-server's automatic choice on a CPU is on)")
     args = ap.parse_args()
-    requests = workload(args.workload)
-    localspec = [sys.executable, "-m", "localspec", "serve", "-t", args.target, "-d", args.draft or "none",
-                 "--ctx", str(args.ctx), "--threads", str(args.threads), "--threads-batch", str(args.threads),
-                 "--parallel", str(args.parallel), "-m", args.method, "--port", str(PORT), "--quiet",
-                 "--flash-attn", args.flash_attn]
-    llama = [args.llama_server, "-m", args.target, "-c", str(args.ctx), "-t", str(args.threads), "-tb",
-             str(args.threads), "--port", str(PORT), "-fa", args.flash_attn]
+    known = workloads()
+    if args.workload not in known:
+        raise SystemExit(f"unknown workload {args.workload!r}; the workloads are {', '.join(known)}")
+    requests = known[args.workload]
+    localspec = ServerSpec("localspec serve", (
+        sys.executable, "-m", "localspec", "serve", "-t", args.target, "-d", args.draft or "none", "--ctx",
+        str(args.ctx), "--threads", str(args.threads), "--threads-batch", str(args.threads), "--parallel",
+        str(args.parallel), "-m", args.method, "--port", "{port}", "--quiet", "--flash-attn", args.flash_attn))
+    llama = ServerSpec("llama-server", (
+        args.llama_server, "-m", args.target, "-c", str(args.ctx), "-t", str(args.threads), "-tb",
+        str(args.threads), "--port", "{port}", "-fa", args.flash_attn))
     env = {**os.environ, "LOCALSPEC_PROMPT_CACHE": "off", "LOCALSPEC_HISTORY": "off"}
-    sides = {"localspec serve": (localspec, {"method": args.method}, env), "llama-server": (llama, {}, None)}
-    times: dict[str, list[list[float]]] = {name: [] for name in sides}
+    sides = [localspec, llama]
+    times: dict[str, list[list[float]]] = {spec.name: [] for spec in sides}
     for rep in range(args.reps):
-        for name in (list(sides) if rep % 2 == 0 else list(reversed(sides))):
-            cmd, extra, environ = sides[name]
-            proc = start(cmd, environ)
-            try:
-                times[name].append(send(requests, Path(args.target).stem, extra))
-            finally:
-                proc.terminate()
-                proc.wait()
-            print(f"rep {rep + 1}: {name:16s} " + " ".join(f"{t:6.1f}" for t in times[name][-1]) + " s", flush=True)
+        for spec in (sides if rep % 2 == 0 else sides[::-1]):
+            with contextlib.closing(RunningServer(spec, env)) as server:
+                server.wait_ready()
+                times[spec.name].append(send_together(server, requests).ends)
+            print(f"rep {rep + 1}: {spec.name:16s} " + " ".join(f"{t:6.1f}" for t in times[spec.name][-1]) + " s",
+                  flush=True)
     print(f"{args.workload}: {len(requests)} requests, {args.threads}/{args.threads} threads, context {args.ctx}, "
           f"flash attention {args.flash_attn}, localspec --parallel {args.parallel} -m {args.method}, llama-server's "
           f"automatic slots; medians of "
           f"{args.reps}:")
-    for name in sides:
+    for name in times:
         last = statistics.median(max(r) for r in times[name])
         mean = statistics.median(statistics.mean(r) for r in times[name])
         each = [statistics.median(r[i] for r in times[name]) for i in range(len(requests))]

@@ -21,6 +21,7 @@ then time it::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.server
 import itertools
 import json
@@ -34,8 +35,7 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).parent))
-from concurrent_serve import PORT, start  # noqa: E402
+from localspec.bench.agent import RunningServer, ServerSpec
 
 
 def capture(port: int, out: Path) -> None:
@@ -58,11 +58,11 @@ def capture(port: int, out: Path) -> None:
     http.server.ThreadingHTTPServer(("127.0.0.1", port), Recorder).serve_forever()
 
 
-def first_delta(body: dict[str, Any]) -> float:
+def first_delta(port: int, body: dict[str, Any]) -> float:
     """Seconds from sending ``body`` to the first content delta of its streamed reply."""
     t0 = time.monotonic()
     headers = {"anthropic-version": "2023-06-01", "x-api-key": "unused"}
-    with httpx.stream("POST", f"http://127.0.0.1:{PORT}/v1/messages", json=body, headers=headers,
+    with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/messages", json=body, headers=headers,
                       timeout=7200) as r:
         if r.status_code >= 400:
             raise SystemExit(f"the server answered {r.status_code}: {r.read()[:300]!r}")
@@ -75,23 +75,21 @@ def first_delta(body: dict[str, Any]) -> float:
 def time_both(args: argparse.Namespace) -> int:
     body = json.loads(Path(args.body).read_text())
     body.update(max_tokens=8, stream=True)
-    localspec = [sys.executable, "-m", "localspec", "serve", "-t", args.target, "-d", args.draft or "none",
-                 "--ctx", str(args.ctx), "--threads", str(args.threads), "--threads-batch", str(args.threads),
-                 "--port", str(PORT), "--quiet"]
-    llama = [args.llama_server, "-m", args.target, "-c", str(args.ctx), "-t", str(args.threads), "-tb",
-             str(args.threads), "--port", str(PORT)]
+    localspec = ServerSpec("localspec serve", (
+        sys.executable, "-m", "localspec", "serve", "-t", args.target, "-d", args.draft or "none", "--ctx",
+        str(args.ctx), "--threads", str(args.threads), "--threads-batch", str(args.threads), "--port", "{port}",
+        "--quiet"))
+    llama = ServerSpec("llama-server", (args.llama_server, "-m", args.target, "-c", str(args.ctx), "-t",
+                                        str(args.threads), "-tb", str(args.threads), "--port", "{port}"))
     times: dict[str, list[float]] = {"localspec serve": [], "llama-server": []}
     for rep in range(args.reps):
-        for name in (list(times) if rep % 2 == 0 else list(reversed(times))):
+        for spec in ([localspec, llama] if rep % 2 == 0 else [llama, localspec]):
             with tempfile.TemporaryDirectory() as home:
-                env = {**os.environ, "LOCALSPEC_HOME": home} if name == "localspec serve" else None
-                proc = start(localspec if name == "localspec serve" else llama, env)
-                try:
-                    times[name].append(first_delta(body))
-                finally:
-                    proc.terminate()
-                    proc.wait()
-            print(f"rep {rep + 1}: {name:16s} first delta {times[name][-1]:7.1f} s", flush=True)
+                env = {**os.environ, "LOCALSPEC_HOME": home}  # nothing cached for localspec; llama-server ignores it
+                with contextlib.closing(RunningServer(spec, env)) as server:
+                    server.wait_ready(seconds=600)
+                    times[spec.name].append(first_delta(server.port, body))
+            print(f"rep {rep + 1}: {spec.name:16s} first delta {times[spec.name][-1]:7.1f} s", flush=True)
     ours, theirs = (statistics.median(times[n]) for n in times)
     print(f"context {args.ctx}, {args.threads}/{args.threads} threads, medians of {args.reps}: localspec serve "
           f"{ours:.1f} s, llama-server {theirs:.1f} s, ratio {ours / theirs:.3f}")
