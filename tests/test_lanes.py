@@ -163,3 +163,23 @@ def test_every_memory_decoded_together_gives_its_tokens_alone(arch_pairs, arch, 
     assert [r.tokens for r in results] == expected, f"{arch} {method}"
     if method == "draft":
         assert sum(r.stats.rewinds for r in results) >= (1 if arch == "mamba" else 0)  # checkpoints, per sequence
+
+
+# Compute-bound (a 2-core CPU): a prompt beside decoding lanes is read in chunks of 50 tokens.
+CPU = CostProfile.synthetic([1.0, 1.7, 2.35, 3.0, 3.6, 4.2, 4.8, 5.4, 6.0], 0.55, name="cpu-like")
+
+
+@pytest.mark.parametrize("arch", ["mamba", "qwen35", "lfm2", "gemma2"])
+def test_a_long_prompt_read_in_chunks_beside_decoding_lanes_changes_no_token(arch_pairs, arch):
+    from localspec.drafting.costs import prompt_chunk
+
+    alone, together = arch_pairs[arch]
+    assert prompt_chunk(CPU) == 50
+    prompts = [PROMPTS[0], " ".join([PROMPTS[2]] * 12), PROMPTS[1]]  # the long one is read beside the others
+    expected = [alone.generate(p, max_tokens=24, method="lookup").tokens for p in prompts]
+    together.set_profile(CPU)
+    try:
+        results = together.generate_many(prompts, max_tokens=24, method="lookup")
+    finally:
+        together.set_profile(None)
+    assert [r.tokens for r in results] == expected, arch
