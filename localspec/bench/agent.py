@@ -138,6 +138,20 @@ def llama_server_spec(program: str, target: str, threads: int, threads_batch: in
                       "its defaults: host-RAM prompt cache, flash attention auto, no draft")
 
 
+def plain_variant(spec: ServerSpec) -> ServerSpec:
+    """``localspec serve`` as ``spec`` starts it, decoding plainly with no draft model: the row that tells what
+    batching gives from what speculation adds."""
+    argv = list(spec.argv)
+    argv[argv.index("-d") + 1] = "none"
+    return ServerSpec(f"{spec.name}, plain", (*argv, "--method", "plain"), "no draft model, no drafting")
+
+
+def with_draft(spec: ServerSpec, draft: str) -> ServerSpec:
+    """llama-server as ``spec`` starts it, speculating with ``draft`` at its default draft length."""
+    return ServerSpec(f"{spec.name} + draft", (*spec.argv, "-md", draft, "--spec-type", "draft-simple"),
+                      "the draft model at llama-server's default draft length")
+
+
 def find_llama_server(given: Optional[str]) -> Optional[str]:
     """``given`` (which must run), else a ``llama-server`` on the PATH, else None."""
     if given is None:

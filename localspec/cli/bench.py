@@ -260,10 +260,15 @@ def _bench_agent(models: ModelArgs, reps: int, max_tokens: int, scale: float, ll
 def _bench_together(models: ModelArgs, reps: int, names: Sequence[str], llama_server: Optional[str],
                     no_peers: bool, json_path: Optional[str]) -> None:
     from ..bench import together
+    from ..bench.agent import plain_variant, with_draft
 
     specs, machine, setup = _servers(models, llama_server, no_peers, cache_row=False)
     specs[0] = dataclasses.replace(specs[0], note="its defaults (requests at once: --parallel automatic, drafting "
                                                   "auto), prompt cache and history off")
+    # beside each speculating server, the same server without it: what batching gives apart from drafting
+    specs.insert(1, plain_variant(specs[0]))
+    if machine["draft"] and specs[-1].name == "llama-server":
+        specs.append(with_draft(specs[-1], machine["draft"]))
     names = list(names) or list(together.workloads())
     say(f"bench: {len(names)} workloads of requests together x {len(specs)} servers x {reps} rep(s), {setup}")
     report = together.run_together_bench(specs, names, reps, machine, progress=say)

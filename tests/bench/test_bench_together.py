@@ -36,8 +36,11 @@ def test_every_server_gets_each_workload_at_once_and_each_request_end_is_timed(l
     assert r.exit_code == 0, r.output
     report = json.loads(out.read_text())
     names = [s["name"] for s in report["servers"]]
-    assert names[:2] == ["localspec serve", "llama-cpp-python server"]  # at its defaults only: no cache row
-    assert ("llama-server" in names) == bool(extra)
+    # localspec at its defaults and plain; llama-cpp-python's server at its defaults only (no cache row)
+    assert names[:3] == ["localspec serve", "localspec serve, plain", "llama-cpp-python server"]
+    assert names[3:] == (["llama-server", "llama-server + draft"] if extra else [])
+    plain = report["servers"][1]["argv"]
+    assert plain[plain.index("-d") + 1] == "none" and plain[-2:] == ["--method", "plain"]
     assert report["workloads"] == ["title", "mixed"] and len(report["runs"]) == 2 * len(names)
     for run in report["runs"]:
         sent = together.workloads()[run["workload"]]
