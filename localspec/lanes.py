@@ -24,6 +24,7 @@ from .errors import ConfigError, GenerationCancelled, InterleavedGenerationError
 from .methods import get_method
 from .options import GenerationOptions
 from .runtime.batching import StepBatcher, uninterrupted
+from .runtime.vocabulary import common_prefix as prefix_length
 
 #: The fewest tokens more than its own that a lane takes from another's cells (below, reading them costs little).
 MIN_SHARED = 32
@@ -50,6 +51,7 @@ class Lanes:
         self._cond = threading.Condition()
         self._idle = {seq: 0.0 for seq in range(self.width)}  # lanes no generation holds: when each was released
         self._holders: dict[int, int] = {}  # the lanes generations hold: the thread that holds each
+        self._reading: dict[int, np.ndarray] = {}  # held lanes: the prompt each is reading (see ``share``)
         self._active = False  # a generate_many or generate_each is under way
 
     @property
@@ -92,7 +94,8 @@ class Lanes:
         with self._cond:
             self._idle[seq] = time.monotonic()
             self._holders.pop(seq, None)
-            self._cond.notify()
+            self._reading.pop(seq, None)
+            self._cond.notify_all()  # a lane waiting to share its prompt waits no more (see ``_await_reader``)
 
     def make_room(self, seq: int, need: int) -> None:
         """Before lane ``seq`` reads a prompt: empty idle lanes' sequences, the one released longest ago first,
@@ -113,36 +116,86 @@ class Lanes:
 
     def ready(self, target: Any, prompt: Sequence[int], reply: int) -> None:
         """Before a generation on ``target`` (one of the lanes' target sequences) reads ``prompt``: the longest
-        prefix of it another idle lane holds, shared (see ``share``), then room for it and ``reply`` tokens (see
-        ``make_room``)."""
+        prefix of it another lane holds, shared (see ``share``; where a lane that is reading a prompt will hold
+        more of it soon, once it does), then room for it and ``reply`` tokens (see ``make_room``)."""
         if self.width == 1:
             return
         with self._cond:
             if self._holders and self._holders.get(target.seq) != threading.get_ident():
                 self._busy_check()  # a generation on a lane this thread does not hold, beside the lanes' own
-        self.share(target, np.asarray(prompt[:-1], dtype=np.int32))
+        wanted = np.asarray(prompt[:-1], dtype=np.int32)
+        self._await_reader(target, wanted)
+        self.share(target, wanted)
         # room for the whole prompt, the shared part too: the prompt cache may still put a longer state in its
         # place, which takes its cells while it loads (lanes that share cells are each counted whole, so this
         # errs toward emptying one idle lane more)
         self.make_room(target.seq, len(prompt) + reply)
 
     def share(self, target: Any, wanted: np.ndarray) -> None:
-        """Give ``target``, and its lane's draft sequence, the longest prefix of ``wanted`` that an idle lane's
+        """Give ``target``, and its lane's draft sequence, the longest prefix of ``wanted`` that another lane
         holds, its cells shared in the context (nothing read again), where that is at least ``MIN_SHARED``
         tokens more than its own. Sub-agents and follow-ups that land on another lane than their system
-        prompt's then start from it."""
+        prompt's then start from it; so do sub-agents that arrive together, from the one reading it first.
+
+        A lane that is generating lends only what it holds of the prompt it is reading: it cuts back to no
+        less than that part (its cells there are only ever replaced by a saved state of the same tokens)."""
         with self._cond:  # an idle lane is not taken, emptied or changed meanwhile
             for models in self._models():
-                mine = models[target.seq]
-                if mine is None or not mine.cuts_after_load:
-                    continue
-                best, most = None, mine.common_prefix(wanted) + MIN_SHARED - 1
-                for seq in self._idle:
-                    other = models[seq]
-                    if other is not None and other is not mine and other.common_prefix(wanted) > most:
-                        best, most = other, other.common_prefix(wanted)
-                if best is not None:
-                    mine.copy_prefix(best, most)
+                self._share_into(models, target.seq, wanted)
+            if target.seq in self._holders:  # what this lane reads, another may share as it is read
+                self._reading[target.seq] = wanted
+
+    def lend(self, model: Any, wanted: np.ndarray) -> None:
+        """``Model.borrow`` for the lanes' sequences: ``share`` for one of them, as it reads (a draft model's
+        sequence reads its prompt after the target's)."""
+        with self._cond:
+            for models in self._models():
+                if models[model.seq] is model:
+                    self._share_into(models, model.seq, wanted)
+
+    def _share_into(self, models: list[Any], seq: int, wanted: np.ndarray) -> None:
+        """``share`` for lane ``seq``'s sequence of one model (``models``: that model's by lane)."""
+        mine = models[seq]
+        if mine is None or not mine.cuts_after_load:
+            return
+        best, most = None, mine.common_prefix(wanted) + MIN_SHARED - 1
+        for other in range(self.width):
+            n = self._lendable(models[other], other, mine, wanted)
+            if n > most:
+                best, most = models[other], n
+        if best is not None:
+            mine.copy_prefix(best, most, wanted[:most])
+
+    def _lendable(self, other: Any, seq: int, mine: Any, wanted: np.ndarray) -> int:
+        """How much of ``wanted`` lane ``seq``'s sequence ``other`` can lend ``mine`` now (under ``_cond``)."""
+        if other is None or other is mine or other.keeps_hidden != mine.keeps_hidden:
+            return 0
+        if seq in self._idle:
+            return int(other.common_prefix(wanted))
+        reading = self._reading.get(seq)
+        if reading is None:  # a lane taken but not yet reading: its cells may still change anywhere
+            return 0
+        return min(int(other.common_prefix(wanted)), prefix_length(reading, wanted))
+
+    def _await_reader(self, target: Any, wanted: np.ndarray) -> None:
+        """Where a lane that is reading its prompt shares more of ``wanted`` than any lane holds now (sub-agents
+        sent together with one system prompt), wait until it holds that part, or stops: ``share`` then takes it
+        instead of this lane reading the same tokens beside it. Waits outside the lanes' steps."""
+        if not target.cuts_after_load:
+            return
+        targets = self._models()[0]
+        with self._cond:
+            mine = max(int(target.common_prefix(wanted)),
+                       *(self._lendable(targets[s], s, target, wanted) for s in range(self.width)))
+            source, most = None, mine + MIN_SHARED - 1
+            for seq, reading in self._reading.items():
+                if seq != target.seq and targets[seq].keeps_hidden == target.keeps_hidden:
+                    n = prefix_length(reading, wanted)
+                    if n > most:
+                        source, most = seq, n
+            while source is not None and source in self._reading and \
+                    self._lendable(targets[source], source, target, wanted) < most:
+                self._cond.wait(0.05)  # its reads are not announced: look again
 
     def _models(self) -> list[list[Any]]:
         """The target's sequences and the draft's, by lane (None: not opened yet, so holding nothing)."""
@@ -162,6 +215,7 @@ class Lanes:
         for models in self._models():
             for model in models:
                 model.attach(batcher)
+                model.lender = self.lend if batcher is not None else None
 
     def close(self) -> None:
         """Free the lanes' sequences (their batches; the contexts go with the pair's models)."""

@@ -155,8 +155,7 @@ def load(
             (``fit_context``; said through ``notify``), instead of the pair's or 4096.
         parallel: generations the pair can decode together (``Pair.generate_many``, ``serve``'s requests):
             sequences in each model's context, sharing its ``n_ctx`` cells (one unified cache, so one long
-            prompt may use them all). None: ``AUTO_PARALLEL``, or 1 for a target with an MTP head (which
-            drafts for one sequence).
+            prompt may use them all). None: ``AUTO_PARALLEL``.
 
     Returns:
         The loaded ``Pair``; ``close()`` it, or use it in a ``with`` block, to free the models.
@@ -178,7 +177,7 @@ def load(
     n_ctx = n_ctx if n_ctx is not None else 4096 if files.n_ctx is None else files.n_ctx  # a pair's 0: its own
     draft_k = draft_k if draft_k is not None else files.draft_k
     if parallel is None:
-        parallel = 1 if read_local(target).mtp_layers else AUTO_PARALLEL
+        parallel = AUTO_PARALLEL
     # A recurrent target that can roll back keeps snapshots for auto's longest draft (longer ones checkpoint);
     # a draft model decodes one token at a time, which no rollback undoes, so it checkpoints instead.
     t = Model(target, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, n_gpu_layers=n_gpu_layers,

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import collections
+
+import numpy as np
 import pytest
 
 import localspec
 from localspec.constraint import Constraint
 from localspec.drafting.costs import CostProfile
 from localspec.errors import ConfigError, ContextOverflowError, InterleavedGenerationError
+from localspec.runtime.model import Model
 
 # Memory-bound (a GPU): a draft model pays, so auto drafts with it too.
 GPU = CostProfile.synthetic([1.0] * 9, 0.1, name="gpu-like")
@@ -96,6 +100,64 @@ def test_a_prompt_an_idle_lane_holds_is_shared_not_read_again(pairs):
                                                                                  for r in results]
 
 
+def test_prompts_sent_together_read_their_common_prefix_once(pairs, monkeypatch):
+    alone, together = pairs
+    system = "You are a careful sub-agent; answer in one line. " * 4 + "\n"
+    tasks = [system + f"Task: {t}" for t in ("count to three.", "say hello.", "name a fruit.", "add 2 and 2.")]
+    expected = [alone.generate(t, max_tokens=16, method="draft").tokens for t in tasks]
+    for i in range(together.lanes.width):
+        together.lanes.lane(i).reset()  # nothing held: the first to read the system prompt lends it
+    read: collections.Counter[str] = collections.Counter()  # prompt tokens each model's sequences evaluated
+    evaluate = Model.eval
+
+    def counted(model, tokens, **kwargs):
+        read[model.path.name] += len(tokens) if len(tokens) > 16 else 0  # not a round's few tokens
+        return evaluate(model, tokens, **kwargs)
+
+    monkeypatch.setattr(Model, "eval", counted)
+    results = together.generate_many(tasks, max_tokens=16, method="draft")
+    monkeypatch.undo()
+    assert [r.tokens for r in results] == expected
+    prefix = len(together.target.tokenize(system))
+    shared = sorted(r.stats.cached_prompt_tokens for r in results)
+    assert shared[0] < 10 and all(n >= prefix - 2 for n in shared[1:]), shared  # one reads it, three share it
+    # the draft model's sequences too: the system prompt read once, not four times
+    prompts = sum(len(together.target.tokenize(t)) for t in tasks)
+    assert read["target.gguf"] < prompts - 2 * prefix and read["draft.gguf"] < prompts - 2 * prefix, read
+    sampled = dict(max_tokens=16, method="draft", temperature=0.8, seed=3)  # auto's choices would vary the draws
+    again = together.generate_many(tasks, **sampled)  # the system prompt held by every lane now
+    assert [r.tokens for r in again] == [alone.generate(t, **sampled).tokens for t in tasks]
+
+
+def test_a_draft_sequence_borrows_what_a_busy_lane_s_draft_read_of_its_prompt(pairs):
+    from localspec.runtime.batching import StepBatcher
+
+    _, together = pairs
+    lanes = together.lanes
+    for i in range(lanes.width):
+        lanes.lane(i).reset()
+    system = together.target.tokenize("You are a careful sub-agent; answer in one line. " * 4)
+    mine, theirs = (np.array(system + together.target.tokenize(t), dtype=np.int32) for t in ("Task: a", "Task: b"))
+    batcher = StepBatcher()
+    lanes.attach(batcher)
+    try:
+        held = [lanes.acquire(), lanes.acquire()]
+        source, borrower = (lanes.lane(s) for s in held)
+        lanes.share(source.target, theirs)  # it starts reading: what it reads may be lent
+        source.draft.eval(theirs, logits="none")  # its draft has read the prompt; the borrower's has not
+        borrower.draft.borrow(mine[:-1])
+        common = int(np.flatnonzero(mine[:len(theirs)] != theirs[:len(mine)])[0])
+        assert common >= len(system) and borrower.draft.n_past == common
+        assert list(borrower.draft.tokens) == list(mine[:common])
+        source.draft.truncate(len(theirs) - 1)  # the lender goes on: what was lent stays
+        assert int(borrower.draft.eval(mine[common:], logits="last")[0].argmax()) == int(
+            together.draft.reopen().eval(mine, logits="last")[0].argmax())
+        for s in held:
+            lanes.release(s)
+    finally:
+        lanes.attach(None)
+        batcher.close()
+
 def test_results_come_as_they_finish_and_leaving_early_cancels_the_rest(pairs):
     alone, together = pairs
     prompts = ["Short: the", *(f"Long {i}: once upon a time" for i in range(5))]
@@ -183,3 +245,48 @@ def test_a_long_prompt_read_in_chunks_beside_decoding_lanes_changes_no_token(arc
     finally:
         together.set_profile(None)
     assert [r.tokens for r in results] == expected, arch
+
+
+@pytest.fixture(scope="module")
+def head_pairs(tmp_path_factory):
+    """A qwen35 target whose MTP head often guesses the target's token, from the token and the hidden state it
+    is given (so a head given another position's hidden rows guesses otherwise), alone and with 3 sequences."""
+    from tinyarch import write_tiny_qwen35
+
+    path = tmp_path_factory.mktemp("lanes-mtp") / "target.gguf"
+    write_tiny_qwen35(path, seed=0, trunk=0.2, bigram_head=True, head_hidden=0.5)
+    opened = tuple(localspec.load(path, n_ctx=1024, history=False, prompt_cache=False, parallel=n) for n in (1, 3))
+    yield opened
+    for pair in opened:
+        pair.close()
+
+
+@pytest.mark.parametrize("options", [
+    {}, {"grammar": Constraint.regex("(cat|dog|bird)s? (sat|ran) on the [a-z]{1,8}")},
+    {"temperature": 0.9, "seed": 7}])
+def test_each_sequence_s_mtp_head_drafts_from_its_own_hidden_states(head_pairs, options):
+    alone, together = head_pairs
+    prompts = [p for p in PROMPTS if isinstance(p, str)][:3]
+    opts = {"max_tokens": 32, "method": "mtp", "k": 3, **options}
+    expected = [alone.generate(p, **opts) for p in prompts]
+    results = together.generate_many(prompts, **opts)
+    assert [r.tokens for r in results] == [e.tokens for e in expected]
+    assert max(r.stats.batch_width for r in results) > 1
+    # each head guesses what it guesses alone: it reads its own sequence's hidden rows, not another's
+    assert [r.stats.accepted_by.get("mtp", 0) for r in results] == [e.stats.accepted_by.get("mtp", 0)
+                                                                     for e in expected]
+    assert sum(r.stats.accepted_by.get("mtp", 0) for r in results) > 0
+
+
+def test_auto_drafts_with_each_sequence_s_head_where_the_costs_let_it(head_pairs):
+    alone, together = head_pairs
+    prompts = [p for p in PROMPTS if isinstance(p, str)][:3]
+    expected = [alone.generate(p, max_tokens=32, method="plain").tokens for p in prompts]
+    flat = CostProfile([0.01 * (1 + 0.02 * n) for n in range(9)], 0.0, 2e-5, "flat", mtp_step=0.001)
+    together.set_profile(flat)  # a GPU-like curve: a guess of the head costs a tenth of a step
+    try:
+        results = together.generate_many(prompts, max_tokens=32, method="auto")
+    finally:
+        together.set_profile(None)
+    assert [r.tokens for r in results] == expected
+    assert all(r.stats.rounds_by_method.get("mtp", 0) > 0 for r in results)

@@ -167,6 +167,7 @@ def write_tiny_qwen35(
     n_ctx: int = 1024,
     trunk: float = 1.0,
     bigram_head: bool = False,
+    head_hidden: float = 0.0,
     table: Optional[dict[int, dict[int, float]]] = None,
     user_tokens: Sequence[str] = (),
     chat_template: str = CHAT_TEMPLATE,
@@ -201,6 +202,8 @@ def write_tiny_qwen35(
             model predicts mostly from its last token alone, like a bigram table.
         bigram_head: make the MTP block exactly that bigram table (its projection passes the token
             embedding through, its block adds nothing), so it guesses what a small ``trunk`` target says.
+        head_hidden: with ``bigram_head``, how much of the target's hidden state the projection adds to the
+            embedding (0: none), so that the head's guesses depend on the hidden state it is given too.
         table: design the bigram instead of drawing it (as ``tinymodel.write_bigram_model``: ``table[previous]
             = {next: logit}``, the end token after a token without a row); needs ``n_embd`` at least the
             vocabulary's size, and gives the designed model with ``trunk=0``.
@@ -277,7 +280,7 @@ def write_tiny_qwen35(
         _ffn(w, draw, i, n_embd, n_ff, out)
         eh = draw(n_embd, 2 * n_embd, scale=1.0 / math.sqrt(2 * n_embd))
         if bigram_head:  # [enorm(embedding), hnorm(hidden)] -> the embedding half alone
-            eh = np.hstack([np.eye(n_embd), np.zeros((n_embd, n_embd))]).astype(np.float32)
+            eh = np.hstack([np.eye(n_embd), head_hidden * np.eye(n_embd)]).astype(np.float32)
         w.add_tensor(f"blk.{i}.nextn.eh_proj.weight", eh)
         w.add_tensor(f"blk.{i}.nextn.enorm.weight", _ones(n_embd))
         w.add_tensor(f"blk.{i}.nextn.hnorm.weight", _ones(n_embd))

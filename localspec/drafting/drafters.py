@@ -246,6 +246,7 @@ class ModelDrafter(Drafter):
         """Bring the draft cache up to ``context`` (done during prompt processing)."""
         if len(context) > 1 and not self._foreign(context):
             m = self.model
+            m.borrow(context[:-1])  # what another generation's draft sequence already read of it
             m.truncate(m.common_prefix(context[:-1]))
             m.eval(context[m.n_past : len(context) - 1], logits="none")
 

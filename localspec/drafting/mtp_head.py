@@ -114,9 +114,8 @@ class MtpHead:
         b.logits[m - 1] = 1 if last_logits else 0
         b.n_tokens = m
         t0 = time.perf_counter()
-        rc = ll.llama_decode(self._ctx, b)
-        if not last_logits:
-            ll.llama_synchronize(self._ctx)
+        # on the thread that decodes the target's sequences together, if it has one (one team of CPU threads)
+        rc = self.target.call(self._decode_now, last_logits)
         self.busy_seconds += time.perf_counter() - t0
         if rc != 0:  # whatever llama.cpp kept of the failed rows goes
             ll.llama_memory_seq_rm(self._mem, 0, start, -1)
@@ -124,6 +123,12 @@ class MtpHead:
             raise BackendError(f"llama.cpp failed ({rc}) to decode the MTP head of {self.path.name}.")
         self._tokens[start : start + m] = tokens
         self._n = start + m
+
+    def _decode_now(self, last_logits: bool) -> int:
+        rc = int(ll.llama_decode(self._ctx, self._batch))
+        if not last_logits:
+            ll.llama_synchronize(self._ctx)
+        return rc
 
     def _cut(self, n: int) -> None:
         """Keep the head's first ``n`` rows (an attention cache: it cuts back anywhere)."""

@@ -24,11 +24,11 @@ CONTEXT_TOKENS = 64
 def measure_together(target: Model, most: int, reps: int = 5) -> list[float]:
     """Seconds of one decode holding one token from each of s sequences, s = 1 .. ``most`` (medians of ``reps``).
 
-    Empty when it cannot be measured: a target of one sequence, an MTP head's target, or another sequence
-    holding tokens (a generation under way must not be disturbed). Leaves every sequence it used empty.
+    Empty when it cannot be measured: a target of one sequence, or another sequence holding tokens (a
+    generation under way must not be disturbed). Leaves every sequence it used empty.
     """
     most = min(most, target.n_seq)
-    if most < 2 or target.seq != 0 or target._ext is not None or not _others_empty(target, most):
+    if most < 2 or target.seq != 0 or not _others_empty(target, most):
         return []
     views = [target] + [target.sequence(s) for s in range(1, most)]
     was = target._batcher  # a server's: its lanes wait, so the steps go through it

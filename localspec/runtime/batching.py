@@ -297,6 +297,8 @@ class StepBatcher:
         if rc == 1 and not last_try:
             return rc
         n_rows = sum(counts)
+        if rc == 0:
+            self._keep_hidden(taken, pos)
         logits = None
         if rc == 0 and n_rows:
             logits = np.ctypeslib.as_array(ll.llama_get_logits(first._ctx), shape=(n_rows, first.n_vocab))
@@ -322,6 +324,20 @@ class StepBatcher:
                 call.rows.append(rows if call.finished and not call.rows else np.array(rows))
             row += r
         return rc
+
+    @staticmethod
+    def _keep_hidden(taken: list[tuple[_Call, int]], pos: np.ndarray) -> None:
+        """Each sequence that keeps hidden rows for an MTP head (``Model.keep_hidden``) gets its tokens' rows of
+        the decode (the context gives one per token, in the batch's order) at their positions."""
+        staged, n = None, 0
+        for call, take in taken:
+            model = call.model
+            if model.keeps_hidden:
+                if staged is None:
+                    staged = np.ctypeslib.as_array(model._ext.llama_get_embeddings_nextn(model._ctx),
+                                                   shape=(sum(t for _, t in taken), model.hidden.shape[1]))
+                model.hidden[pos[n:n + take]] = staged[n:n + take]
+            n += take
 
     def _batch(self, model: Any) -> tuple[Any, int]:
         """The batch for ``model``'s context, made on first use (as many tokens as the context's ``n_batch``)."""

@@ -61,6 +61,7 @@ class CacheControl:
     seq: int
     n_seq: int
     _batcher: Any  # a ``batching.StepBatcher``, or None
+    lender: Optional[Callable[[Any, np.ndarray], None]]
 
     if TYPE_CHECKING:  # defined by ``Model`` and ``ModelVocabulary``
         def eval(self, tokens: Tokens, *, logits: Any = "last", abort: Optional[threading.Event] = None
@@ -76,6 +77,11 @@ class CacheControl:
         if self._batcher is None:
             return fn(*args)
         return self._batcher.run(functools.partial(fn, *args))
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` where this sequence's llama.cpp calls run (see ``_llama``): for a context that works
+        beside this one, such as an MTP head's, so that its CPU threads are those of the joint decodes."""
+        return self._llama(fn, *args)
 
     # -- cutting back -----------------------------------------------------------
 
@@ -179,21 +185,57 @@ class CacheControl:
         self._dirty = False
         self._checkpoints.clear()
 
-    def copy_prefix(self, src: Any, n: int) -> None:
+    def borrow(self, tokens: np.ndarray) -> None:
+        """Before reading ``tokens``: the longest prefix of them that another sequence of the context can lend,
+        shared with this one, where a lender is set (a pair's lanes set theirs: ``Lanes.lend``)."""
+        if self.lender is not None:
+            self.lender(self, tokens)
+
+    @property
+    def keeps_hidden(self) -> bool:
+        """Whether this sequence keeps the hidden state after each position, for an MTP head (``keep_hidden``)."""
+        return self._ext is not None
+
+    def copy_prefix(self, src: Any, n: int, tokens: Optional[np.ndarray] = None) -> bool:
         """Hold the first ``n`` tokens that ``src``, another sequence of this context, holds: their cells shared
         with it (llama.cpp's ``seq_cp``), nothing evaluated. What this sequence held goes. Only for a plain
         attention cache (``cuts_after_load``), whose cells serve any sequence that has them.
 
+        Args:
+            src: the sequence to share with (it may be generating: see ``Lanes.share``).
+            n: how many tokens.
+            tokens: what they are, where the caller knows (``src``'s record otherwise).
+
+        Returns:
+            True if this sequence holds them now; False if ``src``'s cells no longer held them when the copy
+            was made (this sequence is then empty).
+
         Raises:
-            ValueError: ``src`` is not another sequence of this context, holds fewer tokens, or either cache
-                is not a plain attention cache.
+            ValueError: ``src`` is not another sequence of this context, holds fewer tokens, either cache
+                is not a plain attention cache, or only one of them keeps hidden rows.
         """
-        if src._ctx is not self._ctx or src.seq == self.seq or n > src.n_past or not self.cuts_after_load:
+        if (src._ctx is not self._ctx or src.seq == self.seq or n > src.n_past or not self.cuts_after_load
+                or src.keeps_hidden != self.keeps_hidden):
             raise ValueError(f"sequence {self.seq} cannot share {n} tokens of sequence {src.seq}")
+        held = np.array(src._tokens[:n] if tokens is None else tokens[:n], dtype=np.int32)
+        rows = src.hidden[:n].copy() if self.keeps_hidden else None
         self.reset()
-        self._llama(ll.llama_memory_seq_cp, self._mem, src.seq, self.seq, 0, n)
-        self._tokens[:n] = src._tokens[:n]
+        if not self._llama(self._copy_cells, src.seq, n):
+            return False
+        self._tokens[:n] = held
+        if rows is not None:  # the MTP head's input for those positions
+            self.hidden[:n] = rows
         self._n, self._undo_floor = n, 0  # an attention cache cuts back anywhere
+        return True
+
+    def _copy_cells(self, src: int, n: int) -> bool:
+        """``seq_cp`` of positions 0 .. n - 1 from sequence ``src``; whether all came (else none stay)."""
+        ll.llama_memory_seq_cp(self._mem, src, self.seq, 0, n)
+        if ll.llama_memory_seq_pos_min(self._mem, self.seq) == 0 and \
+                ll.llama_memory_seq_pos_max(self._mem, self.seq) == n - 1:
+            return True
+        ll.llama_memory_seq_rm(self._mem, self.seq, -1, -1)
+        return False
 
     def _clear(self) -> None:
         """Empty llama.cpp's memory of this sequence: all of it where the context holds one."""

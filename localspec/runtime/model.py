@@ -19,7 +19,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 import llama_cpp as ll
 import numpy as np
@@ -123,6 +123,7 @@ class Model(CacheControl, ModelVocabulary):
         self.seq, self.n_seq = 0, n_seq
         self._owner = True  # False for another sequence's view of the same context (see ``sequence``)
         self._batcher: Optional[StepBatcher] = None  # where decode calls go to be batched with other sequences'
+        self.lender: Optional[Callable[[Model, np.ndarray], None]] = None  # see ``borrow``
         #: True when the caller left the thread count to localspec (see ``calibration.choose_threads``).
         self.threads_unset = not n_threads
         # the context's thread counts, one list its sequences (``sequence``) share, as they share the context
@@ -228,11 +229,9 @@ class Model(CacheControl, ModelVocabulary):
         if not 0 < seq < self.n_seq or self.seq != 0:
             raise ConfigError(f"{self.path.name} was loaded with {self.n_seq} sequence(s); sequence {seq} is not one "
                               "of the others (load it with n_seq larger).")
-        if self._ext is not None:
-            raise ConfigError("A model whose hidden states feed an MTP head holds one sequence.")
         view = object.__new__(Model)
         view.__dict__.update(self.__dict__)
-        view.seq, view._owner, view._batcher = seq, False, None
+        view.seq, view._owner, view._batcher, view.lender = seq, False, None, None
         view._tokens = np.zeros(self.n_ctx, dtype=np.int32)
         view._n = view._undo_floor = 0
         view._dirty = False
@@ -240,6 +239,8 @@ class Model(CacheControl, ModelVocabulary):
         view.rewinds = view.replayed_tokens = view.decode_calls = 0
         view.widest_batch, view.beside = 1, (0, 0, 0)
         view.busy_seconds = 0.0
+        if self._ext is not None:  # hidden rows of its own positions (zero pages until written)
+            view.hidden = np.zeros_like(self.hidden)
         view._batch, view._b_token, view._b_pos, view._b_logits = one_sequence_batch(self.n_batch, seq)
         return view
 
@@ -420,8 +421,9 @@ class Model(CacheControl, ModelVocabulary):
         self._undo_floor = self._n - min(info.rollback_tokens, m - 1) if info.kind == memory.ROLLBACK else self._n
 
     def _keep_hidden_rows(self, m: int) -> None:
-        """Copy the last decode's ``m`` hidden rows to their positions (the MTP head's input), if kept."""
-        if self._ext is not None:
+        """Copy the last decode's ``m`` hidden rows to their positions (the MTP head's input), if kept (a
+        ``StepBatcher`` copies each sequence's rows of a joint decode itself)."""
+        if self._ext is not None and self._batcher is None:
             staged = np.ctypeslib.as_array(self._ext.llama_get_embeddings_nextn(self._ctx),  # type: ignore[attr-defined]
                                            shape=(m, self.hidden.shape[1]))
             self.hidden[self._n : self._n + m] = staged
@@ -429,18 +431,16 @@ class Model(CacheControl, ModelVocabulary):
     def keep_hidden(self) -> None:
         """From now on, keep the hidden state after every position (``hidden``), for an MTP head.
 
-        The cache is emptied: positions evaluated before have no hidden rows.
+        The cache is emptied: positions evaluated before have no hidden rows. Each sequence of a context keeps
+        its own (the context gives a row for every token of a decode, whichever sequence it is of).
         """
         if self._ext is not None:
             return
-        if self.n_seq > 1:  # the hidden rows of a batch would mix the sequences' positions
-            raise ConfigError(f"{self.path.name} holds {self.n_seq} sequences; its MTP head drafts for a model "
-                              "loaded with one (parallel=1).")
         from llama_cpp import (
             llama_cpp_ext,  # C++ symbols, not a stable API: localspec.drafting.mtp_head checks for them
         )
 
-        llama_cpp_ext.llama_set_embeddings_nextn(self._ctx, True, False)  # one row per batch token
+        self._llama(llama_cpp_ext.llama_set_embeddings_nextn, self._ctx, True, False)  # a row per batch token
         self.hidden = np.zeros((self.n_ctx, int(ll.llama_model_n_embd_out(self._model))), dtype=np.float32)
         self._ext = llama_cpp_ext
         self.reset()

@@ -118,3 +118,21 @@ def test_a_follow_up_starts_from_the_cells_another_sequence_holds(server, pair):
     assert follow.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
     assert follow.model_extra["localspec"]["restored_prompt_tokens"] == 0
     assert follow.choices[0].message.content == pair.chat(a2, max_tokens=8).text
+
+
+def test_sub_agents_sent_together_read_their_common_system_prompt_once(server, pair):
+    client = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=120)
+    system = {"role": "system", "content": "You are a sub-agent: read the task, answer it in one line. " * 6}
+    tasks = [[system, {"role": "user", "content": q}] for q in QUESTIONS[:3]]  # at once: no lane holds it yet
+
+    def ask(messages):
+        return client.chat.completions.create(model="t", messages=messages, max_tokens=8, temperature=0,
+                                              extra_body={"method": "plain"})
+
+    replies = _together([lambda m=m: ask(m) for m in tasks])
+    assert [r.choices[0].message.content for r in replies] == [pair.chat(m, max_tokens=8, method="plain").text
+                                                                for m in tasks]
+    # one reads the system prompt; the others wait for it and share its cells
+    cached = sorted(r.usage.prompt_tokens_details.cached_tokens for r in replies)
+    prefix = len(pair.target.tokenize(system["content"]))
+    assert cached[0] < prefix / 4 and cached[1] >= prefix - 8 and cached[2] >= prefix - 8, cached
