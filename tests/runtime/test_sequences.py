@@ -217,15 +217,16 @@ def test_a_long_prompt_is_read_across_steps_while_the_others_decode(tiny_dir, ch
         assert batcher.widest == 2
 
 
-@pytest.mark.parametrize("chunk", [None, 16])
-def test_a_stream_decoding_beside_a_prompt_sees_the_prompt_chunk_that_shares_its_step(tiny_dir, chunk):
+@pytest.mark.parametrize("chunk, own", [(None, 6), (16, 6), (16, 40)])
+def test_a_stream_decoding_beside_a_prompt_sees_the_prompt_chunk_that_shares_its_step(tiny_dir, chunk, own):
     with Model(tiny_dir / "target.gguf", n_ctx=4096, n_batch=64, n_seq=2) as shared:
         long = shared.tokenize(" ".join(PROMPTS * 12))
+        mine = shared.tokenize(" ".join(PROMPTS))[:own]
         seqs = [shared, shared.sequence(1)]
         batcher = StepBatcher(stream_chunk=chunk)
         for s in seqs:
             s.attach(batcher)
-        seen: list[tuple[int, int, int]] = []
+        seen: list[tuple[int, int, int, int]] = []
         start = threading.Barrier(2)
 
         def read() -> None:
@@ -236,10 +237,11 @@ def test_a_stream_decoding_beside_a_prompt_sees_the_prompt_chunk_that_shares_its
         def stream() -> None:
             with batcher.member():
                 start.wait()
-                seqs[1].eval(shared.tokenize(PROMPTS[0]), logits="last")
+                seqs[1].eval(mine, logits="last")
                 for _ in range(3):
+                    held = seqs[1].n_past
                     seqs[1].eval([5], logits="last")
-                    seen.append(seqs[1].beside)
+                    seen.append((*seqs[1].beside, held))
 
         threads = [threading.Thread(target=f) for f in (read, stream)]
         for t in threads:
@@ -249,10 +251,11 @@ def test_a_stream_decoding_beside_a_prompt_sees_the_prompt_chunk_that_shares_its
         for s in seqs:
             s.attach(None)
         batcher.close()
-        # one token of its own and the prompt's part of the step (at most what fills it, or its chunk), which
-        # gives no token
-        assert all(tokens <= (chunk or 63) and rest == [0, 1] for tokens, *rest in seen), seen
-        assert any(tokens == (chunk or 63) for tokens, *_ in seen), seen
+        # one token of its own and the prompt's part of the step, which gives no token: at most what fills the
+        # step, or the chunk, or as many tokens as the stream's own context holds where that is more
+        most = [63 if chunk is None else min(63, max(chunk, held)) for *_, held in seen]
+        assert all(tokens <= m and rest == [0, 1] for (tokens, *rest, _), m in zip(seen, most, strict=True)), seen
+        assert any(tokens == m for (tokens, *_), m in zip(seen, most, strict=True)), seen
 
 
 def test_a_cancelled_sequence_stops_and_the_others_go_on(tiny_dir):
