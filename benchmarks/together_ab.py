@@ -1,0 +1,68 @@
+"""``localspec bench --together``'s workloads with another localspec checkout as a row: a change's before and after
+in one run, beside localspec decoding plainly and llama-server (with and without the draft model). The first
+row is the checkout this script is in, so a copy of it (``git worktree``) can be measured while work goes on.
+
+Each server is started afresh for every workload and repetition, their order rotating, as the bench does
+(``localspec.bench.together``); the other checkout's server is this Python running that folder's
+``localspec`` package. Prints the bench's tables and writes its JSON.
+
+    python benchmarks/together_ab.py TARGET.gguf --before DIR [--draft DRAFT.gguf] [--llama-server PATH]
+        [--workload title --workload fanout ...] [--reps 3] [--threads 2] [--ctx 32768] [--no-plain]
+        [--no-llama-draft] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from localspec.bench.agent import ServerSpec, llama_server_spec, localspec_spec, plain_variant, with_draft
+from localspec.bench.machine import host_info
+from localspec.bench.together import render_together, run_together_bench, workloads, write_together_json
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def from_checkout(spec: ServerSpec, folder: Path, name: str) -> ServerSpec:
+    """``spec``'s ``python -m localspec ...`` run from ``folder``'s package instead of the installed one."""
+    boot = (f"import runpy, sys; sys.path.insert(0, {str(folder)!r}); "
+            "runpy.run_module('localspec', run_name='__main__', alter_sys=True)")
+    return ServerSpec(name, (spec.argv[0], "-c", boot, *spec.argv[3:]), f"{spec.note}; the package of {folder}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("target")
+    ap.add_argument("--before", required=True, type=Path, help="the other checkout (its folder holds localspec/)")
+    ap.add_argument("--draft")
+    ap.add_argument("--llama-server")
+    ap.add_argument("--workload", action="append", choices=sorted(workloads()))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ctx", type=int, default=32768)
+    ap.add_argument("--no-plain", action="store_true", help="leave out localspec decoding plainly")
+    ap.add_argument("--no-llama-draft", action="store_true", help="leave out llama-server with the draft model")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if not (args.before / "localspec" / "__init__.py").is_file():
+        raise SystemExit(f"--before {args.before} holds no localspec package; give a checkout's folder.")
+    installed = localspec_spec(args.target, args.draft, args.threads, args.threads, args.ctx, 0, None, 0)
+    ours = from_checkout(installed, ROOT, installed.name)  # this checkout's, whatever is installed
+    specs = [ours, from_checkout(installed, args.before.resolve(), "localspec serve, before")]
+    specs += [] if args.no_plain else [plain_variant(ours)]
+    if args.llama_server:
+        llama = llama_server_spec(args.llama_server, args.target, args.threads, args.threads, args.ctx, 0)
+        specs += [llama] + ([with_draft(llama, args.draft)] if args.draft and not args.no_llama_draft else [])
+    names = args.workload or list(workloads())
+    machine = {**host_info(), "threads": args.threads, "threads_batch": args.threads, "n_ctx": args.ctx,
+               "target": args.target, "draft": args.draft, "before": str(args.before)}
+    report = run_together_bench(specs, names, args.reps, machine, progress=lambda s: print(s, flush=True))
+    print(render_together(report))
+    if args.json:
+        write_together_json(report, Path(args.json))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
