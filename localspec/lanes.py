@@ -187,13 +187,15 @@ class Lanes:
         with self._cond:
             mine = max(int(target.common_prefix(wanted)),
                        *(self._lendable(targets[s], s, target, wanted) for s in range(self.width)))
-            source, most = None, mine + MIN_SHARED - 1
+            source, most, theirs = None, mine + MIN_SHARED - 1, None
             for seq, reading in self._reading.items():
                 if seq != target.seq and targets[seq].keeps_hidden == target.keeps_hidden:
                     n = prefix_length(reading, wanted)
                     if n > most:
-                        source, most = seq, n
-            while source is not None and source in self._reading and \
+                        source, most, theirs = seq, n, reading
+            # until it holds that much, or reads something else (its generation ended), or could not lend it
+            while source is not None and self._reading.get(source) is theirs and \
+                    targets[source].keeps_hidden == target.keeps_hidden and \
                     self._lendable(targets[source], source, target, wanted) < most:
                 self._cond.wait(0.05)  # its reads are not announced: look again
 
@@ -212,10 +214,23 @@ class Lanes:
         if batcher is not None and profile is not None:
             batcher.stream_chunk = prompt_chunk(profile)
         self.lane(self.width - 1)  # every sequence opened
+        if batcher is not None and self.pair.target.n_nextn:
+            self._keep_hidden()
         for models in self._models():
             for model in models:
                 model.attach(batcher)
                 model.lender = self.lend if batcher is not None else None
+
+    def _keep_hidden(self) -> None:
+        """Every lane's target keeps hidden rows for an MTP head from now on, whichever lane's head opens first:
+        a lane only shares cells with lanes that keep them too, and a lane that starts keeping them empties its
+        cache (which would drop what it had just shared)."""
+        try:
+            from llama_cpp import llama_cpp_ext  # noqa: F401  (a build without it runs no head: nothing to keep)
+        except (ImportError, AttributeError):
+            return
+        for target in self._models()[0]:
+            target.keep_hidden()
 
     def close(self) -> None:
         """Free the lanes' sequences (their batches; the contexts go with the pair's models)."""

@@ -150,8 +150,10 @@ def test_a_draft_sequence_borrows_what_a_busy_lane_s_draft_read_of_its_prompt(pa
         assert common >= len(system) and borrower.draft.n_past == common
         assert list(borrower.draft.tokens) == list(mine[:common])
         source.draft.truncate(len(theirs) - 1)  # the lender goes on: what was lent stays
-        assert int(borrower.draft.eval(mine[common:], logits="last")[0].argmax()) == int(
-            together.draft.reopen().eval(mine, logits="last")[0].argmax())
+        with together.draft.reopen() as fresh:  # the same tokens read by a model of its own
+            expected = fresh.eval(mine, logits="last")[0].copy()
+        got = borrower.draft.eval(mine[common:], logits="last")[0]
+        assert int(got.argmax()) == int(expected.argmax()) and np.allclose(got, expected, atol=1e-3)
         for s in held:
             lanes.release(s)
     finally:
@@ -269,13 +271,17 @@ def test_each_sequence_s_mtp_head_drafts_from_its_own_hidden_states(head_pairs, 
     prompts = [p for p in PROMPTS if isinstance(p, str)][:3]
     opts = {"max_tokens": 32, "method": "mtp", "k": 3, **options}
     expected = [alone.generate(p, **opts) for p in prompts]
-    results = together.generate_many(prompts, **opts)
-    assert [r.tokens for r in results] == [e.tokens for e in expected]
+    for _ in range(3):  # the steps' makeup varies from run to run (a state rolled back wrong showed in half)
+        results = together.generate_many(prompts, **opts)
+        assert [r.tokens for r in results] == [e.tokens for e in expected]
     assert max(r.stats.batch_width for r in results) > 1
     # each head guesses what it guesses alone: it reads its own sequence's hidden rows, not another's
     assert [r.stats.accepted_by.get("mtp", 0) for r in results] == [e.stats.accepted_by.get("mtp", 0)
                                                                      for e in expected]
     assert sum(r.stats.accepted_by.get("mtp", 0) for r in results) > 0
+    # every lane's target keeps hidden rows, whichever head opened first (a lane that started to would empty
+    # its cache, and lanes only share cells with lanes that keep them too)
+    assert all(together.lanes.lane(i).target.keeps_hidden for i in range(together.lanes.width))
 
 
 def test_auto_drafts_with_each_sequence_s_head_where_the_costs_let_it(head_pairs):

@@ -7,7 +7,8 @@ requests together. The workloads are those cases:
 * ``fanout``: three sub-agent-like requests, ~700-token prompts, 48 tokens each;
 * ``new``: four requests writing new text, 128 tokens each;
 * ``mixed``: two writing new text and two copying (fix a paragraph's spelling, rename a function in a module);
-* ``copy``: four copying requests.
+* ``copy``: four copying requests;
+* ``alone``: one new-text request of 128 tokens, nothing beside it: what a request costs on its own.
 
 Each server is started afresh for every workload and repetition (no prompt of the last one cached; localspec's
 prompt cache off), answers a short request first, then gets the workload's requests at once, each on its own
@@ -63,6 +64,7 @@ def workloads() -> dict[str, list[Sent]]:
         "new": [Sent(0.0, p, 128) for p in NEW],
         "mixed": [Sent(0.0, p, 128) for p in (*NEW[:2], *COPY)],
         "copy": [Sent(0.0, p, 128) for p in COPY * 2],
+        "alone": [Sent(0.0, NEW[1], 128)],
     }
 
 

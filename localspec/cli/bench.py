@@ -55,10 +55,11 @@ from .shared import ModelArgs, friendly_errors, model_options, say
                    "--cache-disk apply to its localspec server (default here: no disk tier, so a run starts cold).")
 @click.option("--together", is_flag=True,
               help="Run requests sent together instead (a title request beside a long prompt, sub-agents, four "
-                   "requests at once), through `localspec serve`, llama-cpp-python's server and llama-server where "
-                   "found, each started afresh; when each request is done.")
+                   "requests at once, and one alone for reference), through `localspec serve` (and decoding "
+                   "plainly), llama-cpp-python's server and llama-server (and with the draft model) where found, "
+                   "each started afresh; when each request is done.")
 @click.option("--workload", "workloads", multiple=True,
-              type=click.Choice(["title", "fanout", "new", "mixed", "copy"]),
+              type=click.Choice(["title", "fanout", "new", "mixed", "copy", "alone"]),
               help="With --together: only these workloads (repeatable; default: all).")
 @click.option("--llama-server", "llama_server", default=None, metavar="PATH",
               help="With --agent or --together: llama.cpp's llama-server to add as a row (default: the one on the "

@@ -240,11 +240,13 @@ class Generation:
         live = min(target.common_prefix(prompt), last)
         if cache is None:
             stats.cached_prompt_tokens = self.cached_prompt_tokens = live
+            target.prompt_read = len(prompt) - live
             self._reading = True
             return target.sync(prompt, abort=self._cancel)
         restored = min(cache.restore(target, prompt[:last]), last) > live
         target.truncate(min(target.common_prefix(prompt), last), replay=False)
         stats.cached_prompt_tokens = start = min(target.n_past, last)  # what a recurrent state could keep
+        target.prompt_read = len(prompt) - start
         self.cached_prompt_tokens = start
         stats.restored_prompt_tokens = max(0, start - live) if restored else 0
         self._reading = True

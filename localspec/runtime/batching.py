@@ -9,8 +9,8 @@ cutting back) is the same as for one stream.
 
 Short calls go first and a long one (a prompt) fills what is left of the context's ``n_batch``, across as
 many steps as it needs; beside streams that are decoding, prompts take at most ``stream_chunk`` tokens of a
-step, or as many as the shortest stream's context holds, so that a prompt being read does not hold back a
-short request for more than a small share of a step.
+step, or as many as each of those streams read of its own prompt, so that a prompt being read does not hold
+back a short request for more than a small share of a step.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class StepBatcher:
     def __init__(self, stream_chunk: Optional[int] = None) -> None:
         #: In a step that holds a stream (a call asking every token's logits: a round being verified), the most
         #: tokens the prompts being read take (None: all the room there is), so the stream's step stays short;
-        #: more where every stream's context holds more (see ``_decode_group``).
+        #: more where every stream read more of its own prompt (see ``_decode_group``).
         self.stream_chunk = stream_chunk
         self._cond = threading.Condition()
         self._members: set[int] = set()
@@ -258,12 +258,12 @@ class StepBatcher:
         taken: list[tuple[_Call, int]] = []  # a call, and how many of its tokens go in this step
         n = 0
         streams = [_is_stream(call) for call in group]
-        # beside streams, the prompts take no more than stream_chunk tokens in all, or as many as the shortest
-        # stream's context holds: a request waits per step at most about what reading its own prompt took, so
-        # a short one beside a long prompt keeps going, and requests of like prompts sent together are read
-        # in a few large steps, at the batch's rate, not in many small ones
-        held = [call.model.n_past for call, stream in zip(group, streams, strict=True) if stream]
-        reading = max(self.stream_chunk, min(held)) if self.stream_chunk and held else capacity
+        # beside streams, the prompts take no more than stream_chunk tokens in all, or as many as each stream
+        # read of its own prompt: a request waits per step at most about what reading its prompt took, so a
+        # short one beside a long prompt keeps going, and requests of like prompts sent together are read in
+        # a few large steps, at the batch's rate, not in many small ones
+        read = [call.model.prompt_read for call, stream in zip(group, streams, strict=True) if stream]
+        reading = max(self.stream_chunk, min(read)) if self.stream_chunk and read else capacity
         for call, stream in zip(group, streams, strict=True):
             take = min(call.m - call.done, capacity - n, call.m if stream else reading)
             if take <= 0:

@@ -61,6 +61,9 @@ class CacheControl:
     seq: int
     n_seq: int
     _batcher: Any  # a ``batching.StepBatcher``, or None
+    #: Tokens of its prompt the generation under way read itself (not held before, nor shared, nor restored):
+    #: how long a step beside it may be while it decodes (see ``StepBatcher``).
+    prompt_read: int = 0
     lender: Optional[Callable[[Any, np.ndarray], None]]
 
     if TYPE_CHECKING:  # defined by ``Model`` and ``ModelVocabulary``
@@ -207,16 +210,18 @@ class CacheControl:
             tokens: what they are, where the caller knows (``src``'s record otherwise).
 
         Returns:
-            True if this sequence holds them now; False if ``src``'s cells no longer held them when the copy
-            was made (this sequence is then empty).
+            True if this sequence holds them now; False if ``src`` no longer does (it holds fewer tokens, only
+            one of the two keeps hidden rows, or its cells were replaced when the copy was made: this
+            sequence is then empty, unless nothing was tried).
 
         Raises:
-            ValueError: ``src`` is not another sequence of this context, holds fewer tokens, either cache
-                is not a plain attention cache, or only one of them keeps hidden rows.
+            ValueError: ``src`` is not another sequence of this context, or this is not a plain attention
+                cache.
         """
-        if (src._ctx is not self._ctx or src.seq == self.seq or n > src.n_past or not self.cuts_after_load
-                or src.keeps_hidden != self.keeps_hidden):
-            raise ValueError(f"sequence {self.seq} cannot share {n} tokens of sequence {src.seq}")
+        if src._ctx is not self._ctx or src.seq == self.seq or not self.cuts_after_load:
+            raise ValueError(f"sequence {self.seq} cannot share the cells of sequence {src.seq}")
+        if n > src.n_past or src.keeps_hidden != self.keeps_hidden:  # it changed since the caller looked
+            return False
         held = np.array(src._tokens[:n] if tokens is None else tokens[:n], dtype=np.int32)
         rows = src.hidden[:n].copy() if self.keeps_hidden else None
         self.reset()

@@ -9,6 +9,10 @@ what it can do:
   snapshot of its state after each of the last ``n_rs_seq`` tokens of a
   decode (Qwen3.5/3.6, LFM2, Nemotron-H...): the last decode's trailing
   positions can be removed, at most ``n_rs_seq`` of them, once per decode.
+  Only in a context of one sequence: llama.cpp's snapshots do not survive
+  another sequence's decode between a sequence's own and its cut back (its
+  state then comes back wrong), so a context of several takes no snapshots
+  and its states go back by checkpoints, as ``CHECKPOINT``.
 * ``CHECKPOINT``: a recurrent state that cannot be cut back at all (Mamba,
   RWKV, Jamba, Falcon-H1, Granite hybrids...): going back means restoring a
   saved copy of that state (``Checkpoint``) and evaluating again what came

@@ -166,7 +166,7 @@ class Model(CacheControl, ModelVocabulary):
                                  flash_attn, n_seq)
         self._cparams = cparams  # for a second context over the same weights (an MTP head)
         recurrent = ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model)
-        cparams.n_rs_seq = rollback_tokens if recurrent else 0  # llama.cpp clamps it to 0 where it cannot
+        cparams.n_rs_seq = rollback_tokens if recurrent and n_seq == 1 else 0  # one sequence only: see memory.py
         with self._log:
             self._ctx = ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -240,7 +240,7 @@ class Model(CacheControl, ModelVocabulary):
         view.widest_batch, view.beside = 1, (0, 0, 0)
         view.busy_seconds = 0.0
         if self._ext is not None:  # hidden rows of its own positions (zero pages until written)
-            view.hidden = np.zeros_like(self.hidden)
+            view.hidden = np.zeros(self.hidden.shape, dtype=np.float32)
         view._batch, view._b_token, view._b_pos, view._b_logits = one_sequence_batch(self.n_batch, seq)
         return view
 
