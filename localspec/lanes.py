@@ -197,7 +197,7 @@ class Lanes:
             while source is not None and self._reading.get(source) is theirs and \
                     targets[source].keeps_hidden == target.keeps_hidden and \
                     self._lendable(targets[source], source, target, wanted) < most:
-                self._cond.wait(0.05)  # its reads are not announced: look again
+                self._cond.wait(0.005)  # its reads are not announced: look again soon (a short prompt takes ms)
 
     def _models(self) -> list[list[Any]]:
         """The target's sequences and the draft's, by lane (None: not opened yet, so holding nothing)."""
