@@ -52,6 +52,7 @@ class Lanes:
         self._idle = {seq: 0.0 for seq in range(self.width)}  # lanes no generation holds: when each was released
         self._holders: dict[int, int] = {}  # the lanes generations hold: the thread that holds each
         self._reading: dict[int, np.ndarray] = {}  # held lanes: the prompt each is reading (see ``share``)
+        self._cancelled: dict[int, threading.Event] = {}  # held lanes: set when their generation's client left
         self._active = False  # a generate_many or generate_each is under way
 
     @property
@@ -77,9 +78,10 @@ class Lanes:
         lane.choose_threads, lane.calibrate = pair.choose_threads, pair.calibrate
         return lane
 
-    def acquire(self) -> int:
+    def acquire(self, cancelled: Optional[threading.Event] = None) -> int:
         """A lane no generation holds, held until ``release``; waits for one. An empty one first, so that what
-        the others hold stays for a prompt that shares it (see ``share``), then the one released longest ago."""
+        the others hold stays for a prompt that shares it (see ``share``), then the one released longest ago.
+        Once ``cancelled`` is set (its client left), the lane's generation waits for no other's prompt."""
         with self._cond:
             while not self._idle:
                 self._cond.wait()
@@ -87,6 +89,8 @@ class Lanes:
             seq = min(self._idle, key=lambda s: (targets[s] is not None and targets[s].n_past > 0, self._idle[s]))
             del self._idle[seq]
             self._holders[seq] = threading.get_ident()
+            if cancelled is not None:
+                self._cancelled[seq] = cancelled
             return seq
 
     def release(self, seq: int) -> None:
@@ -95,6 +99,7 @@ class Lanes:
             self._idle[seq] = time.monotonic()
             self._holders.pop(seq, None)
             self._reading.pop(seq, None)
+            self._cancelled.pop(seq, None)
             self._cond.notify_all()  # a lane waiting to share its prompt waits no more (see ``_await_reader``)
 
     def make_room(self, seq: int, need: int) -> None:
@@ -193,9 +198,11 @@ class Lanes:
                     n = prefix_length(reading, wanted)
                     if n > most:
                         source, most, theirs = seq, n, reading
-            # until it holds that much, or reads something else (its generation ended), or could not lend it
+            # until it holds that much, or reads something else (its generation ended), or could not lend it,
+            # or this lane's client left
+            gone = self._cancelled.get(target.seq)
             while source is not None and self._reading.get(source) is theirs and \
-                    targets[source].keeps_hidden == target.keeps_hidden and \
+                    targets[source].keeps_hidden == target.keeps_hidden and not (gone and gone.is_set()) and \
                     self._lendable(targets[source], source, target, wanted) < most:
                 self._cond.wait(0.005)  # its reads are not announced: look again soon (a short prompt takes ms)
 

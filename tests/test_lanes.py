@@ -160,6 +160,41 @@ def test_a_draft_sequence_borrows_what_a_busy_lane_s_draft_read_of_its_prompt(pa
         lanes.attach(None)
         batcher.close()
 
+def test_a_lane_waiting_for_another_s_prompt_stops_waiting_when_its_client_leaves(pairs):
+    import threading
+
+    from localspec.runtime.batching import StepBatcher
+
+    _, together = pairs
+    lanes = together.lanes
+    for i in range(lanes.width):
+        lanes.lane(i).reset()
+    system = together.target.tokenize("You are a careful sub-agent; answer in one line. " * 4)
+    theirs, mine = (system + together.target.tokenize(t) for t in ("Task: a", "Task: b"))
+    batcher = StepBatcher()
+    lanes.attach(batcher)
+    reader = lanes.acquire()
+    lanes.share(lanes.lane(reader).target, np.array(theirs[:-1], dtype=np.int32))  # it reads: never, here
+    gone, ready = threading.Event(), threading.Event()
+
+    def newcomer() -> None:
+        seq = lanes.acquire(gone)
+        lanes.ready(lanes.lane(seq).target, mine, 8)  # waits for the reader's cells
+        ready.set()
+        lanes.release(seq)
+
+    thread = threading.Thread(target=newcomer)
+    try:
+        thread.start()
+        assert not ready.wait(0.3)  # it waits for the prefix the other lane is reading
+        gone.set()  # its client left
+        assert ready.wait(5)
+    finally:
+        thread.join(10)
+        lanes.release(reader)
+        lanes.attach(None)
+        batcher.close()
+
 def test_results_come_as_they_finish_and_leaving_early_cancels_the_rest(pairs):
     alone, together = pairs
     prompts = ["Short: the", *(f"Long {i}: once upon a time" for i in range(5))]

@@ -231,7 +231,7 @@ class Server:
             if job.task is not None:
                 self._run_task(job)
             else:
-                seq = self.pair.lanes.acquire()  # never waits: a worker holds at most one of the lanes
+                seq = self.pair.lanes.acquire(job.cancelled)  # never waits: a worker holds at most one lane
                 try:
                     self._generate(job, self.pair if seq == 0 else self.pair.lanes.lane(seq))
                 finally:
