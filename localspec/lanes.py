@@ -130,6 +130,9 @@ class Lanes:
                 self._busy_check()  # a generation on a lane this thread does not hold, beside the lanes' own
         wanted = np.asarray(prompt[:-1], dtype=np.int32)
         self._await_reader(target, wanted)
+        gone = self._cancelled.get(target.seq)
+        if gone is not None and gone.is_set():  # its client left while it waited: it will read nothing
+            return
         self.share(target, wanted)
         # room for the whole prompt, the shared part too: the prompt cache may still put a longer state in its
         # place, which takes its cells while it loads (lanes that share cells are each counted whole, so this

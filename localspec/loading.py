@@ -178,7 +178,8 @@ def load(
     draft_k = draft_k if draft_k is not None else files.draft_k
     if parallel is None:
         parallel = AUTO_PARALLEL
-    # A recurrent target that can roll back keeps snapshots for auto's longest draft (longer ones checkpoint);
+    # A recurrent target that can roll back keeps snapshots for auto's longest draft (longer ones checkpoint;
+    # a context of several sequences keeps none, see Model);
     # a draft model decodes one token at a time, which no rollback undoes, so it checkpoints instead.
     t = Model(target, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, n_gpu_layers=n_gpu_layers,
               flash_attn=flash_attn, huge_pages=huge_pages, rollback_tokens=AUTO_KMAX, verbose=verbose,

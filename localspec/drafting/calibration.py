@@ -23,6 +23,7 @@ import numpy as np
 
 from ..methods import AUTO_KMAX
 from ..paths import cache_dir, write_atomic
+from ..runtime.memory import FULL
 from ..runtime.model import Model
 from ..runtime.process import default_threads, gpu_offload_supported
 from .costs import CostProfile
@@ -183,8 +184,10 @@ def _key(parts: list[str]) -> str:
 
 def calibration_key(target: Model, draft: Optional[Model], kmax: int, head: bool = False) -> str:
     """Identity of everything a calibration depends on (``head``: it measured the target's MTP head too)."""
+    # a recurrent target rolls back in a context of one sequence and checkpoints in one of several: other costs
+    memory = [] if target.memory.kind == FULL else [f"memory={target.memory.kind}"]
     return _key([*_setup(target, draft), f"threads={target.n_threads}", f"threads_batch={target.n_threads_batch}",
-                 f"kmax={kmax}", *(["mtp-head"] if head else []),
+                 f"kmax={kmax}", *(["mtp-head"] if head else []), *memory,
                  f"calibration={CALIBRATION_VERSION}"])
 
 

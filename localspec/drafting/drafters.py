@@ -248,6 +248,7 @@ class ModelDrafter(Drafter):
             m = self.model
             m.borrow(context[:-1])  # what another generation's draft sequence already read of it
             m.truncate(m.common_prefix(context[:-1]))
+            m.prompt_read = len(context) - 1 - m.n_past  # as the target's: how long a step beside it may be
             m.eval(context[m.n_past : len(context) - 1], logits="none")
 
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:

@@ -155,6 +155,19 @@ def test_calibration_is_cached_per_settings_and_refreshable(tiny_dir, tmp_path):
         assert calibrate(t, None, cache_file=cache).source == "measured"  # a damaged cache is re-measured
 
 
+def test_a_recurrent_target_s_costs_are_kept_apart_for_one_sequence_and_several(tiny_dir, tmp_path):
+    from tinyarch import write_tiny_qwen35
+
+    write_tiny_qwen35(tmp_path / "hybrid.gguf", seed=0)
+    # one sequence rolls back, several checkpoint: a round's cut back costs differ, so do the profiles
+    with Model(tmp_path / "hybrid.gguf", n_ctx=512, n_threads=1) as one, \
+            Model(tmp_path / "hybrid.gguf", n_ctx=512, n_threads=1, n_seq=4) as four:
+        assert calibration_key(one, None, 8) != calibration_key(four, None, 8)
+    # an attention cache cuts back the same way either way: one profile serves both
+    with Model(tiny_dir / "target.gguf", n_ctx=512, n_threads=1) as one, \
+            Model(tiny_dir / "target.gguf", n_ctx=512, n_threads=1, n_seq=4) as four:
+        assert calibration_key(one, None, 8) == calibration_key(four, None, 8)
+
 def test_the_thread_count_is_measured_once_and_the_fastest_is_used(tiny_dir, tmp_path, monkeypatch):
     from localspec.drafting import calibration
 
