@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import contextlib
+import threading
 
 import numpy as np
 import pytest
@@ -129,10 +131,11 @@ def test_prompts_sent_together_read_their_common_prefix_once(pairs, monkeypatch)
     assert [r.tokens for r in again] == [alone.generate(t, **sampled).tokens for t in tasks]
 
 
-def test_a_draft_sequence_borrows_what_a_busy_lane_s_draft_read_of_its_prompt(pairs):
+@contextlib.contextmanager
+def _sub_agent_lanes(together):
+    """The pair's lanes, emptied and attached to a batcher, and two prompts that share a system prompt."""
     from localspec.runtime.batching import StepBatcher
 
-    _, together = pairs
     lanes = together.lanes
     for i in range(lanes.width):
         lanes.lane(i).reset()
@@ -141,6 +144,15 @@ def test_a_draft_sequence_borrows_what_a_busy_lane_s_draft_read_of_its_prompt(pa
     batcher = StepBatcher()
     lanes.attach(batcher)
     try:
+        yield lanes, system, mine, theirs
+    finally:
+        lanes.attach(None)
+        batcher.close()
+
+
+def test_a_draft_sequence_borrows_what_a_busy_lane_s_draft_read_of_its_prompt(pairs):
+    _, together = pairs
+    with _sub_agent_lanes(together) as (lanes, system, mine, theirs):
         held = [lanes.acquire(), lanes.acquire()]
         source, borrower = (lanes.lane(s) for s in held)
         lanes.share(source.target, theirs)  # it starts reading: what it reads may be lent
@@ -156,44 +168,31 @@ def test_a_draft_sequence_borrows_what_a_busy_lane_s_draft_read_of_its_prompt(pa
         assert int(got.argmax()) == int(expected.argmax()) and np.allclose(got, expected, atol=1e-3)
         for s in held:
             lanes.release(s)
-    finally:
-        lanes.attach(None)
-        batcher.close()
+
 
 def test_a_lane_waiting_for_another_s_prompt_stops_waiting_when_its_client_leaves(pairs):
-    import threading
-
-    from localspec.runtime.batching import StepBatcher
-
     _, together = pairs
-    lanes = together.lanes
-    for i in range(lanes.width):
-        lanes.lane(i).reset()
-    system = together.target.tokenize("You are a careful sub-agent; answer in one line. " * 4)
-    theirs, mine = (system + together.target.tokenize(t) for t in ("Task: a", "Task: b"))
-    batcher = StepBatcher()
-    lanes.attach(batcher)
-    reader = lanes.acquire()
-    lanes.share(lanes.lane(reader).target, np.array(theirs[:-1], dtype=np.int32))  # it reads: never, here
-    gone, ready = threading.Event(), threading.Event()
+    with _sub_agent_lanes(together) as (lanes, _, mine, theirs):
+        reader = lanes.acquire()
+        lanes.share(lanes.lane(reader).target, theirs[:-1])  # it reads: never, here
+        gone, ready = threading.Event(), threading.Event()
 
-    def newcomer() -> None:
-        seq = lanes.acquire(gone)
-        lanes.ready(lanes.lane(seq).target, mine, 8)  # waits for the reader's cells
-        ready.set()
-        lanes.release(seq)
+        def newcomer() -> None:
+            seq = lanes.acquire(gone)
+            lanes.ready(lanes.lane(seq).target, mine, 8)  # waits for the reader's cells
+            ready.set()
+            lanes.release(seq)
 
-    thread = threading.Thread(target=newcomer)
-    try:
-        thread.start()
-        assert not ready.wait(0.3)  # it waits for the prefix the other lane is reading
-        gone.set()  # its client left
-        assert ready.wait(5)
-    finally:
-        thread.join(10)
-        lanes.release(reader)
-        lanes.attach(None)
-        batcher.close()
+        thread = threading.Thread(target=newcomer)
+        try:
+            thread.start()
+            assert not ready.wait(0.3)  # it waits for the prefix the other lane is reading
+            gone.set()  # its client left
+            assert ready.wait(5)
+        finally:
+            thread.join(10)
+            lanes.release(reader)
+
 
 def test_results_come_as_they_finish_and_leaving_early_cancels_the_rest(pairs):
     alone, together = pairs
