@@ -20,6 +20,7 @@ import numpy as np
 
 from .drafting.assembly import Assembly
 from .drafting.costs import prompt_chunk
+from .drafting.mtp_head import extension
 from .errors import ConfigError, GenerationCancelled, InterleavedGenerationError
 from .methods import get_method
 from .options import GenerationOptions
@@ -236,8 +237,8 @@ class Lanes:
         a lane only shares cells with lanes that keep them too, and a lane that starts keeping them empties its
         cache (which would drop what it had just shared)."""
         try:
-            from llama_cpp import llama_cpp_ext  # noqa: F401  (a build without it runs no head: nothing to keep)
-        except (ImportError, AttributeError):
+            extension()
+        except ConfigError:  # a build without it runs no head: nothing to keep
             return
         for target in self._models()[0]:
             target.keep_hidden()
