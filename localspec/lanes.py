@@ -130,9 +130,7 @@ class Lanes:
             if self._holders and self._holders.get(target.seq) != threading.get_ident():
                 self._busy_check()  # a generation on a lane this thread does not hold, beside the lanes' own
         wanted = np.asarray(prompt[:-1], dtype=np.int32)
-        self._await_reader(target, wanted)
-        gone = self._cancelled.get(target.seq)
-        if gone is not None and gone.is_set():  # its client left while it waited: it will read nothing
+        if not self._await_reader(target, wanted):  # its client left while it waited: it will read nothing
             return
         self.share(target, wanted)
         # room for the whole prompt, the shared part too: the prompt cache may still put a longer state in its
@@ -186,12 +184,14 @@ class Lanes:
             return 0
         return min(int(other.common_prefix(wanted)), prefix_length(reading, wanted))
 
-    def _await_reader(self, target: Any, wanted: np.ndarray) -> None:
+    def _await_reader(self, target: Any, wanted: np.ndarray) -> bool:
         """Where a lane that is reading its prompt shares more of ``wanted`` than any lane holds now (sub-agents
         sent together with one system prompt), wait until it holds that part, or stops: ``share`` then takes it
-        instead of this lane reading the same tokens beside it. Waits outside the lanes' steps."""
+        instead of this lane reading the same tokens beside it. Waits outside the lanes' steps. False once this
+        lane's client has left (see ``acquire``)."""
+        gone = self._cancelled.get(target.seq)
         if not target.cuts_after_load:
-            return
+            return not (gone and gone.is_set())
         targets = self._models()[0]
         with self._cond:
             mine = max(int(target.common_prefix(wanted)),
@@ -204,11 +204,11 @@ class Lanes:
                         source, most, theirs = seq, n, reading
             # until it holds that much, or reads something else (its generation ended), or could not lend it,
             # or this lane's client left
-            gone = self._cancelled.get(target.seq)
             while source is not None and self._reading.get(source) is theirs and \
                     targets[source].keeps_hidden == target.keeps_hidden and not (gone and gone.is_set()) and \
                     self._lendable(targets[source], source, target, wanted) < most:
                 self._cond.wait(0.005)  # its reads are not announced: look again soon (a short prompt takes ms)
+        return not (gone and gone.is_set())
 
     def _models(self) -> list[list[Any]]:
         """The target's sequences and the draft's, by lane (None: not opened yet, so holding nothing)."""

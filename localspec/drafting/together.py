@@ -71,7 +71,7 @@ def measure_together(target: Model, most: int, reps: int = 5) -> list[float]:
 
 def _others_empty(target: Model, most: int) -> bool:
     """Whether sequences 1 .. most - 1 of the target's context hold nothing."""
-    return all(int(target._llama(ll.llama_memory_seq_pos_max, target._mem, s)) < 0 for s in range(1, most))
+    return all(int(target.call(ll.llama_memory_seq_pos_max, target._mem, s)) < 0 for s in range(1, most))
 
 
 def _together(views: list[Model], work: Callable[[Model, bool], None]) -> None:

@@ -304,7 +304,7 @@ class StepBatcher:
             return rc
         n_rows = sum(counts)
         if rc == 0:
-            self._keep_hidden(taken, pos)
+            self._keep_hidden(taken, pos, n)
         logits = None
         if rc == 0 and n_rows:
             logits = np.ctypeslib.as_array(ll.llama_get_logits(first._ctx), shape=(n_rows, first.n_vocab))
@@ -332,16 +332,16 @@ class StepBatcher:
         return rc
 
     @staticmethod
-    def _keep_hidden(taken: list[tuple[_Call, int]], pos: np.ndarray) -> None:
+    def _keep_hidden(taken: list[tuple[_Call, int]], pos: np.ndarray, n_tokens: int) -> None:
         """Each sequence that keeps hidden rows for an MTP head (``Model.keep_hidden``) gets its tokens' rows of
-        the decode (the context gives one per token, in the batch's order) at their positions."""
+        the decode of ``n_tokens`` (the context gives one per token, in the batch's order) at their positions."""
         staged, n = None, 0
         for call, take in taken:
             model = call.model
             if model.keeps_hidden:
                 if staged is None:
                     staged = np.ctypeslib.as_array(model._ext.llama_get_embeddings_nextn(model._ctx),
-                                                   shape=(sum(t for _, t in taken), model.hidden.shape[1]))
+                                                   shape=(n_tokens, model.hidden.shape[1]))
                 model.hidden[pos[n:n + take]] = staged[n:n + take]
             n += take
 
