@@ -1,6 +1,8 @@
 """``localspec bench --together``'s workloads with another localspec checkout as a row: a change's before and after
 in one run, beside localspec decoding plainly and llama-server (with and without the draft model). The first
 row is the checkout this script is in, so a copy of it (``git worktree``) can be measured while work goes on.
+With ``--agent`` it runs ``localspec bench --agent``'s conversations instead (one request at a time, the
+servers side by side, the order rotating): what a change does to a request alone and to its follow-ups.
 
 Each server is started afresh for every workload and repetition, their order rotating, as the bench does
 (``localspec.bench.together``); the other checkout's server is this Python running that folder's
@@ -9,6 +11,7 @@ Each server is started afresh for every workload and repetition, their order rot
     python benchmarks/together_ab.py TARGET.gguf --before DIR [--draft DRAFT.gguf] [--llama-server PATH]
         [--workload title --workload fanout ...] [--reps 3] [--threads 2] [--ctx 32768] [--no-plain]
         [--no-llama-draft] [--json OUT.json]
+    python benchmarks/together_ab.py TARGET.gguf --before DIR --agent [--draft ...] [--llama-server PATH] [--reps 3]
 """
 
 from __future__ import annotations
@@ -17,7 +20,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from localspec.bench.agent import ServerSpec, llama_server_spec, localspec_spec, plain_variant, with_draft
+from localspec.bench.agent import (
+    ServerSpec,
+    llama_server_spec,
+    localspec_spec,
+    plain_variant,
+    render_agent,
+    run_agent_bench,
+    with_draft,
+    write_agent_json,
+)
 from localspec.bench.machine import host_info
 from localspec.bench.together import render_together, run_together_bench, workloads, write_together_json
 
@@ -43,6 +55,7 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=32768)
     ap.add_argument("--no-plain", action="store_true", help="leave out localspec decoding plainly")
     ap.add_argument("--no-llama-draft", action="store_true", help="leave out llama-server with the draft model")
+    ap.add_argument("--agent", action="store_true", help="bench --agent's conversations instead of --together's")
     ap.add_argument("--json")
     args = ap.parse_args()
     if not (args.before / "localspec" / "__init__.py").is_file():
@@ -54,9 +67,16 @@ def main() -> int:
     if args.llama_server:
         llama = llama_server_spec(args.llama_server, args.target, args.threads, args.threads, args.ctx, 0)
         specs += [llama] + ([with_draft(llama, args.draft)] if args.draft and not args.no_llama_draft else [])
-    names = args.workload or list(workloads())
     machine = {**host_info(), "threads": args.threads, "threads_batch": args.threads, "n_ctx": args.ctx,
                "target": args.target, "draft": args.draft, "before": str(args.before)}
+    if args.agent:  # one request at a time: what localspec plainly does and llama-server with a draft add nothing
+        specs = [s for s in specs if not s.name.endswith((", plain", " + draft"))]
+        agent = run_agent_bench(specs, reps=args.reps, machine=machine, progress=lambda s: print(s, flush=True))
+        print(render_agent(agent))
+        if args.json:
+            write_agent_json(agent, Path(args.json))
+        return 0
+    names = args.workload or list(workloads())
     report = run_together_bench(specs, names, args.reps, machine, progress=lambda s: print(s, flush=True))
     print(render_together(report))
     if args.json:
