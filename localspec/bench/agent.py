@@ -389,12 +389,11 @@ def run_agent_bench(specs: Sequence[ServerSpec], max_tokens: int = 32, scale: fl
     for rep in range(reps):
         with contextlib.ExitStack() as stack:
             servers = []
-            for spec in specs:
+            for spec in specs:  # one at a time: a server that measures its machine at start measures it alone
                 server = RunningServer(spec, env)
                 stack.callback(server.close)
-                servers.append(server)
-            for server in servers:  # they load side by side; each is waited for in turn
                 server.wait_ready()
+                servers.append(server)
             for server in servers:  # a short request first, as a server that has been running has answered
                 try:  # two tokens: localspec's draft model reads a prompt after the first
                     ask(server.port, server.model, [{"role": "user", "content": "Hi."}], 2)
