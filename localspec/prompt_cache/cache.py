@@ -62,6 +62,10 @@ MIN_TOKENS = BLOCK
 #: one-off side requests without freezing the RAM tier once every entry has been hit.
 HIT_BONUS_SECONDS = 600.0
 
+#: A state llama.cpp refuses in a context of several sequences is kept this many times (the others' cells
+#: may have left it no room), then dropped as it would be in a context of its own.
+MAX_REFUSALS = 3
+
 
 class PromptCache:
     """Saved model states by token prefix, in RAM and optionally on disk (see the module's docstring).
@@ -161,6 +165,11 @@ class PromptCache:
         ok = model.load_state(entry.tokens, data)
         seconds = time.perf_counter() - t0
         if not ok:
+            if model.n_seq > 1 and entry.refusals < MAX_REFUSALS:  # the other sequences' cells may leave no room
+                entry.refusals += 1
+                self._say("restore:cells", "localspec: the prompt cache could not restore a saved state beside the "
+                                           "other requests' cells; the prompt is read instead, and the state kept.")
+                return 0
             self._forget(entry, f"llama.cpp refused a saved state of {model.path.name}")
             return 0
         model.truncate(gain)  # an attention cache keeps only the shared part

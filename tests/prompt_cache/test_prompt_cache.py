@@ -20,6 +20,7 @@ import localspec
 from localspec.prompt_cache import files as cache_files
 from localspec.prompt_cache.cache import PromptCache
 from localspec.prompt_cache.index import PrefixIndex
+from localspec.runtime.model import Model
 
 WRITERS = {"mamba": write_tiny_mamba, "qwen35": write_tiny_qwen35, "lfm2": write_tiny_lfm2,
            "gemma2": write_tiny_gemma2}
@@ -455,3 +456,26 @@ def test_saved_states_are_readable_by_the_user_alone(tmp_path):
         assert d.stat().st_mode & 0o777 == 0o700, d
     header, tokens = cache_files.read_header(path, "model-a")
     assert list(tokens) == list(range(40)) and cache_files.read_state(path, "model-a") == b"state bytes"
+
+
+def test_a_state_refused_for_want_of_cells_beside_another_sequence_is_kept_and_restored_later(models):
+    target, _ = models["llama"]
+    notices: list[str] = []
+    cache = PromptCache(2**28, weigh=False, notify=notices.append)
+    with Model(target, n_ctx=512, n_seq=2) as shared:
+        other = shared.sequence(1)
+        text = shared.tokenize(SYSTEM_A + SYSTEM_B)
+        wanted, busy = np.array(text[:300], dtype=np.int32), text[-300:]
+        shared.eval(wanted, logits="none")
+        cache.save(shared)
+        shared.reset()
+        other.eval(busy, logits="none")  # 300 of the 512 cells held by the other sequence: no room for 300 more
+        assert cache.restore(shared, wanted) == 0 and shared.n_past == 0
+        assert other.n_past == len(busy) and notices and "kept" in notices[0]
+        other.reset()  # the other request done: the same state now loads
+        assert cache.restore(shared, wanted) == 300 and cache.stats.restores == 1
+        expected = Model(target, n_ctx=512)
+        with expected:
+            expected.eval(wanted, logits="none")
+            np.testing.assert_allclose(shared.eval([5], logits="last")[0], expected.eval([5], logits="last")[0],
+                                       atol=1e-3)
