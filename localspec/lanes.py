@@ -123,7 +123,8 @@ class Lanes:
     def ready(self, target: Any, prompt: Sequence[int], reply: int) -> None:
         """Before a generation on ``target`` (one of the lanes' target sequences) reads ``prompt``: the longest
         prefix of it another lane holds, shared (see ``share``; where a lane that is reading a prompt will hold
-        more of it soon, once it does), then room for it and ``reply`` tokens (see ``make_room``)."""
+        more of it soon, once it does), then room for it and ``reply`` tokens (see ``make_room``), and the idle
+        lanes the prompt cache can bring back emptied (see ``empty_saved``)."""
         if self.width == 1:
             return
         with self._cond:
@@ -137,6 +138,22 @@ class Lanes:
         # place, which takes its cells while it loads (lanes that share cells are each counted whole, so this
         # errs toward emptying one idle lane more)
         self.make_room(target.seq, len(prompt) + reply)
+        self.empty_saved(target.seq)
+
+    def empty_saved(self, seq: int) -> None:
+        """Before lane ``seq`` reads a prompt: empty the idle lanes' sequences whose contents the pair's prompt
+        cache holds in RAM. One unified cache attends over every cell up to the highest in use, so an idle
+        conversation's cells make every step of the others longer; a restore brings it back when it returns.
+        Cells it shares with a lane that is generating stay that lane's."""
+        cache = self.pair.cache
+        if cache is None:
+            return
+        with self._cond:
+            for models in self._models():
+                for other in self._idle:
+                    model = models[other]
+                    if other != seq and model is not None and model.n_past and cache.holds(model):
+                        model.reset()
 
     def share(self, target: Any, wanted: np.ndarray) -> None:
         """Give ``target``, and its lane's draft sequence, the longest prefix of ``wanted`` that another lane

@@ -102,6 +102,39 @@ def test_a_prompt_an_idle_lane_holds_is_shared_not_read_again(pairs):
                                                                                  for r in results]
 
 
+def test_an_idle_conversation_the_prompt_cache_holds_leaves_the_cells_and_comes_back_exact(tiny_dir, pairs):
+    from localspec.prompt_cache.cache import PromptCache
+
+    alone = pairs[0]
+    a = [{"role": "system", "content": "You are a careful assistant. " * 12}, {"role": "user", "content": "Hi."}]
+    b = [{"role": "system", "content": "Another prompt, about cats and mats. " * 12},
+         {"role": "user", "content": "Count to ten."}]
+    options = dict(max_tokens=12, method="draft")
+
+    def then(conv, reply, ask):
+        return [*conv, {"role": "assistant", "content": reply}, {"role": "user", "content": ask}]
+
+    a_alone, b_alone = (alone.chat(c, **options) for c in (a, b))
+    with localspec.load(tiny_dir / "target.gguf", tiny_dir / "draft.gguf", n_ctx=2048, history=False,
+                        prompt_cache=PromptCache(2**28, weigh=False), parallel=2) as together:
+        together.set_profile(GPU)
+        first = together.generate_many([a, b], **options)
+        assert [r.tokens for r in first] == [a_alone.tokens, b_alone.tokens]
+        other = together.lanes.lane(1)
+        other.target.eval(other.target.tokenize("A conversation the cache does not hold. " * 8), logits="none")
+        a2 = then(a, a_alone.text, "And again.")
+        assert together.chat(a2, **options).tokens == alone.chat(a2, **options).tokens  # on lane 0
+        assert other.target.n_past > 0  # not in the prompt cache: it stays
+        other.target.reset()
+        together.generate_many([a, b], **options)  # each lane's conversation saved as it ends
+        assert together.chat(a2, **options).tokens == alone.chat(a2, **options).tokens
+        # the other lane's conversation is in the prompt cache: its cells were let go, the attention spans a's
+        assert (other.target.n_past, other.draft.n_past) == (0, 0)
+        b2 = then(b, b_alone.text, "Now to five.")
+        again = together.chat(b2, **options)
+        assert again.tokens == alone.chat(b2, **options).tokens and again.stats.restored_prompt_tokens > 100
+
+
 def test_prompts_sent_together_read_their_common_prefix_once(pairs, monkeypatch):
     alone, together = pairs
     system = "You are a careful sub-agent; answer in one line. " * 4 + "\n"
@@ -261,6 +294,26 @@ def test_every_memory_decoded_together_gives_its_tokens_alone(arch_pairs, arch, 
     assert [r.tokens for r in results] == expected, f"{arch} {method}"
     if method == "draft":
         assert sum(r.stats.rewinds for r in results) >= (1 if arch == "mamba" else 0)  # checkpoints, per sequence
+
+
+@pytest.mark.parametrize("arch", ["mamba", "qwen35", "lfm2", "gemma2"])
+def test_every_memory_under_auto_and_a_grammar_stays_exact_beside_a_prompt_that_overflows(arch_pairs, arch):
+    pytest.importorskip("llguidance")
+    alone, together = arch_pairs[arch]
+    options = dict(max_tokens=24, method="auto", grammar=Constraint.regex(r"([a-z]+ )+[0-9]+"))
+    prompts = [p for p in PROMPTS if isinstance(p, str)][:3]
+    for pair in (alone, together):
+        pair.set_profile(GPU)  # where a draft model pays: auto drafts with it as well as by lookup
+    try:
+        expected = [alone.generate(p, **options).tokens for p in prompts]
+        too_long = " ".join([PROMPTS[2]] * 60)  # more tokens than the context holds
+        results = together.generate_many([prompts[0], too_long, *prompts[1:]], return_exceptions=True, **options)
+    finally:
+        for pair in (alone, together):
+            pair.set_profile(None)
+    assert isinstance(results[1], ContextOverflowError), results[1]
+    assert [r.tokens for r in (results[0], *results[2:])] == expected, arch
+    assert {r.stats.method for r in (results[0], *results[2:])} == {"auto"}
 
 
 # Compute-bound (a 2-core CPU): a prompt beside decoding lanes is read in chunks of 50 tokens.

@@ -143,6 +143,17 @@ class PromptCache:
                                                        f"({exc}); the prompt is processed instead.")
             return model.common_prefix(wanted)
 
+    def holds(self, model: Model) -> bool:
+        """Whether a state in RAM gives ``model`` back everything its context holds now, so that emptying the
+        context loses nothing a restore (a copy) does not bring back."""
+        tokens = model.tokens
+        if not self.enabled or len(tokens) < MIN_TOKENS:
+            return False
+        with self._lock:
+            return any(entry.data is not None and len(entry.tokens) >= len(tokens) and
+                       usable(model, entry.tokens, tokens) == len(tokens)
+                       for entry in self._entries.candidates(model.state_identity(), tokens))
+
     def _restore(self, model: Model, wanted: np.ndarray, live: int) -> int:
         identity = model.state_identity()
         if self._disk is not None:
