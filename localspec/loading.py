@@ -70,7 +70,8 @@ class ContextChoice:
     reason: str
 
 
-def fit_context(target: PathLike, draft: Optional[PathLike] = None, memory: Optional[int] = None) -> ContextChoice:
+def fit_context(target: PathLike, draft: Optional[PathLike] = None, memory: Optional[int] = None,
+                parallel: int = 1) -> ContextChoice:
     """The largest context ``target`` was trained for whose KV caches (the target's and the draft's) fit in
     ``CONTEXT_SHARE`` of the memory left after both models' weights; a whole number of ``CONTEXT_STEP``
     tokens, at least ``MIN_CONTEXT`` (or the training context, when that is smaller).
@@ -79,16 +80,20 @@ def fit_context(target: PathLike, draft: Optional[PathLike] = None, memory: Opti
         target: the target .gguf (its header says the training context and the KV bytes a token).
         draft: the draft .gguf, whose cache holds the same context; None without one.
         memory: the bytes free (default: the memory available now).
+        parallel: the sequences the context will hold: a target's MTP head takes memory for each.
     """
     headers = [read_local(p) for p in (target, draft) if p is not None]
     trained = headers[0].context_length or MIN_CONTEXT
     per_token = sum(h.kv_bytes_per_token() or 0 for h in headers)
+    head = max(1, parallel) * headers[0].mtp_bytes_per_token() if per_token else 0
+    per_token += head
     free = available_memory() if memory is None else memory
     weights = sum(os.path.getsize(p) for p in (target, draft) if p is not None)
     budget = int(CONTEXT_SHARE * max(0, free - weights))
     fits = budget // per_token // CONTEXT_STEP * CONTEXT_STEP if per_token else trained
     n_ctx = max(min(trained, fits), min(trained, MIN_CONTEXT))
-    cache = f"its KV cache takes {human_bytes(n_ctx * per_token)}" if per_token else "no KV cache size is known"
+    what = "its KV cache and its MTP head's rows take" if head else "its KV cache takes"
+    cache = f"{what} {human_bytes(n_ctx * per_token)}" if per_token else "no KV cache size is known"
     why = "the model's training context" if n_ctx == trained else \
         f"the most of the {trained} the model was trained for that fits" if n_ctx == fits else \
         f"the least localspec chooses, though only {max(fits, 0)} fit"
@@ -170,14 +175,14 @@ def load(
     for notice in files.notices:
         say(notice)
     target, draft = files.target, files.draft
+    if parallel is None:
+        parallel = AUTO_PARALLEL
     if n_ctx is None and fit:
-        choice = fit_context(target, draft)
+        choice = fit_context(target, draft, parallel=parallel)
         say(f"localspec: {choice.reason}")
         n_ctx = choice.n_ctx
     n_ctx = n_ctx if n_ctx is not None else 4096 if files.n_ctx is None else files.n_ctx  # a pair's 0: its own
     draft_k = draft_k if draft_k is not None else files.draft_k
-    if parallel is None:
-        parallel = AUTO_PARALLEL
     # A recurrent target that can roll back keeps snapshots for auto's longest draft (longer ones checkpoint;
     # a context of several sequences keeps none, see Model);
     # a draft model decodes one token at a time, which no rollback undoes, so it checkpoints instead.

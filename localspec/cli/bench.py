@@ -217,7 +217,7 @@ def _servers(models: ModelArgs, llama_server: Optional[str], no_peers: bool,
     describing them."""
     from ..bench import agent as workload
     from ..bench.machine import host_info
-    from ..loading import fit_context
+    from ..loading import AUTO_PARALLEL, fit_context
     from ..runtime.process import default_threads, gpu_offload_supported
 
     files = models.files()
@@ -225,7 +225,8 @@ def _servers(models: ModelArgs, llama_server: Optional[str], no_peers: bool,
     threads = models.n_threads or default_threads()
     threads_batch = models.n_threads_batch or threads
     # what serve would choose, for all (0: the model's own, which every server reads the same way)
-    ctx = models.n_ctx if models.n_ctx is not None else fit_context(files.target, files.draft).n_ctx
+    ctx = models.n_ctx if models.n_ctx is not None else fit_context(files.target, files.draft,
+                                                                         parallel=AUTO_PARALLEL).n_ctx
     # every server on the same device: all layers on a GPU build, none on a CPU one, unless told
     gpu = models.n_gpu_layers if models.n_gpu_layers is not None else (-1 if gpu_offload_supported() else 0)
     specs = [workload.localspec_spec(target, draft, threads, threads_batch, ctx, gpu, models.cache_ram,

@@ -167,6 +167,21 @@ class GGUFHeader:
             kv_heads = [h if (i + 1) % interval == 0 else 0 for i, h in enumerate(kv_heads)]
         return int(sum(kv_heads) * (k + v) * cache_bytes)
 
+    def mtp_bytes_per_token(self, cache_bytes: float = 2.0) -> int:
+        """Bytes one token of one sequence takes for the MTP head, beside the KV cache: the hidden row the target
+        keeps for the head (float32) and the head's own cache of its next-n layers. 0 without a head."""
+        arch, n = self.architecture, self.mtp_layers
+        layers, embd = self._int(f"{arch}.block_count"), self._int(f"{arch}.embedding_length")
+        if not n or not layers or not embd:
+            return 0
+        heads = _per_layer(self.metadata.get(f"{arch}.attention.head_count"), layers)
+        kv_heads = _per_layer(self.metadata.get(f"{arch}.attention.head_count_kv"), layers) or heads
+        width = embd // max(heads) if heads and max(heads) else 0
+        k = self._int(f"{arch}.attention.key_length") or width
+        v = self._int(f"{arch}.attention.value_length") or width
+        head_cache = sum(kv_heads[-n:]) * (k + v) * cache_bytes if kv_heads else 0  # the last layers are the head's
+        return int(embd * 4 + head_cache)
+
     @property
     def split_count(self) -> int:
         """How many files a split model (gguf-split) spans: ``split.count``, 1 when not split."""

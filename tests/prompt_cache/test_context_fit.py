@@ -8,11 +8,12 @@ import click
 import pytest
 from conftest import real_models_dir
 from serverproc import ServeProcess
+from tinyarch import write_tiny_qwen35
 from tinymodel import write_tiny_model
 
 from localspec.cli.shared import model_options
 from localspec.loading import MIN_CONTEXT, fit_context
-from localspec.runtime.gguf_metadata import GGUFHeader
+from localspec.runtime.gguf_metadata import GGUFHeader, read_local
 from localspec.runtime.model import FLASH_ATTN_CONTEXT, Model
 
 GIB = 2**30
@@ -53,6 +54,19 @@ def test_the_training_context_where_memory_holds_it_else_the_most_that_fits(long
     assert fit_context(long_trained, memory=weights).n_ctx == MIN_CONTEXT  # the least, memory or not
     both = fit_context(tiny_dir / "target.gguf", tiny_dir / "draft.gguf", memory=64 * GIB)
     assert both.n_ctx == 1024 and "training context" in both.reason and "KV cache takes" in both.reason
+
+
+def test_an_mtp_head_counts_its_rows_and_cache_for_each_sequence(tmp_path):
+    plain = header(**{"a.attention.head_count_kv": 2})
+    assert plain.mtp_bytes_per_token() == 0
+    head = header(**{"a.attention.head_count_kv": 2, "a.nextn_predict_layers": 1})
+    assert head.mtp_bytes_per_token() == 256 * 4 + 2 * 64 * 2  # a float32 hidden row, one layer's keys and values
+    path = tmp_path / "mtp.gguf"
+    write_tiny_qwen35(path, seed=0, nextn=1, n_ctx=131072)
+    kv, rows = read_local(path).kv_bytes_per_token(), read_local(path).mtp_bytes_per_token()
+    room = path.stat().st_size + 2 * (kv + 4 * rows) * 40000  # half of it: 40000 tokens for four sequences
+    one, four = fit_context(path, memory=room), fit_context(path, memory=room, parallel=4)
+    assert four.n_ctx == 39 * 1024 < one.n_ctx and "MTP head" in four.reason
 
 
 @pytest.mark.real
