@@ -1,6 +1,7 @@
 """``localspec bench --together``'s workloads with another localspec checkout as a row: a change's before and after
-in one run, beside localspec decoding plainly and llama-server (with and without the draft model). The first
-row is the checkout this script is in, so a copy of it (``git worktree``) can be measured while work goes on.
+in one run, beside localspec decoding plainly and llama-server (with and without the draft model), and with
+``--lcp`` llama-cpp-python's server. The first row is the checkout this script is in, so a copy of it
+(``git worktree``) can be measured while work goes on.
 With ``--agent`` it runs ``localspec bench --agent``'s conversations instead (one request at a time, the
 servers side by side, the order rotating): what a change does to a request alone and to its follow-ups.
 
@@ -10,7 +11,7 @@ Each server is started afresh for every workload and repetition, their order rot
 
     python benchmarks/together_ab.py TARGET.gguf --before DIR [--draft DRAFT.gguf] [--llama-server PATH]
         [--workload title --workload fanout ...] [--reps 3] [--threads 2] [--ctx 32768] [--no-plain]
-        [--no-llama-draft] [--json OUT.json]
+        [--no-llama-draft] [--lcp] [--json OUT.json]
     python benchmarks/together_ab.py TARGET.gguf --before DIR --agent [--draft ...] [--llama-server PATH] [--reps 3]
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from localspec.bench.agent import (
     ServerSpec,
+    llama_cpp_python_specs,
     llama_server_spec,
     localspec_spec,
     plain_variant,
@@ -55,6 +57,7 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=32768)
     ap.add_argument("--no-plain", action="store_true", help="leave out localspec decoding plainly")
     ap.add_argument("--no-llama-draft", action="store_true", help="leave out llama-server with the draft model")
+    ap.add_argument("--lcp", action="store_true", help="add llama-cpp-python's server (requests queued)")
     ap.add_argument("--agent", action="store_true", help="bench --agent's conversations instead of --together's")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -64,6 +67,8 @@ def main() -> int:
     ours = from_checkout(installed, ROOT, installed.name)  # this checkout's, whatever is installed
     specs = [ours, from_checkout(installed, args.before.resolve(), "localspec serve, before")]
     specs += [] if args.no_plain else [plain_variant(ours)]
+    if args.lcp:
+        specs += llama_cpp_python_specs(args.target, args.threads, args.threads, args.ctx, 0)[:1]
     if args.llama_server:
         llama = llama_server_spec(args.llama_server, args.target, args.threads, args.threads, args.ctx, 0)
         specs += [llama] + ([with_draft(llama, args.draft)] if args.draft and not args.no_llama_draft else [])

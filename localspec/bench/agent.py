@@ -123,10 +123,14 @@ def llama_cpp_python_specs(target: str, threads: int, threads_batch: int, ctx: i
     """llama-cpp-python's server on the target: at its defaults, and with its RAM prompt cache."""
     argv = [sys.executable, "-m", "llama_cpp.server", "--model", target, "--n_ctx", str(ctx), "--n_threads",
             str(threads), "--n_threads_batch", str(threads_batch), "--host", "127.0.0.1", "--port", "{port}",
-            "--n_gpu_layers", str(gpu_layers)]
-    return [ServerSpec("llama-cpp-python server", tuple(argv), "its defaults: no prompt cache, flash attention off"),
+            "--n_gpu_layers", str(gpu_layers),
+            # requests sent together wait their turn: at its default, a new request cuts the running one short
+            "--interrupt_requests", "false"]
+    queued = "requests queued (--interrupt_requests false)"
+    return [ServerSpec("llama-cpp-python server", tuple(argv),
+                       f"its defaults otherwise: no prompt cache, flash attention off; {queued}"),
             ServerSpec("llama-cpp-python server, RAM cache", (*argv, "--cache", "true", "--cache_type", "ram"),
-                       "--cache true --cache_type ram (2 GiB), flash attention off (its default)")]
+                       f"--cache true --cache_type ram (2 GiB), flash attention off (its default); {queued}")]
 
 
 def llama_server_spec(program: str, target: str, threads: int, threads_batch: int, ctx: int,

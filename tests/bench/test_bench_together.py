@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ from clirun import run_cli
 from serverproc import built_binary
 from tinymodel import write_tiny_model
 
-from localspec.bench import together
+from localspec.bench import agent, together
 from localspec.errors import ConfigError
 
 
@@ -77,3 +79,26 @@ def test_the_command_offers_exactly_the_library_s_workloads() -> None:
 
     option = next(p for p in bench.params if p.name == "workloads")
     assert list(option.type.choices) == list(together.workloads())  # one list, the library's, offered whole
+
+
+def test_llama_cpp_python_s_server_row_queues_requests_sent_together_instead_of_cutting_one_short(
+        long_tiny: Path) -> None:
+    if not agent.llama_cpp_server_installed():
+        pytest.skip("llama-cpp-python's server is not installed")
+    spec = agent.llama_cpp_python_specs(str(long_tiny / "target.gguf"), 1, 1, 2048, 0)[0]
+    server = agent.RunningServer(spec)
+    try:
+        server.wait_ready()
+        story = [{"role": "user", "content": "Tell me a long story about a cat and a boat."}]
+        t0 = time.perf_counter()
+        alone, _ = agent.ask(server.port, server.model, story, 200)
+        seconds = time.perf_counter() - t0
+        assert len(alone) > 50  # long enough to be under way when the second request comes
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(agent.ask, server.port, server.model, story, 200)
+            time.sleep(seconds / 4)
+            second = pool.submit(agent.ask, server.port, server.model, [{"role": "user", "content": "Hi"}], 4)
+            # at its default (interrupt_requests) the second request would end the first here
+            assert first.result()[0] == alone and second.result()[1].total > 0
+    finally:
+        server.close()
