@@ -134,25 +134,30 @@ class Lanes:
         if not self._await_reader(target, wanted):  # its client left while it waited: it will read nothing
             return
         self.share(target, wanted)
+        self.empty_saved(target.seq)  # first: what the prompt cache brings back leaves before what it cannot
         # room for the whole prompt, the shared part too: the prompt cache may still put a longer state in its
         # place, which takes its cells while it loads (lanes that share cells are each counted whole, so this
         # errs toward emptying one idle lane more)
         self.make_room(target.seq, len(prompt) + reply)
-        self.empty_saved(target.seq)
 
     def empty_saved(self, seq: int) -> None:
         """Before lane ``seq`` reads a prompt: empty the idle lanes' sequences whose contents the pair's prompt
         cache holds in RAM. One unified cache attends over every cell up to the highest in use, so an idle
         conversation's cells make every step of the others longer; a restore brings it back when it returns.
-        Cells it shares with a lane that is generating stay that lane's."""
+        Cells it shares with a lane that is generating stay that lane's. Only plain attention caches leave
+        (a recurrent or windowed state comes back only whole), and none while another generation is still
+        setting up (it may be about to share an idle lane's cells)."""
         cache = self.pair.cache
         if cache is None:
             return
         with self._cond:
+            if any(s != seq and s not in self._reading for s in self._holders):
+                return
             for models in self._models():
                 for other in self._idle:
                     model = models[other]
-                    if other != seq and model is not None and model.n_past and cache.holds(model):
+                    if other != seq and model is not None and model.n_past and model.cuts_after_load and \
+                            cache.holds(model):
                         model.reset()
 
     def share(self, target: Any, wanted: np.ndarray) -> None:

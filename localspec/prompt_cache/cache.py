@@ -160,31 +160,40 @@ class PromptCache:
             self._disk.scan(identity)
         if model.memory.kind != memory.FULL and live < model.n_past:
             live = 0  # going back in a recurrent state may mean starting again: count on nothing
-        for _ in range(3):  # a disk file that fails its checks is dropped, and the next best one tried
-            best = self._best(model, identity, wanted)
+        tried: set[int] = set()
+        for _ in range(3):  # a disk file that fails its checks is dropped, a refused state passed over: the next
+            best = self._best(model, identity, wanted, tried)
             if best is None or best[1] <= live or not self._worth(identity, best[0], best[1] - live):
                 return live
             entry, gain = best
+            tried.add(entry.serial)
             data = entry.data if entry.data is not None else self._read(entry)
             if data is not None:
-                return self._load(model, entry, gain, data)
+                loaded = self._load(model, entry, gain, data)
+                if loaded is not None:
+                    return loaded
+                live = 0  # refused: llama.cpp emptied the sequence first
         return live
 
-    def _load(self, model: Model, entry: Entry, gain: int, data: State) -> int:
-        """Put ``entry``'s state into ``model`` and cut it to the ``gain`` tokens it shares; what it then holds."""
+    def _load(self, model: Model, entry: Entry, gain: int, data: State) -> Optional[int]:
+        """Put ``entry``'s state into ``model`` and cut it to the ``gain`` tokens it shares; what it then holds
+        (None: refused, the model emptied, the entry kept for when the other sequences hold fewer cells)."""
         t0 = time.perf_counter()
         ok = model.load_state(entry.tokens, data)
         seconds = time.perf_counter() - t0
         if not ok:
-            if model.n_seq > 1 and entry.refusals < MAX_REFUSALS:  # the other sequences' cells may leave no room
+            with self._lock:
                 entry.refusals += 1
+                kept = model.n_seq > 1 and entry.refusals <= MAX_REFUSALS  # the others' cells may leave no room
+            if kept:
                 self._say("restore:cells", "localspec: the prompt cache could not restore a saved state beside the "
                                            "other requests' cells; the prompt is read instead, and the state kept.")
-                return 0
+                return None
             self._forget(entry, f"llama.cpp refused a saved state of {model.path.name}")
             return 0
         model.truncate(gain)  # an attention cache keeps only the shared part
         with self._lock:
+            entry.refusals = 0  # it loads: refusals count in a row
             entry.hits += 1
             entry.used = time.monotonic() + HIT_BONUS_SECONDS
             self.stats.restores += 1
@@ -195,12 +204,14 @@ class PromptCache:
             files.touch(entry.file)
         return gain
 
-    def _best(self, model: Model, identity: str, wanted: np.ndarray) -> Optional[tuple[Entry, int]]:
+    def _best(self, model: Model, identity: str, wanted: np.ndarray,
+              tried: frozenset[int] | set[int] = frozenset()) -> Optional[tuple[Entry, int]]:
         with self._lock:
             best: Optional[tuple[Entry, int]] = None
             for entry in self._entries.candidates(identity, wanted):
-                if (entry.data is None and entry.file is None) or len(entry.tokens) > model.n_ctx:
-                    continue  # its state is on its way to disk, or it does not fit this context
+                if (entry.data is None and entry.file is None) or len(entry.tokens) > model.n_ctx or \
+                        entry.serial in tried:
+                    continue  # its state is on its way to disk, it does not fit this context, or tried already
                 n = usable(model, entry.tokens, wanted)
                 if n and (best is None or (n, *_cheaper(entry)) > (best[1], *_cheaper(best[0]))):
                     best = (entry, n)

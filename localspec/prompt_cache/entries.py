@@ -38,7 +38,7 @@ class Entry:
     serial: int = 0
     queued: bool = False  # waiting for the disk writer, which holds the state meanwhile (counted in RAM)
     removed: bool = False  # dropped from the cache: the writer must not bring it back
-    refusals: int = 0  # times llama.cpp refused it in a context shared with other sequences
+    refusals: int = 0  # times in a row llama.cpp refused it in a context shared with other sequences
 
 
 @dataclass

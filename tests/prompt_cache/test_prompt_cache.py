@@ -18,7 +18,7 @@ from tinyarch import write_tiny_gemma2, write_tiny_lfm2, write_tiny_mamba, write
 
 import localspec
 from localspec.prompt_cache import files as cache_files
-from localspec.prompt_cache.cache import PromptCache
+from localspec.prompt_cache.cache import MAX_REFUSALS, PromptCache
 from localspec.prompt_cache.index import PrefixIndex
 from localspec.runtime.model import Model
 
@@ -470,12 +470,19 @@ def test_a_state_refused_for_want_of_cells_beside_another_sequence_is_kept_and_r
         cache.save(shared)
         shared.reset()
         other.eval(busy, logits="none")  # 300 of the 512 cells held by the other sequence: no room for 300 more
-        assert cache.restore(shared, wanted) == 0 and shared.n_past == 0
+        for _ in range(MAX_REFUSALS):
+            assert cache.restore(shared, wanted) == 0 and shared.n_past == 0
         assert other.n_past == len(busy) and notices and "kept" in notices[0]
         other.reset()  # the other request done: the same state now loads
         assert cache.restore(shared, wanted) == 300 and cache.stats.restores == 1
-        expected = Model(target, n_ctx=512)
-        with expected:
+        with Model(target, n_ctx=512) as expected:
             expected.eval(wanted, logits="none")
             np.testing.assert_allclose(shared.eval([5], logits="last")[0], expected.eval([5], logits="last")[0],
                                        atol=1e-3)
+        shared.reset()
+        other.eval(busy, logits="none")  # refusals count in a row: one that loaded starts them again
+        for _ in range(MAX_REFUSALS):
+            assert cache.restore(shared, wanted) == 0
+        assert cache.restore(shared, wanted) == 0 and "dropped" in notices[-1]  # one too many: a bad state
+        other.reset()
+        assert cache.restore(shared, wanted) == 0
