@@ -24,6 +24,7 @@ from pathlib import Path
 from localspec.bench.agent import (
     ServerSpec,
     llama_cpp_python_specs,
+    llama_cpp_server_installed,
     llama_server_spec,
     localspec_spec,
     plain_variant,
@@ -68,12 +69,16 @@ def main() -> int:
     specs = [ours, from_checkout(installed, args.before.resolve(), "localspec serve, before")]
     specs += [] if args.no_plain else [plain_variant(ours)]
     if args.lcp:
+        if not llama_cpp_server_installed():
+            raise SystemExit("--lcp needs llama-cpp-python's server: pip install 'llama-cpp-python[server]'.")
         specs += llama_cpp_python_specs(args.target, args.threads, args.threads, args.ctx, 0)[:1]
     if args.llama_server:
         llama = llama_server_spec(args.llama_server, args.target, args.threads, args.threads, args.ctx, 0)
         specs += [llama] + ([with_draft(llama, args.draft)] if args.draft and not args.no_llama_draft else [])
     machine = {**host_info(), "threads": args.threads, "threads_batch": args.threads, "n_ctx": args.ctx,
                "target": args.target, "draft": args.draft, "before": str(args.before)}
+    if args.agent and args.workload:
+        raise SystemExit("--agent runs bench --agent's conversations; leave out --workload.")
     if args.agent:  # one request at a time: what localspec plainly does and llama-server with a draft add nothing
         specs = [s for s in specs if not s.name.endswith((", plain", " + draft"))]
         agent = run_agent_bench(specs, reps=args.reps, machine=machine, progress=lambda s: print(s, flush=True))
