@@ -51,8 +51,9 @@ from .shared import ModelArgs, friendly_errors, model_options, say
 @click.option("--agent", is_flag=True,
               help="Run the agent workload instead: two conversations taking turns, each request resending its "
                    "conversation, through `localspec serve` and llama-cpp-python's server (and llama-server where "
-                   "found), started side by side; time to first token and total time. --cache-ram and "
-                   "--cache-disk apply to its localspec server (default here: no disk tier, so a run starts cold).")
+                   "found), started one after another, then asked in turn; time to first token and total time. "
+                   "--cache-ram and --cache-disk apply to its localspec server (default here: no disk tier, so a run "
+                   "starts cold).")
 @click.option("--together", is_flag=True,
               help="Run requests sent together instead (a title request beside a long prompt, sub-agents, four "
                    "requests at once, and one alone for reference), through `localspec serve` (and decoding "
