@@ -104,7 +104,7 @@ def test_one_client_leaving_and_one_bad_request_end_alone(server, pair):
     assert stayed == alone
 
 
-def test_a_follow_up_starts_from_the_cells_another_sequence_holds(server, pair):
+def test_a_follow_up_after_another_conversation_reads_nothing_again(server, pair):
     client = openai.OpenAI(base_url=server.url, api_key="none")
     system = {"role": "system", "content": "You are a careful assistant who answers briefly. " * 8}
     a1 = [system, {"role": "user", "content": QUESTIONS[0]}]
@@ -114,9 +114,10 @@ def test_a_follow_up_starts_from_the_cells_another_sequence_holds(server, pair):
     a2 = a1 + [{"role": "assistant", "content": first.choices[0].message.content},
                {"role": "user", "content": "and then?"}]
     follow = client.chat.completions.create(model="t", messages=a2, max_tokens=8, temperature=0)
-    # on another sequence than A1's, it starts from A1's cells, shared: nothing read again, nothing restored
+    # A1's cells left the shared cache when the other conversation began (the prompt cache held them, and an
+    # idle conversation's cells slow every step of the others): the follow-up starts from a restore of them
     assert follow.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
-    assert follow.model_extra["localspec"]["restored_prompt_tokens"] == 0
+    assert follow.model_extra["localspec"]["restored_prompt_tokens"] >= first.usage.prompt_tokens - 1
     assert follow.choices[0].message.content == pair.chat(a2, max_tokens=8).text
 
 
