@@ -149,10 +149,8 @@ class PromptCache:
         tokens = model.tokens
         if not self.enabled or len(tokens) < MIN_TOKENS:
             return False
-        with self._lock:
-            return any(entry.data is not None and len(entry.tokens) >= len(tokens) and
-                       usable(model, entry.tokens, tokens) == len(tokens)
-                       for entry in self._entries.candidates(model.state_identity(), tokens))
+        best = self._best(model, model.state_identity(), tokens)  # of those giving as much, one in RAM first
+        return best is not None and best[1] == len(tokens) and best[0].data is not None
 
     def _restore(self, model: Model, wanted: np.ndarray, live: int) -> int:
         identity = model.state_identity()

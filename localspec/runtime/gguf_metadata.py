@@ -153,16 +153,11 @@ class GGUFHeader:
         ``head_count_kv``, or all but every ``full_attention_interval``-th layer) keep a fixed-size state
         instead. None when the header lacks the attention's shape.
         """
-        arch = self.architecture
-        layers, embd = self._int(f"{arch}.block_count"), self._int(f"{arch}.embedding_length")
-        heads = _per_layer(self.metadata.get(f"{arch}.attention.head_count"), layers)
-        kv_heads = _per_layer(self.metadata.get(f"{arch}.attention.head_count_kv"), layers) or heads
-        if not layers or not embd or not heads or not kv_heads or not max(heads):
+        shape = self._attention()
+        if shape is None:
             return None
-        width = embd // max(heads)
-        k = self._int(f"{arch}.attention.key_length") or width
-        v = self._int(f"{arch}.attention.value_length") or width
-        interval = self._int(f"{arch}.full_attention_interval")
+        kv_heads, k, v = shape
+        interval = self._int(f"{self.architecture}.full_attention_interval")
         if interval and not any(h == 0 for h in kv_heads):  # every interval-th layer attends, the rest recur
             kv_heads = [h if (i + 1) % interval == 0 else 0 for i, h in enumerate(kv_heads)]
         return int(sum(kv_heads) * (k + v) * cache_bytes)
@@ -174,13 +169,23 @@ class GGUFHeader:
         layers, embd = self._int(f"{arch}.block_count"), self._int(f"{arch}.embedding_length")
         if not n or not layers or not embd:
             return 0
+        shape = self._attention()
+        # the last layers are the head's
+        head_cache = sum(shape[0][-n:]) * (shape[1] + shape[2]) * cache_bytes if shape is not None else 0
+        return int(embd * 4 + head_cache)
+
+    def _attention(self) -> Optional[tuple[list[int], int, int]]:
+        """The attention's shape: KV heads per layer, key and value lengths; None when the header lacks it."""
+        arch = self.architecture
+        layers, embd = self._int(f"{arch}.block_count"), self._int(f"{arch}.embedding_length")
         heads = _per_layer(self.metadata.get(f"{arch}.attention.head_count"), layers)
         kv_heads = _per_layer(self.metadata.get(f"{arch}.attention.head_count_kv"), layers) or heads
-        width = embd // max(heads) if heads and max(heads) else 0
+        if not layers or not embd or not heads or not kv_heads or not max(heads):
+            return None
+        width = embd // max(heads)
         k = self._int(f"{arch}.attention.key_length") or width
         v = self._int(f"{arch}.attention.value_length") or width
-        head_cache = sum(kv_heads[-n:]) * (k + v) * cache_bytes if kv_heads else 0  # the last layers are the head's
-        return int(embd * 4 + head_cache)
+        return kv_heads, k, v
 
     @property
     def split_count(self) -> int:
