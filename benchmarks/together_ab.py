@@ -62,25 +62,26 @@ def main() -> int:
     ap.add_argument("--agent", action="store_true", help="bench --agent's conversations instead of --together's")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.agent and args.workload:
+        raise SystemExit("--agent runs bench --agent's conversations; leave out --workload.")
     if not (args.before / "localspec" / "__init__.py").is_file():
         raise SystemExit(f"--before {args.before} holds no localspec package; give a checkout's folder.")
     installed = localspec_spec(args.target, args.draft, args.threads, args.threads, args.ctx, 0, None, 0)
     ours = from_checkout(installed, ROOT, installed.name)  # this checkout's, whatever is installed
     specs = [ours, from_checkout(installed, args.before.resolve(), "localspec serve, before")]
-    specs += [] if args.no_plain else [plain_variant(ours)]
+    # one request at a time (--agent): localspec decoding plainly and llama-server's draft add nothing to compare
+    specs += [] if args.no_plain or args.agent else [plain_variant(ours)]
     if args.lcp:
         if not llama_cpp_server_installed():
             raise SystemExit("--lcp needs llama-cpp-python's server: pip install 'llama-cpp-python[server]'.")
         specs += llama_cpp_python_specs(args.target, args.threads, args.threads, args.ctx, 0)[:1]
     if args.llama_server:
         llama = llama_server_spec(args.llama_server, args.target, args.threads, args.threads, args.ctx, 0)
-        specs += [llama] + ([with_draft(llama, args.draft)] if args.draft and not args.no_llama_draft else [])
+        drafted = args.draft and not (args.no_llama_draft or args.agent)
+        specs += [llama] + ([with_draft(llama, args.draft)] if drafted else [])
     machine = {**host_info(), "threads": args.threads, "threads_batch": args.threads, "n_ctx": args.ctx,
                "target": args.target, "draft": args.draft, "before": str(args.before)}
-    if args.agent and args.workload:
-        raise SystemExit("--agent runs bench --agent's conversations; leave out --workload.")
-    if args.agent:  # one request at a time: what localspec plainly does and llama-server with a draft add nothing
-        specs = [s for s in specs if not s.name.endswith((", plain", " + draft"))]
+    if args.agent:
         agent = run_agent_bench(specs, reps=args.reps, machine=machine, progress=lambda s: print(s, flush=True))
         print(render_agent(agent))
         if args.json:
