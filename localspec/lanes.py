@@ -242,10 +242,11 @@ class Lanes:
     def attach(self, batcher: Optional[StepBatcher]) -> None:
         """Send every lane's decode calls (the target's and the draft's) to ``batcher``; None: each alone again.
         Where the pair's costs are known, a prompt beside decoding lanes is read in chunks sized from them (see
-        ``costs.prompt_chunk``)."""
+        ``costs.prompt_chunk``), or after a shorter request, as they weigh the two (``StepBatcher.step_cost``)."""
         profile = self.pair.cost_profile
         if batcher is not None and profile is not None:
             batcher.stream_chunk = prompt_chunk(profile)
+            batcher.step_cost = profile.verify_seconds
         self.lane(self.width - 1)  # every sequence opened
         if batcher is not None and self.pair.target.n_nextn:
             self._keep_hidden()

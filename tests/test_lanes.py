@@ -321,16 +321,19 @@ CPU = CostProfile.synthetic([1.0, 1.7, 2.35, 3.0, 3.6, 4.2, 4.8, 5.4, 6.0], 0.55
 
 
 @pytest.mark.parametrize("arch", ["mamba", "qwen35", "lfm2", "gemma2"])
-def test_a_long_prompt_read_in_chunks_beside_decoding_lanes_changes_no_token(arch_pairs, arch):
+@pytest.mark.parametrize("reply", [24, 150])
+def test_a_long_prompt_read_in_chunks_beside_decoding_lanes_changes_no_token(arch_pairs, arch, reply):
     from localspec.drafting.costs import prompt_chunk
 
     alone, together = arch_pairs[arch]
     assert prompt_chunk(CPU) == 50
-    prompts = [PROMPTS[0], " ".join([PROMPTS[2]] * 12), PROMPTS[1]]  # the long one is read beside the others
-    expected = [alone.generate(p, max_tokens=24, method="lookup").tokens for p in prompts]
+    # beside replies of 150 tokens, the long prompt is read in chunks as they decode; beside replies of 24,
+    # which end before its reading would, it waits for them
+    prompts = [PROMPTS[0], " ".join([PROMPTS[2]] * 6), PROMPTS[1]]
+    expected = [alone.generate(p, max_tokens=reply, method="lookup").tokens for p in prompts]
     together.set_profile(CPU)
     try:
-        results = together.generate_many(prompts, max_tokens=24, method="lookup")
+        results = together.generate_many(prompts, max_tokens=reply, method="lookup")
     finally:
         together.set_profile(None)
     assert [r.tokens for r in results] == expected, arch

@@ -10,6 +10,7 @@ loop with an empty draft, so the baseline pays exactly the same overheads.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Generator, Optional
@@ -147,6 +148,7 @@ class Generation:
         stats.prompt_tokens = self._n = len(self._prompt)
         self._context[:self._n] = self._prompt
         target.widest_batch = 1  # read at the end (``_settle``)
+        target.steps_left = self.plan.max_tokens  # its decoding, after the prompt (see ``StepBatcher``)
         start = self._counters()  # rewinds count from here; llama.cpp's time from the first round
         try:
             first = self._prefill()
@@ -172,9 +174,19 @@ class Generation:
                     start = self._catch_up(start, self._context[:self._n])  # a reading put off until it pays
                 if self._cancel.is_set():  # cancelled while the drafter read the prompt
                     return "interrupted"
+                target.steps_left = self._steps_left()
                 pending, rows = self._round(k)
         finally:
+            target.steps_left = None
             self._settle(start)
+
+    def _steps_left(self) -> int:
+        """The rounds this generation still expects, at the tokens per round it has had so far, if none of them
+        ends it sooner: how long it will keep a step of several sequences waiting for it."""
+        stats = self.stats
+        # every token but the first (the prompt's) came from a round
+        per_round = max(1.0, (stats.generated_tokens - 1) / stats.rounds) if stats.rounds else 1.0
+        return max(1, math.ceil((self.plan.max_tokens - stats.generated_tokens) / per_round))
 
     def _counters(self) -> tuple[float, float, tuple[int, int]]:
         """llama.cpp's busy time (all models, and the target's), and the rewinds so far."""

@@ -10,7 +10,9 @@ cutting back) is the same as for one stream.
 Short calls go first and a long one (a prompt) fills what is left of the context's ``n_batch``, across as
 many steps as it needs; beside streams that are decoding, prompts take at most ``stream_chunk`` tokens of a
 step, or as many as each of those streams read of its own prompt, so that a prompt being read does not hold
-back a short request for more than a small share of a step.
+back a short request for more than a small share of a step. With the costs known (``step_cost``), a prompt
+whose reading would keep the requests before it waiting longer than the shortest of them has left waits for
+that one instead: a title request or a sub-agent's short reply is done before the next long prompt is read.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ from .process import abort_hook
 #: Steps of more tokens than this can be stopped inside llama.cpp (the hook costs a Python call per graph node,
 #: which only a long step amortises).
 ABORTABLE_STEP = 64
+
+#: A prompt held back behind shorter requests still takes as many tokens as lengthen their step by at most
+#: this share of it: none beside a lone stream on a CPU, where every token costs; hundreds on a GPU's flat curve.
+QUIET_SHARE = 0.1
 
 T = TypeVar("T")
 
@@ -84,6 +90,12 @@ def _is_stream(call: _Call) -> bool:
     return bool(call.model._b_logits[call.done:call.m].all())
 
 
+def _steps(call: _Call) -> float:
+    """The decode steps the call's generation still expects (its ``steps_left``; without an estimate, no end)."""
+    left = call.model.steps_left
+    return float("inf") if left is None else float(left)
+
+
 class _All:
     """An event that is set when all of ``events`` are (what ``abort_hook`` asks)."""
 
@@ -112,6 +124,10 @@ class StepBatcher:
         #: tokens the prompts being read take (None: all the room there is), so the stream's step stays short;
         #: more where every stream read more of its own prompt (see ``_decode_group``).
         self.stream_chunk = stream_chunk
+        #: Seconds one decode of n tokens takes (set from the measured costs; None: unknown). With it, a prompt
+        #: whose reading would keep the requests before it waiting longer than the shortest of them has left
+        #: waits for that one instead (see ``_held``).
+        self.step_cost: Optional[Callable[[int], float]] = None
         self._cond = threading.Condition()
         self._members: set[int] = set()
         self._calls: list[_Call] = []
@@ -264,8 +280,13 @@ class StepBatcher:
         # a few large steps, at the batch's rate, not in many small ones
         read = [call.model.prompt_read for call, stream in zip(group, streams, strict=True) if stream]
         reading = max(self.stream_chunk, min(read)) if self.stream_chunk and read else capacity
-        for call, stream in zip(group, streams, strict=True):
-            take = min(call.m - call.done, capacity - n, call.m if stream else reading)
+        held = self._held(group, streams)
+        for i in sorted(range(len(group)), key=lambda i: i in held):  # the held ones take what room is left
+            call, stream = group[i], streams[i]
+            limit = call.m if stream else reading
+            if i in held:
+                limit = min(limit, self._quiet(n, capacity))
+            take = min(call.m - call.done, capacity - n, limit)
             if take <= 0:
                 continue
             taken.append((call, take))
@@ -274,6 +295,46 @@ class StepBatcher:
         if self._decode(first, taken, last_try=len(taken) == 1) == 1 and len(taken) > 1:  # 1: no free cells
             for part in taken:
                 self._decode(first, [part], last_try=True)
+
+    def _held(self, group: list[_Call], streams: list[bool]) -> set[int]:
+        """The prompts being read (their indices in ``group``, shortest first) that wait for a shorter request.
+
+        Reading a prompt keeps every request before it waiting about as long as the reading takes; waiting
+        keeps the prompt's request waiting as long as the shortest of those has left (its ``steps_left`` at
+        the step's cost, after its own prompt). The smaller wait wins: a title request or a sub-agent's short
+        reply finishes before the next long prompt is read, while prompts shorter than the replies beside
+        them are read at once and decode with them.
+        """
+        cost = self.step_cost
+        if cost is None:
+            return set()
+        base = sum(call.m - call.done for call, stream in zip(group, streams, strict=True) if stream)
+        step = cost(max(1, base))
+        shortest = min((_steps(call) * step for call, stream in zip(group, streams, strict=True) if stream),
+                       default=float("inf"))
+        held: set[int] = set()
+        for i, (call, stream) in enumerate(zip(group, streams, strict=True)):
+            if stream:
+                continue
+            left = call.m - call.done + call.model.eval_after  # the whole reading, across calls
+            delay = cost(base + left) - (cost(base) if base else 0.0)
+            if delay > shortest:
+                held.add(i)
+            else:
+                shortest = min(shortest, delay + _steps(call) * step)
+        return held
+
+    def _quiet(self, n: int, capacity: int) -> int:
+        """The most tokens a step of ``n`` tokens takes on for a held prompt while lengthening by at most
+        ``QUIET_SHARE`` (a bisection over the cost, which only grows with the tokens)."""
+        cost = self.step_cost
+        if cost is None or n == 0:
+            return 0
+        most, lo, hi = (1 + QUIET_SHARE) * cost(n), 0, capacity - n
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if cost(n + mid) <= most else (lo, mid - 1)
+        return lo
 
     def _decode(self, first: Any, taken: list[tuple[_Call, int]], last_try: bool) -> int:
         """Decode ``taken`` (calls on ``first``'s context and how many of their tokens) and hand each its rows

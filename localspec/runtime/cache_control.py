@@ -64,6 +64,12 @@ class CacheControl:
     #: Tokens of its prompt the generation under way read itself (not held before, nor shared, nor restored):
     #: how long a step beside it may be while it decodes (see ``StepBatcher``).
     prompt_read: int = 0
+    #: Decode steps the generation under way still expects to take (None: no estimate): with the batcher's
+    #: ``step_cost``, whether a prompt beside it is read now or once it is done (see ``StepBatcher``).
+    steps_left: Optional[int] = None
+    #: Tokens the ``eval`` under way still has to decode after its current call (a long one goes in ``n_batch``
+    #: calls).
+    eval_after: int = 0
     lender: Optional[Callable[[Any, np.ndarray], None]]
 
     if TYPE_CHECKING:  # defined by ``Model`` and ``ModelVocabulary``

@@ -344,6 +344,7 @@ class Model(CacheControl, ModelVocabulary):
                     raise GenerationCancelled(f"Cancelled before position {self._n} of {self.path.name}.")
                 chunk = arr[start : start + self.n_batch]
                 final = start + len(chunk) == n
+                self.eval_after = n - start - len(chunk)  # what a batcher weighs: the call's tokens and these
                 rows = self._decode(chunk, logits, final, abort)
                 if rows is not None:
                     out = rows

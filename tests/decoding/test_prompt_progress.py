@@ -1,7 +1,12 @@
 """A stream says how far the model has read its prompt while it reads it (a long prompt's progress), and
-nothing before or after."""
+nothing before or after; its target says how many steps it still expects (what a step of several sequences
+weighs a prompt's reading against)."""
 
 from __future__ import annotations
+
+import math
+
+import pytest
 
 import localspec
 
@@ -27,3 +32,27 @@ def test_prompt_read_counts_up_while_the_prompt_is_read(tiny_dir, monkeypatch):
         assert total > batch * 2
         assert len(reading) == -(-total // batch)  # the watch saw every decode call of the prompt
         assert reading == [i * batch for i in range(len(reading))]
+
+
+
+@pytest.mark.parametrize("method", ["plain", "lookup"])
+def test_a_generation_says_how_many_steps_it_still_expects(tiny_dir, monkeypatch, method):
+    with localspec.load(tiny_dir / "target.gguf", n_ctx=2048, prompt_cache=False, history=False) as pair:
+        target, seen = pair.target, []
+        stream = pair.stream("in the end, in the end, in the end, in the end, in the", max_tokens=40, method=method)
+        decode = target._decode
+
+        def watched(*args, **kwargs):
+            seen.append((target.steps_left, stream.stats.generated_tokens, stream.stats.rounds))
+            return decode(*args, **kwargs)
+
+        monkeypatch.setattr(target, "_decode", watched)
+        tokens = [ev.token for ev in stream]
+        assert target.steps_left is None  # nothing expected once it ended
+    assert seen[0] == (40, 0, 0)  # reading the prompt: the whole reply to come
+    # before each round: the tokens to come, at the tokens per round so far (the first came from the prompt)
+    assert [left for left, *_ in seen[1:]] == [
+        math.ceil((40 - made) / (max(1.0, (made - 1) / rounds) if rounds else 1.0)) for _, made, rounds in seen[1:]]
+    assert len(tokens) > 20 and len(seen) > 3
+    if method == "lookup":  # rounds that copied several tokens: fewer steps than tokens expected
+        assert any(left < 40 - made for left, made, _ in seen[1:]), seen

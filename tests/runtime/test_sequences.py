@@ -265,6 +265,63 @@ def test_a_stream_decoding_beside_a_prompt_sees_the_prompt_chunk_that_shares_its
         assert any(tokens == most for tokens, *_ in seen), seen
 
 
+@pytest.mark.parametrize("left, held", [(3, True), (None, False), (100_000, False)])
+def test_a_prompt_that_takes_longer_to_read_than_a_short_reply_has_left_waits_for_it(tiny_dir, left, held):
+    # one unit of cost a token, as on a CPU: reading the long prompt would keep the stream waiting a unit for each
+    # of its tokens, where the stream has 3 steps of one unit left; with no estimate, or a longer reply, the
+    # prompt is read beside it
+    with Model(tiny_dir / "target.gguf", n_ctx=4096, n_batch=64) as alone, \
+            Model(tiny_dir / "target.gguf", n_ctx=4096, n_batch=64, n_seq=2) as shared:
+        long, mine = alone.tokenize(" ".join(PROMPTS * 12)), alone.tokenize(PROMPTS[0])
+        expected = []
+        for prompt, n in ((long, 4), (mine, 3)):
+            alone.reset()
+            alone.eval(prompt, logits="none")
+            expected.append(_continue(alone, n))
+        seqs = [shared, shared.sequence(1)]
+        batcher = StepBatcher()
+        batcher.step_cost = float
+        for s in seqs:
+            s.attach(batcher)
+        seen: list[tuple[int, int, int]] = []
+        got: list[list[int]] = [[], []]
+        start = threading.Barrier(2)
+
+        def read() -> None:
+            with batcher.member():
+                start.wait()
+                seqs[0].eval(long, logits="none")
+                got[0] = _continue(seqs[0], 4)
+
+        def stream() -> None:
+            with batcher.member():
+                start.wait()
+                seqs[1].steps_left = left  # as a generation that expects its reply to end says
+                seqs[1].eval(mine, logits="none")
+                last = int(seqs[1].tokens[-1])  # as _continue, each step's neighbours seen
+                seqs[1].truncate(seqs[1].n_past - 1)
+                for _ in range(4):
+                    row = seqs[1].eval([last], logits="last")[0]
+                    seen.append(seqs[1].beside)
+                    last = int(np.argmax(row))
+                    got[1].append(last)
+                del got[1][3:]
+                seqs[1].steps_left = None
+
+        threads = [threading.Thread(target=f) for f in (read, stream)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for s in seqs:
+            s.attach(None)
+        batcher.close()
+        assert got == expected
+        # its steps held none of the long prompt (being read all along), or chunks of it
+        assert all(tokens == 0 for tokens, *_ in seen) == held, seen
+        assert seqs[0].n_past == len(long) + 4
+
+
 def test_a_cancelled_sequence_stops_and_the_others_go_on(tiny_dir):
     with Model(tiny_dir / "target.gguf", n_ctx=4096, n_batch=32) as alone, \
             Model(tiny_dir / "target.gguf", n_ctx=4096, n_batch=32, n_seq=2) as shared:
