@@ -244,9 +244,9 @@ class Lanes:
         Where the pair's costs are known, a prompt beside decoding lanes is read in chunks sized from them (see
         ``costs.prompt_chunk``), or after a shorter request, as they weigh the two (``StepBatcher.step_cost``)."""
         profile = self.pair.cost_profile
-        if batcher is not None and profile is not None:
-            batcher.stream_chunk = prompt_chunk(profile)
-            batcher.step_cost = profile.verify_seconds
+        if batcher is not None:
+            batcher.stream_chunk = None if profile is None else prompt_chunk(profile)
+            batcher.step_cost = None if profile is None else profile.reading_seconds
         self.lane(self.width - 1)  # every sequence opened
         if batcher is not None and self.pair.target.n_nextn:
             self._keep_hidden()

@@ -148,7 +148,7 @@ class Generation:
         stats.prompt_tokens = self._n = len(self._prompt)
         self._context[:self._n] = self._prompt
         target.widest_batch = 1  # read at the end (``_settle``)
-        target.steps_left = self.plan.max_tokens  # its decoding, after the prompt (see ``StepBatcher``)
+        self._expect(self._steps_left())  # its decoding, after the prompt (see ``StepBatcher``)
         start = self._counters()  # rewinds count from here; llama.cpp's time from the first round
         try:
             first = self._prefill()
@@ -174,19 +174,27 @@ class Generation:
                     start = self._catch_up(start, self._context[:self._n])  # a reading put off until it pays
                 if self._cancel.is_set():  # cancelled while the drafter read the prompt
                     return "interrupted"
-                target.steps_left = self._steps_left()
+                self._expect(self._steps_left())
                 pending, rows = self._round(k)
         finally:
-            target.steps_left = None
+            self._expect(None)
             self._settle(start)
 
     def _steps_left(self) -> int:
-        """The rounds this generation still expects, at the tokens per round it has had so far, if none of them
-        ends it sooner: how long it will keep a step of several sequences waiting for it."""
+        """The rounds this generation still expects, at the tokens per round it has had so far, if no end token
+        comes sooner than max_tokens or the context's end: how long it keeps a step of several sequences."""
         stats = self.stats
         # every token but the first (the prompt's) came from a round
         per_round = max(1.0, (stats.generated_tokens - 1) / stats.rounds) if stats.rounds else 1.0
-        return max(1, math.ceil((self.plan.max_tokens - stats.generated_tokens) / per_round))
+        left = min(self.plan.max_tokens - stats.generated_tokens, self.target.n_ctx - self._n)
+        return max(1, math.ceil(left / per_round))
+
+    def _expect(self, steps: Optional[int]) -> None:
+        """Say ``steps`` on every model of this generation (the drafter's too: its steps are the same rounds'),
+        or None once it ends."""
+        for m in self._models():
+            if isinstance(m, Model):
+                m.steps_left = steps
 
     def _counters(self) -> tuple[float, float, tuple[int, int]]:
         """llama.cpp's busy time (all models, and the target's), and the rewinds so far."""
@@ -202,6 +210,7 @@ class Generation:
             return None
         finally:
             self._reading = False
+            self.target.reading_end = None
         if plan.processing is not None:
             logits = plan.processing.row(logits, [])
         if plan.matcher is not None:
@@ -248,6 +257,7 @@ class Generation:
         """Bring the target to the prompt: the longest prefix its cache or the prompt cache holds, the rest
         evaluated (pausing at the boundaries to save them); the last token's logits."""
         target, prompt, cache, stats = self.target, self._prompt, self.prompt_cache, self.stats
+        target.reading_end = len(prompt)  # what a step of several sequences weighs against shorter requests
         last = len(prompt) - 1
         live = min(target.common_prefix(prompt), last)
         if cache is None:

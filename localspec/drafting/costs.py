@@ -17,6 +17,7 @@ model and no copies:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
@@ -69,6 +70,16 @@ class CostProfile:
         if n <= len(v):
             return v[n - 1]
         return v[-1] + (n - len(v)) * (v[-1] - v[-2] if len(v) > 1 else v[-1])
+
+    def reading_seconds(self, n: int) -> float:
+        """Seconds for one decode of n tokens, for weighing a prompt's reading: the curve (never falling as
+        tokens are added) and past its end the whole curve's mean slope, which a noisy last step does not
+        flatten."""
+        v = list(itertools.accumulate(self.verify, max))
+        if n <= len(v):
+            return float(v[max(n, 1) - 1])
+        slope = (v[-1] - v[0]) / (len(v) - 1) if len(v) > 1 else v[0]
+        return float(v[-1] + (n - len(v)) * slope)
 
     def step_seconds(self, tokens: int, sequences: int) -> float:
         """Seconds for one decode of ``tokens`` tokens from ``sequences`` sequences: verify(tokens), times what

@@ -11,8 +11,8 @@ Short calls go first and a long one (a prompt) fills what is left of the context
 many steps as it needs; beside streams that are decoding, prompts take at most ``stream_chunk`` tokens of a
 step, or as many as each of those streams read of its own prompt, so that a prompt being read does not hold
 back a short request for more than a small share of a step. With the costs known (``step_cost``), a prompt
-whose reading would keep the requests before it waiting longer than the shortest of them has left waits for
-that one instead: a title request or a sub-agent's short reply is done before the next long prompt is read.
+waits for a request beside it that is done in a small share of the time its own request needs: a title
+request beside a long prompt is done before the rest of that prompt is read.
 """
 
 from __future__ import annotations
@@ -32,8 +32,12 @@ from .process import abort_hook
 #: which only a long step amortises).
 ABORTABLE_STEP = 64
 
+#: A prompt waits for shorter requests while its waits stay within this share of what its own request has
+#: left to do (see ``StepBatcher._held``).
+HOLD_SHARE = 0.1
+
 #: A prompt held back behind shorter requests still takes as many tokens as lengthen their step by at most
-#: this share of it: none beside a lone stream on a CPU, where every token costs; hundreds on a GPU's flat curve.
+#: this share of it: none beside a lone stream on a CPU, where every token costs.
 QUIET_SHARE = 0.1
 
 T = TypeVar("T")
@@ -63,6 +67,7 @@ class _Call:
     width: int = 1  # the most calls a decode that served it held
     beside: tuple[int, int, int] = (0, 0, 0)  # the other calls in its last decode: tokens, streams, calls
     finished: bool = False
+    waited: float = 0.0  # seconds of the steps in which it was held back for shorter requests
 
     def result(self, n_vocab: int) -> np.ndarray:
         if not self.rows:
@@ -88,12 +93,6 @@ def _is_stream(call: _Call) -> bool:
     """Whether the call asks for every token's logits (a round being verified, a token decoded), unlike a prompt
     being read (logits for its last token at most)."""
     return bool(call.model._b_logits[call.done:call.m].all())
-
-
-def _steps(call: _Call) -> float:
-    """The decode steps the call's generation still expects (its ``steps_left``; without an estimate, no end)."""
-    left = call.model.steps_left
-    return float("inf") if left is None else float(left)
 
 
 class _All:
@@ -125,8 +124,7 @@ class StepBatcher:
         #: more where every stream read more of its own prompt (see ``_decode_group``).
         self.stream_chunk = stream_chunk
         #: Seconds one decode of n tokens takes (set from the measured costs; None: unknown). With it, a prompt
-        #: whose reading would keep the requests before it waiting longer than the shortest of them has left
-        #: waits for that one instead (see ``_held``).
+        #: waits for a much shorter request beside it to be done first (see ``_held``).
         self.step_cost: Optional[Callable[[int], float]] = None
         self._cond = threading.Condition()
         self._members: set[int] = set()
@@ -262,13 +260,21 @@ class StepBatcher:
         by_context: dict[int, list[_Call]] = {}
         for call in sorted((c for c in calls if not c.finished), key=lambda c: c.m - c.done):
             by_context.setdefault(id(call.model._ctx), []).append(call)
+        # a step waits for all its contexts' decodes: a prompt is weighed against the streams of every one (a
+        # lane drafting with a draft model has its calls on the draft's context)
+        shortest = min((self._left(call, group) for group in by_context.values() for call in group
+                        if _is_stream(call)), default=float("inf"))
+        t0, held = time.perf_counter(), []
         for group in by_context.values():
-            self._decode_group(group)
+            held += self._decode_group(group, shortest)
+        for call in held:
+            call.waited += time.perf_counter() - t0
         self._calls = [c for c in self._calls if not c.finished]
 
-    def _decode_group(self, group: list[_Call]) -> None:
+    def _decode_group(self, group: list[_Call], shortest: float) -> list[_Call]:
         """One llama.cpp decode of as much of ``group``'s calls (on one context) as its ``n_batch`` takes; where
-        the cells have no room for all of them, each alone, so that only a call that does not fit fails."""
+        the cells have no room for all of them, each alone, so that only a call that does not fit fails. The
+        calls held back for shorter requests (``shortest``: the least time a stream of the step has left)."""
         first = group[0].model
         capacity = self._batch(first)[1]
         taken: list[tuple[_Call, int]] = []  # a call, and how many of its tokens go in this step
@@ -280,53 +286,66 @@ class StepBatcher:
         # a few large steps, at the batch's rate, not in many small ones
         read = [call.model.prompt_read for call, stream in zip(group, streams, strict=True) if stream]
         reading = max(self.stream_chunk, min(read)) if self.stream_chunk and read else capacity
-        held = self._held(group, streams)
+        held = self._held(group, streams, shortest)
+        quiet: Optional[int] = None  # what the held ones share: set once the others have their tokens
         for i in sorted(range(len(group)), key=lambda i: i in held):  # the held ones take what room is left
             call, stream = group[i], streams[i]
             limit = call.m if stream else reading
             if i in held:
-                limit = min(limit, self._quiet(n, capacity))
+                quiet = self._quiet(n, capacity) if quiet is None else quiet
+                limit = min(limit, quiet)
             take = min(call.m - call.done, capacity - n, limit)
             if take <= 0:
                 continue
             taken.append((call, take))
             n += take
             reading -= 0 if stream else take
+            quiet = None if quiet is None else quiet - take
+        if not taken:  # every call here held for a stream on another context: that one decodes this step
+            return [group[i] for i in held]
         if self._decode(first, taken, last_try=len(taken) == 1) == 1 and len(taken) > 1:  # 1: no free cells
             for part in taken:
                 self._decode(first, [part], last_try=True)
+        return [group[i] for i in held]
 
-    def _held(self, group: list[_Call], streams: list[bool]) -> set[int]:
+    def _left(self, call: _Call, group: list[_Call]) -> float:
+        """The seconds ``call``'s generation still expects to keep the steps: its ``steps_left`` at the cost of a
+        step of its context's streams (no end without an estimate, or without the costs)."""
+        cost, steps = self.step_cost, call.model.steps_left
+        if cost is None or steps is None:
+            return float("inf")
+        return steps * cost(max(1, sum(c.m - c.done for c in group if _is_stream(c))))
+
+    def _held(self, group: list[_Call], streams: list[bool], shortest: float) -> set[int]:
         """The prompts being read (their indices in ``group``, shortest first) that wait for a shorter request.
 
-        Reading a prompt keeps every request before it waiting about as long as the reading takes; waiting
-        keeps the prompt's request waiting as long as the shortest of those has left (its ``steps_left`` at
-        the step's cost, after its own prompt). The smaller wait wins: a title request or a sub-agent's short
-        reply finishes before the next long prompt is read, while prompts shorter than the replies beside
-        them are read at once and decode with them.
+        A prompt waits for the shortest request before it (``shortest``: the least time a stream of the step
+        has left; a prompt read first counts its reading and its ``steps_left``) while its waits in all stay
+        within ``HOLD_SHARE`` of what its own request has left to do (its reading and its decoding). A title
+        request beside a long prompt is done first at little cost to the long one; requests of like size
+        (sub-agents) are read and decode together, which has them all done sooner.
         """
         cost = self.step_cost
         if cost is None:
             return set()
         base = sum(call.m - call.done for call, stream in zip(group, streams, strict=True) if stream)
         step = cost(max(1, base))
-        shortest = min((_steps(call) * step for call, stream in zip(group, streams, strict=True) if stream),
-                       default=float("inf"))
         held: set[int] = set()
         for i, (call, stream) in enumerate(zip(group, streams, strict=True)):
-            if stream:
+            end, steps = call.model.reading_end, call.model.steps_left
+            if stream or end is None:  # only a generation's prompt waits (not a replay inside a round)
                 continue
-            left = call.m - call.done + call.model.eval_after  # the whole reading, across calls
-            delay = cost(base + left) - (cost(base) if base else 0.0)
-            if delay > shortest:
+            left = end - call.model.n_past - call.done  # the rest of its prompt, across calls
+            own = cost(base + left) - (cost(base) if base else 0.0) + (steps or 0) * step
+            if call.waited + shortest <= HOLD_SHARE * own:
                 held.add(i)
             else:
-                shortest = min(shortest, delay + _steps(call) * step)
+                shortest = min(shortest, own)
         return held
 
     def _quiet(self, n: int, capacity: int) -> int:
-        """The most tokens a step of ``n`` tokens takes on for a held prompt while lengthening by at most
-        ``QUIET_SHARE`` (a bisection over the cost, which only grows with the tokens)."""
+        """The most tokens a step of ``n`` tokens takes on for the held prompts while lengthening by at most
+        ``QUIET_SHARE`` (a bisection over the cost, which never falls as tokens are added)."""
         cost = self.step_cost
         if cost is None or n == 0:
             return 0

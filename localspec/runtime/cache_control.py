@@ -67,9 +67,9 @@ class CacheControl:
     #: Decode steps the generation under way still expects to take (None: no estimate): with the batcher's
     #: ``step_cost``, whether a prompt beside it is read now or once it is done (see ``StepBatcher``).
     steps_left: Optional[int] = None
-    #: Tokens the ``eval`` under way still has to decode after its current call (a long one goes in ``n_batch``
-    #: calls).
-    eval_after: int = 0
+    #: Where the prompt a generation is reading ends (its length) while it reads it, else None: only such a
+    #: reading waits for a shorter request, weighed by what is left of it (see ``StepBatcher``).
+    reading_end: Optional[int] = None
     lender: Optional[Callable[[Any, np.ndarray], None]]
 
     if TYPE_CHECKING:  # defined by ``Model`` and ``ModelVocabulary``

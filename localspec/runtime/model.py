@@ -238,6 +238,7 @@ class Model(CacheControl, ModelVocabulary):
         view._checkpoints = []
         view.rewinds = view.replayed_tokens = view.decode_calls = 0
         view.widest_batch, view.beside = 1, (0, 0, 0)
+        view.prompt_read, view.steps_left, view.reading_end = 0, None, None  # no generation of its own yet
         view.busy_seconds = 0.0
         if self._ext is not None:  # hidden rows of its own positions (zero pages until written)
             view.hidden = np.zeros(self.hidden.shape, dtype=np.float32)
@@ -344,7 +345,6 @@ class Model(CacheControl, ModelVocabulary):
                     raise GenerationCancelled(f"Cancelled before position {self._n} of {self.path.name}.")
                 chunk = arr[start : start + self.n_batch]
                 final = start + len(chunk) == n
-                self.eval_after = n - start - len(chunk)  # what a batcher weighs: the call's tokens and these
                 rows = self._decode(chunk, logits, final, abort)
                 if rows is not None:
                     out = rows

@@ -267,9 +267,8 @@ def test_a_stream_decoding_beside_a_prompt_sees_the_prompt_chunk_that_shares_its
 
 @pytest.mark.parametrize("left, held", [(3, True), (None, False), (100_000, False)])
 def test_a_prompt_that_takes_longer_to_read_than_a_short_reply_has_left_waits_for_it(tiny_dir, left, held):
-    # one unit of cost a token, as on a CPU: reading the long prompt would keep the stream waiting a unit for each
-    # of its tokens, where the stream has 3 steps of one unit left; with no estimate, or a longer reply, the
-    # prompt is read beside it
+    # one unit of cost a token, as on a CPU: the stream has 3 steps of one unit left, far less than a tenth of
+    # the long prompt's reading, which waits; with no estimate, or a longer reply, it is read beside the stream
     with Model(tiny_dir / "target.gguf", n_ctx=4096, n_batch=64) as alone, \
             Model(tiny_dir / "target.gguf", n_ctx=4096, n_batch=64, n_seq=2) as shared:
         long, mine = alone.tokenize(" ".join(PROMPTS * 12)), alone.tokenize(PROMPTS[0])
@@ -290,7 +289,9 @@ def test_a_prompt_that_takes_longer_to_read_than_a_short_reply_has_left_waits_fo
         def read() -> None:
             with batcher.member():
                 start.wait()
+                seqs[0].reading_end = len(long)  # as a generation reading its prompt says
                 seqs[0].eval(long, logits="none")
+                seqs[0].reading_end = None
                 got[0] = _continue(seqs[0], 4)
 
         def stream() -> None:
@@ -320,6 +321,48 @@ def test_a_prompt_that_takes_longer_to_read_than_a_short_reply_has_left_waits_fo
         # its steps held none of the long prompt (being read all along), or chunks of it
         assert all(tokens == 0 for tokens, *_ in seen) == held, seen
         assert seqs[0].n_past == len(long) + 4
+
+
+def test_a_held_prompt_waits_no_longer_than_its_reading_would_have_kept_the_others(tiny_dir):
+    # the stream says it has 3 steps left at every step (as a line of short requests would): the long prompt
+    # waits, but only until it has waited a tenth of what its reading costs (a millisecond a token)
+    with Model(tiny_dir / "target.gguf", n_ctx=8192, n_batch=64, n_seq=2) as shared:
+        long, mine = shared.tokenize(" ".join(PROMPTS * 12)), shared.tokenize(PROMPTS[0])
+        seqs = [shared, shared.sequence(1)]
+        batcher = StepBatcher()
+        batcher.step_cost = lambda n: n * 1e-3
+        for s in seqs:
+            s.attach(batcher)
+        seen: list[int] = []
+        read = threading.Event()
+        start = threading.Barrier(2)
+
+        def reader() -> None:
+            with batcher.member():
+                start.wait()
+                seqs[0].reading_end = len(long)
+                seqs[0].eval(long, logits="none")
+                read.set()
+
+        def stream() -> None:
+            with batcher.member():
+                start.wait()
+                seqs[1].steps_left = 3
+                seqs[1].eval(mine, logits="none")
+                while not read.is_set() and len(seen) < 3000:
+                    seqs[1].eval([5], logits="last")
+                    seen.append(seqs[1].beside[0])
+
+        threads = [threading.Thread(target=f) for f in (reader, stream)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        for s in seqs:
+            s.attach(None)
+        batcher.close()
+        assert read.is_set() and seqs[0].n_past == len(long), len(seen)
+        assert seen[0] == 0 and any(seen), seen[:20]  # held at first, read beside the stream in the end
 
 
 def test_a_cancelled_sequence_stops_and_the_others_go_on(tiny_dir):
