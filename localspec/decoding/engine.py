@@ -180,13 +180,16 @@ class Generation:
             self._expect(None)
             self._settle(start)
 
-    def _steps_left(self) -> int:
+    def _steps_left(self) -> Optional[int]:
         """The rounds this generation still expects, at the tokens per round it has had so far, if no end token
-        comes sooner than max_tokens or the context's end: how long it keeps a step of several sequences."""
+        comes before max_tokens: how long it keeps a step of several sequences. None where max_tokens reaches
+        past the context's room (a request that set none): its length is not known."""
         stats = self.stats
+        left = self.plan.max_tokens - stats.generated_tokens
+        if left >= self.target.n_ctx - self._n:
+            return None
         # every token but the first (the prompt's) came from a round
         per_round = max(1.0, (stats.generated_tokens - 1) / stats.rounds) if stats.rounds else 1.0
-        left = min(self.plan.max_tokens - stats.generated_tokens, self.target.n_ctx - self._n)
         return max(1, math.ceil(left / per_round))
 
     def _expect(self, steps: Optional[int]) -> None:
@@ -257,7 +260,8 @@ class Generation:
         """Bring the target to the prompt: the longest prefix its cache or the prompt cache holds, the rest
         evaluated (pausing at the boundaries to save them); the last token's logits."""
         target, prompt, cache, stats = self.target, self._prompt, self.prompt_cache, self.stats
-        target.reading_end = len(prompt)  # what a step of several sequences weighs against shorter requests
+        # what a step of several sequences weighs against shorter requests
+        target.reading_end, target.reading_waited = len(prompt), 0.0
         last = len(prompt) - 1
         live = min(target.common_prefix(prompt), last)
         if cache is None:

@@ -11,8 +11,9 @@ Short calls go first and a long one (a prompt) fills what is left of the context
 many steps as it needs; beside streams that are decoding, prompts take at most ``stream_chunk`` tokens of a
 step, or as many as each of those streams read of its own prompt, so that a prompt being read does not hold
 back a short request for more than a small share of a step. With the costs known (``step_cost``), a prompt
-waits for a request beside it that is done in a small share of the time its own request needs: a title
-request beside a long prompt is done before the rest of that prompt is read.
+whose reading would keep the requests beside it waiting longer than the shortest of them has left waits for
+that one: a title request beside a long prompt, or the first of several sub-agents, is done before the next
+long prompt is read.
 """
 
 from __future__ import annotations
@@ -31,10 +32,6 @@ from .process import abort_hook
 #: Steps of more tokens than this can be stopped inside llama.cpp (the hook costs a Python call per graph node,
 #: which only a long step amortises).
 ABORTABLE_STEP = 64
-
-#: A prompt waits for shorter requests while its waits stay within this share of what its own request has
-#: left to do (see ``StepBatcher._held``).
-HOLD_SHARE = 0.1
 
 #: A prompt held back behind shorter requests still takes as many tokens as lengthen their step by at most
 #: this share of it: none beside a lone stream on a CPU, where every token costs.
@@ -67,7 +64,6 @@ class _Call:
     width: int = 1  # the most calls a decode that served it held
     beside: tuple[int, int, int] = (0, 0, 0)  # the other calls in its last decode: tokens, streams, calls
     finished: bool = False
-    waited: float = 0.0  # seconds of the steps in which it was held back for shorter requests
 
     def result(self, n_vocab: int) -> np.ndarray:
         if not self.rows:
@@ -124,7 +120,8 @@ class StepBatcher:
         #: more where every stream read more of its own prompt (see ``_decode_group``).
         self.stream_chunk = stream_chunk
         #: Seconds one decode of n tokens takes (set from the measured costs; None: unknown). With it, a prompt
-        #: waits for a much shorter request beside it to be done first (see ``_held``).
+        #: whose reading would keep the requests beside it waiting longer than the shortest of them has left
+        #: waits for that one instead (see ``_held``).
         self.step_cost: Optional[Callable[[int], float]] = None
         self._cond = threading.Condition()
         self._members: set[int] = set()
@@ -260,21 +257,23 @@ class StepBatcher:
         by_context: dict[int, list[_Call]] = {}
         for call in sorted((c for c in calls if not c.finished), key=lambda c: c.m - c.done):
             by_context.setdefault(id(call.model._ctx), []).append(call)
-        # a step waits for all its contexts' decodes: a prompt is weighed against the streams of every one (a
-        # lane drafting with a draft model has its calls on the draft's context)
+        # a step waits for all its contexts' decodes: a prompt is weighed against every generation decoding in
+        # it, on any context (a lane drafting with a draft model has its calls there, and so has a draft model
+        # reading a prompt after its target)
         shortest = min((self._left(call, group) for group in by_context.values() for call in group
-                        if _is_stream(call)), default=float("inf"))
+                        if _is_stream(call) or call.model.reading_end is None), default=float("inf"))
         t0, held = time.perf_counter(), []
         for group in by_context.values():
             held += self._decode_group(group, shortest)
-        for call in held:
-            call.waited += time.perf_counter() - t0
+        for call in held:  # a reading's waits count across its calls (one per n_batch tokens)
+            call.model.reading_waited += time.perf_counter() - t0
         self._calls = [c for c in self._calls if not c.finished]
 
     def _decode_group(self, group: list[_Call], shortest: float) -> list[_Call]:
         """One llama.cpp decode of as much of ``group``'s calls (on one context) as its ``n_batch`` takes; where
         the cells have no room for all of them, each alone, so that only a call that does not fit fails. The
-        calls held back for shorter requests (``shortest``: the least time a stream of the step has left)."""
+        calls held back for shorter requests (``shortest``: the least time a generation decoding in the step
+        has left)."""
         first = group[0].model
         capacity = self._batch(first)[1]
         taken: list[tuple[_Call, int]] = []  # a call, and how many of its tokens go in this step
@@ -310,37 +309,45 @@ class StepBatcher:
 
     def _left(self, call: _Call, group: list[_Call]) -> float:
         """The seconds ``call``'s generation still expects to keep the steps: its ``steps_left`` at the cost of a
-        step of its context's streams (no end without an estimate, or without the costs)."""
+        step of its context's streams (no end without an estimate, or without the costs, or for a call of no
+        generation)."""
         cost, steps = self.step_cost, call.model.steps_left
         if cost is None or steps is None:
             return float("inf")
         return steps * cost(max(1, sum(c.m - c.done for c in group if _is_stream(c))))
 
     def _held(self, group: list[_Call], streams: list[bool], shortest: float) -> set[int]:
-        """The prompts being read (their indices in ``group``, shortest first) that wait for a shorter request.
+        """The prompts being read (their indices in ``group``) that wait for a shorter request.
 
-        A prompt waits for the shortest request before it (``shortest``: the least time a stream of the step
-        has left; a prompt read first counts its reading and its ``steps_left``) while its waits in all stay
-        within ``HOLD_SHARE`` of what its own request has left to do (its reading and its decoding). A title
-        request beside a long prompt is done first at little cost to the long one; requests of like size
-        (sub-agents) are read and decode together, which has them all done sooner.
+        Reading a prompt keeps every request decoding beside it waiting about as long as the reading takes;
+        waiting keeps the prompt's request waiting as long as the shortest of those has left (``shortest``:
+        the least time a generation decoding in the step has left; a prompt let in counts its reading and
+        its ``steps_left``). The smaller wait wins, the shortest request first: a title request beside a
+        long prompt, or the first of several sub-agents, is done before the next long prompt is read, while
+        a prompt shorter than the replies beside it is read at once and decodes with them. A prompt waits
+        in all (``reading_waited``) no longer than its reading would have kept the others, so a line of
+        short requests cannot hold it forever.
         """
         cost = self.step_cost
         if cost is None:
             return set()
         base = sum(call.m - call.done for call, stream in zip(group, streams, strict=True) if stream)
         step = cost(max(1, base))
-        held: set[int] = set()
+        reads: dict[int, float] = {}  # what reading the rest of each prompt costs the step, in seconds
+        owns: dict[int, float] = {}  # and what its request has left to do: that reading, then its reply
         for i, (call, stream) in enumerate(zip(group, streams, strict=True)):
             end, steps = call.model.reading_end, call.model.steps_left
             if stream or end is None:  # only a generation's prompt waits (not a replay inside a round)
                 continue
             left = end - call.model.n_past - call.done  # the rest of its prompt, across calls
-            own = cost(base + left) - (cost(base) if base else 0.0) + (steps or 0) * step
-            if call.waited + shortest <= HOLD_SHARE * own:
+            reads[i] = cost(base + left) - (cost(base) if base else 0.0)
+            owns[i] = reads[i] + (steps or 0) * step
+        held: set[int] = set()
+        for i in sorted(owns, key=owns.__getitem__):  # the shortest request first, not the shortest call
+            if reads[i] > shortest and group[i].model.reading_waited < reads[i]:
                 held.add(i)
             else:
-                shortest = min(shortest, own)
+                shortest = min(shortest, owns[i])
         return held
 
     def _quiet(self, n: int, capacity: int) -> int:

@@ -70,6 +70,8 @@ class CacheControl:
     #: Where the prompt a generation is reading ends (its length) while it reads it, else None: only such a
     #: reading waits for a shorter request, weighed by what is left of it (see ``StepBatcher``).
     reading_end: Optional[int] = None
+    #: Seconds that reading has waited for shorter requests so far (the batcher's count, from 0 at its start).
+    reading_waited: float = 0.0
     lender: Optional[Callable[[Any, np.ndarray], None]]
 
     if TYPE_CHECKING:  # defined by ``Model`` and ``ModelVocabulary``

@@ -238,7 +238,7 @@ class Model(CacheControl, ModelVocabulary):
         view._checkpoints = []
         view.rewinds = view.replayed_tokens = view.decode_calls = 0
         view.widest_batch, view.beside = 1, (0, 0, 0)
-        view.prompt_read, view.steps_left, view.reading_end = 0, None, None  # no generation of its own yet
+        view.prompt_read, view.steps_left, view.reading_end, view.reading_waited = 0, None, None, 0.0  # none yet
         view.busy_seconds = 0.0
         if self._ext is not None:  # hidden rows of its own positions (zero pages until written)
             view.hidden = np.zeros(self.hidden.shape, dtype=np.float32)

@@ -267,8 +267,8 @@ def test_a_stream_decoding_beside_a_prompt_sees_the_prompt_chunk_that_shares_its
 
 @pytest.mark.parametrize("left, held", [(3, True), (None, False), (100_000, False)])
 def test_a_prompt_that_takes_longer_to_read_than_a_short_reply_has_left_waits_for_it(tiny_dir, left, held):
-    # one unit of cost a token, as on a CPU: the stream has 3 steps of one unit left, far less than a tenth of
-    # the long prompt's reading, which waits; with no estimate, or a longer reply, it is read beside the stream
+    # one unit of cost a token, as on a CPU: the stream has 3 steps of one unit left, less than the long prompt's
+    # reading would keep it, so the prompt waits; with no estimate, or a longer reply, it is read beside it
     with Model(tiny_dir / "target.gguf", n_ctx=4096, n_batch=64) as alone, \
             Model(tiny_dir / "target.gguf", n_ctx=4096, n_batch=64, n_seq=2) as shared:
         long, mine = alone.tokenize(" ".join(PROMPTS * 12)), alone.tokenize(PROMPTS[0])
@@ -325,12 +325,12 @@ def test_a_prompt_that_takes_longer_to_read_than_a_short_reply_has_left_waits_fo
 
 def test_a_held_prompt_waits_no_longer_than_its_reading_would_have_kept_the_others(tiny_dir):
     # the stream says it has 3 steps left at every step (as a line of short requests would): the long prompt
-    # waits, but only until it has waited a tenth of what its reading costs (a millisecond a token)
+    # waits, but only until it has waited as long as its reading would have kept the stream (0.1 ms a token)
     with Model(tiny_dir / "target.gguf", n_ctx=8192, n_batch=64, n_seq=2) as shared:
         long, mine = shared.tokenize(" ".join(PROMPTS * 12)), shared.tokenize(PROMPTS[0])
         seqs = [shared, shared.sequence(1)]
         batcher = StepBatcher()
-        batcher.step_cost = lambda n: n * 1e-3
+        batcher.step_cost = lambda n: n * 1e-4
         for s in seqs:
             s.attach(batcher)
         seen: list[int] = []
@@ -363,6 +363,8 @@ def test_a_held_prompt_waits_no_longer_than_its_reading_would_have_kept_the_othe
         batcher.close()
         assert read.is_set() and seqs[0].n_past == len(long), len(seen)
         assert seen[0] == 0 and any(seen), seen[:20]  # held at first, read beside the stream in the end
+        # its waits in all, across its calls of 64 tokens: its reading's cost, give or take a step
+        assert 0 < seqs[0].reading_waited <= len(long) * 1e-4 + 0.2, seqs[0].reading_waited
 
 
 def test_a_cancelled_sequence_stops_and_the_others_go_on(tiny_dir):
