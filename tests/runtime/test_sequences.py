@@ -3,6 +3,7 @@ decode calls gathered into joint decodes by a ``StepBatcher``, each giving what 
 
 from __future__ import annotations
 
+import functools
 import threading
 from pathlib import Path
 
@@ -147,28 +148,38 @@ def test_a_recurrent_sequence_goes_back_through_its_own_checkpoints(recurrent_di
 def _run_together(models: list[Model], prompts: list[list[int]], n: int, batcher: StepBatcher,
                   aborts: list[threading.Event] | None = None) -> list[object]:
     results: list[object] = [None] * len(models)
-    start = threading.Barrier(len(models))
 
     def work(i: int) -> None:
+        try:
+            abort = aborts[i] if aborts else None
+            models[i].eval(prompts[i], logits="none", abort=abort)
+            results[i] = _continue(models[i], n)
+        except Exception as exc:  # the test reads it
+            results[i] = exc
+
+    _members(batcher, models, *(functools.partial(work, i) for i in range(len(models))))
+    return results
+
+
+def _members(batcher: StepBatcher, seqs: list[Model], *works) -> None:
+    """Each of ``works`` on a thread of its own, a member of ``batcher`` from one start; then ``seqs`` are
+    detached and the batcher closed."""
+    start = threading.Barrier(len(works))
+
+    def member(work) -> None:
         with batcher.member():
             start.wait()
-            try:
-                abort = aborts[i] if aborts else None
-                models[i].eval(prompts[i], logits="none", abort=abort)
-                results[i] = _continue(models[i], n)
-            except Exception as exc:  # the test reads it
-                results[i] = exc
+            work()
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(models))]
+    threads = [threading.Thread(target=member, args=(work,)) for work in works]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
+        t.join(120)
     assert not any(t.is_alive() for t in threads), "a member waited forever"
-    for model in models:
-        model.attach(None)
+    for s in seqs:
+        s.attach(None)
     batcher.close()
-    return results
 
 
 def _continue(model: Model, n: int) -> list[int]:
@@ -234,30 +245,18 @@ def test_a_stream_decoding_beside_a_prompt_sees_the_prompt_chunk_that_shares_its
         for s in seqs:
             s.attach(batcher)
         seen: list[tuple[int, int, int]] = []
-        start = threading.Barrier(2)
 
         def read() -> None:
-            with batcher.member():
-                start.wait()
-                seqs[0].eval(long, logits="last")
+            seqs[0].eval(long, logits="last")
 
         def stream() -> None:
-            with batcher.member():
-                start.wait()
-                seqs[1].eval(mine, logits="last")
-                seqs[1].prompt_read = len(mine)  # as a generation that read its prompt says
-                for _ in range(3):
-                    seqs[1].eval([5], logits="last")
-                    seen.append(seqs[1].beside)
+            seqs[1].eval(mine, logits="last")
+            seqs[1].prompt_read = len(mine)  # as a generation that read its prompt says
+            for _ in range(3):
+                seqs[1].eval([5], logits="last")
+                seen.append(seqs[1].beside)
 
-        threads = [threading.Thread(target=f) for f in (read, stream)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        for s in seqs:
-            s.attach(None)
-        batcher.close()
+        _members(batcher, seqs, read, stream)
         # one token of its own and the prompt's part of the step, which gives no token: at most what fills the
         # step, or the chunk, or as many tokens as the stream read of its own prompt where that is more
         most = 63 if chunk is None else min(63, max(chunk, own))
@@ -284,39 +283,27 @@ def test_a_prompt_that_takes_longer_to_read_than_a_short_reply_has_left_waits_fo
             s.attach(batcher)
         seen: list[tuple[int, int, int]] = []
         got: list[list[int]] = [[], []]
-        start = threading.Barrier(2)
 
         def read() -> None:
-            with batcher.member():
-                start.wait()
-                seqs[0].reading_end = len(long)  # as a generation reading its prompt says
-                seqs[0].eval(long, logits="none")
-                seqs[0].reading_end = None
-                got[0] = _continue(seqs[0], 4)
+            seqs[0].reading_end = len(long)  # as a generation reading its prompt says
+            seqs[0].eval(long, logits="none")
+            seqs[0].reading_end = None
+            got[0] = _continue(seqs[0], 4)
 
         def stream() -> None:
-            with batcher.member():
-                start.wait()
-                seqs[1].steps_left = left  # as a generation that expects its reply to end says
-                seqs[1].eval(mine, logits="none")
-                last = int(seqs[1].tokens[-1])  # as _continue, each step's neighbours seen
-                seqs[1].truncate(seqs[1].n_past - 1)
-                for _ in range(4):
-                    row = seqs[1].eval([last], logits="last")[0]
-                    seen.append(seqs[1].beside)
-                    last = int(np.argmax(row))
-                    got[1].append(last)
-                del got[1][3:]
-                seqs[1].steps_left = None
+            seqs[1].steps_left = left  # as a generation that expects its reply to end says
+            seqs[1].eval(mine, logits="none")
+            last = int(seqs[1].tokens[-1])  # as _continue, each step's neighbours seen
+            seqs[1].truncate(seqs[1].n_past - 1)
+            for _ in range(4):
+                row = seqs[1].eval([last], logits="last")[0]
+                seen.append(seqs[1].beside)
+                last = int(np.argmax(row))
+                got[1].append(last)
+            del got[1][3:]
+            seqs[1].steps_left = None
 
-        threads = [threading.Thread(target=f) for f in (read, stream)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        for s in seqs:
-            s.attach(None)
-        batcher.close()
+        _members(batcher, seqs, read, stream)
         assert got == expected
         # its steps held none of the long prompt (being read all along), or chunks of it
         assert all(tokens == 0 for tokens, *_ in seen) == held, seen
@@ -335,32 +322,20 @@ def test_a_held_prompt_waits_no_longer_than_its_reading_would_have_kept_the_othe
             s.attach(batcher)
         seen: list[int] = []
         read = threading.Event()
-        start = threading.Barrier(2)
 
         def reader() -> None:
-            with batcher.member():
-                start.wait()
-                seqs[0].reading_end = len(long)
-                seqs[0].eval(long, logits="none")
-                read.set()
+            seqs[0].reading_end = len(long)
+            seqs[0].eval(long, logits="none")
+            read.set()
 
         def stream() -> None:
-            with batcher.member():
-                start.wait()
-                seqs[1].steps_left = 3
-                seqs[1].eval(mine, logits="none")
-                while not read.is_set() and len(seen) < 3000:
-                    seqs[1].eval([5], logits="last")
-                    seen.append(seqs[1].beside[0])
+            seqs[1].steps_left = 3
+            seqs[1].eval(mine, logits="none")
+            while not read.is_set() and len(seen) < 3000:
+                seqs[1].eval([5], logits="last")
+                seen.append(seqs[1].beside[0])
 
-        threads = [threading.Thread(target=f) for f in (reader, stream)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        for s in seqs:
-            s.attach(None)
-        batcher.close()
+        _members(batcher, seqs, reader, stream)
         assert read.is_set() and seqs[0].n_past == len(long), len(seen)
         assert seen[0] == 0 and any(seen), seen[:20]  # held at first, read beside the stream in the end
         # its waits in all, across its calls of 64 tokens: its reading's cost, give or take a step
