@@ -328,12 +328,11 @@ def _steps_seen(monkeypatch, longer: int) -> list[tuple[bool, bool, int]]:
     seen: list[tuple[bool, bool, int]] = []
     decode_group = batching.StepBatcher._decode_group
 
-    def watched(self, group, shortest):
-        stream = any(batching._is_stream(call) for call in group)
+    def watched(self, group, streams, base, shortest):
         long = [call for call in group if (call.model.reading_end or 0) > longer]
         before = sum(call.done for call in long)
-        held = decode_group(self, group, shortest)
-        seen.append((stream, bool(long), sum(call.done for call in long) - before))
+        held = decode_group(self, group, streams, base, shortest)
+        seen.append((any(streams), bool(long), sum(call.done for call in long) - before))
         return held
 
     monkeypatch.setattr(batching.StepBatcher, "_decode_group", watched)

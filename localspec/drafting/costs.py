@@ -78,8 +78,7 @@ class CostProfile:
         v = list(itertools.accumulate(self.verify, max))
         if n <= len(v):
             return float(v[max(n, 1) - 1])
-        slope = (v[-1] - v[0]) / (len(v) - 1) if len(v) > 1 else v[0]
-        return float(v[-1] + (n - len(v)) * slope)
+        return float(v[-1] + (n - len(v)) * _mean_slope(v))
 
     def step_seconds(self, tokens: int, sequences: int) -> float:
         """Seconds for one decode of ``tokens`` tokens from ``sequences`` sequences: verify(tokens), times what
@@ -308,13 +307,18 @@ STREAM_STEP_BUDGET = 32
 MIN_PROMPT_CHUNK = 32
 
 
+def _mean_slope(v: list[float]) -> float:
+    """The seconds a token adds along the whole verification curve ``v`` (its first step's, for one point)."""
+    return (v[-1] - v[0]) / (len(v) - 1) if len(v) > 1 else v[0]
+
+
 def prompt_chunk(profile: CostProfile, budget: float = STREAM_STEP_BUDGET) -> int:
     """The most prompt tokens to read in a step that also decodes other generations' tokens: as many as
     verifying costs within ``budget`` single steps (the curve's mean slope continued past its end). On a CPU,
     where cost grows with every token, a few dozen, so a stream beside a long prompt keeps going and a short
     request starts within a step; on a GPU's flat curve, thousands (a context's whole batch)."""
     v = profile.verify
-    slope = (v[-1] - v[0]) / (len(v) - 1) if len(v) > 1 else v[0]  # the whole curve's: the last step is noisy
+    slope = _mean_slope(v)  # the whole curve's: the last step is noisy
     if slope <= 0:
         return 1 << 20
     return max(MIN_PROMPT_CHUNK, len(v) + int((budget * v[0] - v[-1]) / slope))

@@ -257,35 +257,40 @@ class StepBatcher:
         by_context: dict[int, list[_Call]] = {}
         for call in sorted((c for c in calls if not c.finished), key=lambda c: c.m - c.done):
             by_context.setdefault(id(call.model._ctx), []).append(call)
+        # per context: its calls, which of them are streams, and the streams' tokens
+        groups = []
+        for group in by_context.values():
+            streams = [_is_stream(call) for call in group]
+            groups.append((group, streams, sum(c.m - c.done for c, s in zip(group, streams, strict=True) if s)))
         # a step waits for all its contexts' decodes: a prompt is weighed against every generation decoding in
         # it, on any context (a lane drafting with a draft model has its calls there, and so has a draft model
         # reading a prompt after its target)
-        shortest = min((self._left(call, group) for group in by_context.values() for call in group
-                        if _is_stream(call) or call.model.reading_end is None), default=float("inf"))
+        shortest = min((self._left(call, base) for group, streams, base in groups
+                        for call, stream in zip(group, streams, strict=True)
+                        if stream or call.model.reading_end is None), default=float("inf"))
         t0, held = time.perf_counter(), []
-        for group in by_context.values():
-            held += self._decode_group(group, shortest)
+        for group, streams, base in groups:
+            held += self._decode_group(group, streams, base, shortest)
         for call in held:  # a reading's waits count across its calls (one per n_batch tokens)
             call.model.reading_waited += time.perf_counter() - t0
         self._calls = [c for c in self._calls if not c.finished]
 
-    def _decode_group(self, group: list[_Call], shortest: float) -> list[_Call]:
-        """One llama.cpp decode of as much of ``group``'s calls (on one context) as its ``n_batch`` takes; where
-        the cells have no room for all of them, each alone, so that only a call that does not fit fails. The
-        calls held back for shorter requests (``shortest``: the least time a generation decoding in the step
-        has left)."""
+    def _decode_group(self, group: list[_Call], streams: list[bool], base: int, shortest: float) -> list[_Call]:
+        """One llama.cpp decode of as much of ``group``'s calls (on one context; ``streams``: which of them are
+        streams, ``base``: their tokens) as its ``n_batch`` takes; where the cells have no room for all of them,
+        each alone, so that only a call that does not fit fails. The calls held back for shorter requests
+        (``shortest``: the least time a generation decoding in the step has left)."""
         first = group[0].model
         capacity = self._batch(first)[1]
         taken: list[tuple[_Call, int]] = []  # a call, and how many of its tokens go in this step
         n = 0
-        streams = [_is_stream(call) for call in group]
         # beside streams, the prompts take no more than stream_chunk tokens in all, or as many as each stream
         # read of its own prompt: a request waits per step at most about what reading its prompt took, so a
         # short one beside a long prompt keeps going, and requests of like prompts sent together are read in
         # a few large steps, at the batch's rate, not in many small ones
         read = [call.model.prompt_read for call, stream in zip(group, streams, strict=True) if stream]
         reading = max(self.stream_chunk, min(read)) if self.stream_chunk and read else capacity
-        held = self._held(group, streams, shortest)
+        held = self._held(group, streams, base, shortest)
         quiet: Optional[int] = None  # what the held ones share: set once the others have their tokens
         for i in sorted(range(len(group)), key=lambda i: i in held):  # the held ones take what room is left
             call, stream = group[i], streams[i]
@@ -307,16 +312,16 @@ class StepBatcher:
                 self._decode(first, [part], last_try=True)
         return [group[i] for i in held]
 
-    def _left(self, call: _Call, group: list[_Call]) -> float:
+    def _left(self, call: _Call, base: int) -> float:
         """The seconds ``call``'s generation still expects to keep the steps: its ``steps_left`` at the cost of a
-        step of its context's streams (no end without an estimate, or without the costs, or for a call of no
-        generation)."""
+        step of its context's streams (``base`` tokens; no end without an estimate, or without the costs, or for
+        a call of no generation)."""
         cost, steps = self.step_cost, call.model.steps_left
         if cost is None or steps is None:
             return float("inf")
-        return steps * cost(max(1, sum(c.m - c.done for c in group if _is_stream(c))))
+        return steps * cost(max(1, base))
 
-    def _held(self, group: list[_Call], streams: list[bool], shortest: float) -> set[int]:
+    def _held(self, group: list[_Call], streams: list[bool], base: int, shortest: float) -> set[int]:
         """The prompts being read (their indices in ``group``) that wait for a shorter request.
 
         Reading a prompt keeps every request decoding beside it waiting about as long as the reading takes;
@@ -331,7 +336,6 @@ class StepBatcher:
         cost = self.step_cost
         if cost is None:
             return set()
-        base = sum(call.m - call.done for call, stream in zip(group, streams, strict=True) if stream)
         step = cost(max(1, base))
         reads: dict[int, float] = {}  # what reading the rest of each prompt costs the step, in seconds
         owns: dict[int, float] = {}  # and what its request has left to do: that reading, then its reply
