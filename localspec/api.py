@@ -44,11 +44,6 @@ from .runtime.vocabulary import common_prefix as prefix_length
 from .sampling.processors import Processing
 from .structured.tool_use import ToolUse, may_call, offered, tool_use
 
-#: The cells a generation on a lane makes sure of for its reply, besides its prompt, by emptying idle lanes
-#: (``Lanes.make_room``): the replies agents wait for are short, and asking for the most a request may
-#: generate would empty every idle lane each time.
-ROOM_TO_REPLY = 1024
-
 
 def notice_to_stderr(message: str) -> None:
     """Where a pair's one-line notices go by default."""
@@ -469,7 +464,7 @@ class Pair:
     def _start(self, prompt_tokens: list[int], prompt_text: Optional[str], opts: GenerationOptions,
                calls: Optional[frozenset[str]] = None, boundaries: Sequence[int] = ()) -> Stream:
         check_prompt(self.target, len(prompt_tokens))  # before any work, calibration included
-        self.lanes.ready(self.target, prompt_tokens, min(opts.max_tokens, ROOM_TO_REPLY))
+        self.lanes.ready(self.target, prompt_tokens, opts.max_tokens)
         processing = Processing.from_options(opts, self.target.n_vocab)
         self.choose_threads()  # once per machine (cached); plain decoding runs at the fastest count too
         method, k = get_method(opts.method), opts.draft_length(self.draft_k)

@@ -2,18 +2,23 @@
 
 A pair loaded with ``parallel=N`` holds N sequences in each model's context (one unified cache). Lane 0 is the
 pair itself; lane i is the same pair over sequence i of each model. ``generate_many`` runs one generation per
-lane, each in its own thread, each exactly as it would run alone (its own drafter, acceptance, cut-backs and
-prompt-cache restores), while a ``StepBatcher`` gathers their decode calls into one llama.cpp decode per model
+lane, each exactly as it would run alone (its own drafter, acceptance, cut-backs and prompt-cache restores),
+as members of one ``StepBatcher``, the loop that gathers their decode calls into one llama.cpp decode per model
 and step. The pair's prompt cache, history, cost correction and measured costs are shared by its lanes.
+
+The lanes share the context's cells. A generation starts when what it needs (its prompt, less what it shares,
+and room for its reply: its max_tokens, or a typical reply where it set none) fits beside what the running
+ones claim; until then it waits (``room_waits``). One that still runs out of cells is set aside by the loop
+and brought back when room comes, so a request that fits alone never fails for the others.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
+import statistics
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections import deque
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -21,14 +26,21 @@ import numpy as np
 from .drafting.assembly import Assembly
 from .drafting.costs import prompt_chunk
 from .drafting.mtp_head import extension
-from .errors import ConfigError, GenerationCancelled, InterleavedGenerationError
+from .errors import ConfigError, InterleavedGenerationError
 from .methods import get_method
 from .options import GenerationOptions
-from .runtime.batching import StepBatcher, uninterrupted
+from .runtime.batching import Member, StepBatcher, uninterrupted
 from .runtime.vocabulary import common_prefix as prefix_length
 
 #: The fewest tokens more than its own that a lane takes from another's cells (below, reading them costs little).
 MIN_SHARED = 32
+
+#: The reply a generation that set no max_tokens is counted to need, until the lanes have seen replies end:
+#: the replies agents wait for are short, and counting the most a request may generate would run one at a time.
+TYPICAL_REPLY = 1024
+
+#: How many of the latest replies' lengths give the typical reply (their median).
+REPLIES_KEPT = 64
 
 #: What ``generate_many`` takes for each generation: a raw prompt (text or token ids) or a conversation.
 Prompt = Union[str, Sequence[int], Sequence[Mapping[str, Any]]]
@@ -51,10 +63,16 @@ class Lanes:
         self._seqs: list[tuple[Any, Any, Assembly]] = []  # sequences 1..: the target's, the draft's, their assembly
         self._cond = threading.Condition()
         self._idle = {seq: 0.0 for seq in range(self.width)}  # lanes no generation holds: when each was released
-        self._holders: dict[int, int] = {}  # the lanes generations hold: the thread that holds each
+        self._holders: dict[int, Any] = {}  # the lanes generations hold: who holds each (see ``_who``)
         self._reading: dict[int, np.ndarray] = {}  # held lanes: the prompt each is reading (see ``share``)
         self._cancelled: dict[int, threading.Event] = {}  # held lanes: set when their generation's client left
+        self._notices: dict[int, Callable[[str, int], None]] = {}  # held lanes: told when their generation waits
+        self._admitted: set[int] = set()  # held lanes whose generation has its room (see ``_await_room``)
+        self._replies: deque[int] = deque(maxlen=REPLIES_KEPT)  # the lengths of the latest replies
+        self._batcher: Optional[StepBatcher] = None  # the loop the lanes decode on, once attached
         self._active = False  # a generate_many or generate_each is under way
+        #: Generations that waited for room in the shared cells before they began.
+        self.room_waits = 0
 
     @property
     def width(self) -> int:
@@ -79,20 +97,39 @@ class Lanes:
         lane.choose_threads, lane.calibrate = pair.choose_threads, pair.calibrate
         return lane
 
-    def acquire(self, cancelled: Optional[threading.Event] = None) -> int:
-        """A lane no generation holds, held until ``release``; waits for one. An empty one first, so that what
-        the others hold stays for a prompt that shares it (see ``share``), then the one released longest ago.
-        Once ``cancelled`` is set (its client left), the lane's generation waits for no other's prompt."""
+    def acquire(self, cancelled: Optional[threading.Event] = None,
+                notice: Optional[Callable[[str, int], None]] = None) -> int:
+        """A lane no generation holds, held until ``release``. An empty one first, so that what the others hold
+        stays for a prompt that shares it (see ``share``), then the one released longest ago. Once ``cancelled``
+        is set (its client left), the lane's generation waits for nothing more; ``notice`` is told, in a
+        sentence and with the prompt's length, when it waits for room.
+
+        Raises:
+            RuntimeError: every lane is held (a caller starts at most ``width`` generations at once).
+        """
         with self._cond:
-            while not self._idle:
-                self._cond.wait()
+            if not self._idle:
+                raise RuntimeError("Every lane is held; start a generation only when one is free.")
             targets = self._models()[0]
             seq = min(self._idle, key=lambda s: (targets[s] is not None and targets[s].n_past > 0, self._idle[s]))
             del self._idle[seq]
-            self._holders[seq] = threading.get_ident()
+            self._holders[seq] = self._who()
             if cancelled is not None:
                 self._cancelled[seq] = cancelled
+            if notice is not None:
+                self._notices[seq] = notice
             return seq
+
+    def _who(self) -> Any:
+        """Who is calling: the loop's member that runs now, else the thread."""
+        batcher = self._batcher
+        member = batcher.current if batcher is not None else None
+        return member if member is not None else threading.get_ident()
+
+    @property
+    def free(self) -> int:
+        """Lanes no generation holds."""
+        return len(self._idle)
 
     def release(self, seq: int) -> None:
         """Lane ``seq`` is free again; what its sequences hold stays until another lane needs the cells."""
@@ -101,7 +138,31 @@ class Lanes:
             self._holders.pop(seq, None)
             self._reading.pop(seq, None)
             self._cancelled.pop(seq, None)
-            self._cond.notify_all()  # a lane waiting to share its prompt waits no more (see ``_await_reader``)
+            self._notices.pop(seq, None)
+            self._admitted.discard(seq)
+            target = self._models()[0][seq]
+            if target is not None and target.last_reply is not None:
+                self._replies.append(target.last_reply)
+                target.last_reply = None
+
+    def typical_reply(self) -> int:
+        """The reply a generation that set no max_tokens is counted to need: the median of the latest replies
+        (``TYPICAL_REPLY`` before any ended)."""
+        return int(statistics.median(self._replies)) if self._replies else TYPICAL_REPLY
+
+    def free_idle(self, model: Any) -> bool:
+        """``StepBatcher.room``: empty the sequence of ``model``'s context of the idle lane released longest ago
+        that holds cells there; whether there was one. Its last state is in the prompt cache, if the pair has
+        one."""
+        with self._cond:
+            for models in self._models():
+                if models[0]._ctx is not model._ctx:
+                    continue
+                for other in sorted(self._idle, key=self._idle.__getitem__):
+                    if models[other] is not None and models[other].n_past:
+                        models[other].reset()
+                        return True
+        return False
 
     def make_room(self, seq: int, need: int) -> None:
         """Before lane ``seq`` reads a prompt: empty idle lanes' sequences, the one released longest ago first,
@@ -120,25 +181,73 @@ class Lanes:
                         held -= models[other].n_past
                         models[other].reset()
 
-    def ready(self, target: Any, prompt: Sequence[int], reply: int) -> None:
+    def ready(self, target: Any, prompt: Sequence[int], max_tokens: int) -> None:
         """Before a generation on ``target`` (one of the lanes' target sequences) reads ``prompt``: the longest
         prefix of it another lane holds, shared (see ``share``; where a lane that is reading a prompt will hold
-        more of it soon, once it does), then room for it and ``reply`` tokens (see ``make_room``), and the idle
-        lanes the prompt cache can bring back emptied (see ``empty_saved``)."""
+        more of it soon, once it does), then a wait until its cells fit beside what the running generations
+        claim (see ``_await_room``), room for it (see ``make_room``), and the idle lanes the prompt cache can
+        bring back emptied (see ``empty_saved``)."""
         if self.width == 1:
             return
         with self._cond:
-            if self._holders and self._holders.get(target.seq) != threading.get_ident():
-                self._busy_check()  # a generation on a lane this thread does not hold, beside the lanes' own
+            if self._holders and self._holders.get(target.seq) != self._who():
+                self._busy_check()  # a generation on a lane this caller does not hold, beside the lanes' own
         wanted = np.asarray(prompt[:-1], dtype=np.int32)
         if not self._await_reader(target, wanted):  # its client left while it waited: it will read nothing
             return
         self.share(target, wanted)
+        reply = self._reply_room(target, len(prompt), max_tokens)
+        self._await_room(target, len(prompt), reply)
         self.empty_saved(target.seq)  # first: what the prompt cache brings back leaves before what it cannot
         # room for the whole prompt, the shared part too: the prompt cache may still put a longer state in its
         # place, which takes its cells while it loads (lanes that share cells are each counted whole, so this
-        # errs toward emptying one idle lane more)
-        self.make_room(target.seq, len(prompt) + reply)
+        # errs toward emptying one idle lane more); for the reply, no more than a typical one's (the loop
+        # frees idle lanes' cells as they are needed)
+        self.make_room(target.seq, len(prompt) + min(reply, TYPICAL_REPLY))
+
+    def _reply_room(self, target: Any, prompt: int, max_tokens: int) -> int:
+        """The cells a generation counts on for its reply: its ``max_tokens``, or a typical reply where that
+        reaches past the context's room (a request that set none)."""
+        room = target.n_ctx - prompt
+        return max_tokens if max_tokens < room else min(room, self.typical_reply())
+
+    def _claimed(self, seq: int) -> int:
+        """What the generations admitted on lanes other than ``seq`` claim of the target's cells: what each holds
+        and the tokens it may still add (a typical reply's worth where it set no max_tokens)."""
+        targets = self._models()[0]
+        claimed = 0
+        for other in self._admitted:
+            t = targets[other]
+            if other != seq and t is not None:
+                claimed += t.n_past + (t.cells_left if t.cells_left is not None else self.typical_reply())
+        return claimed
+
+    def _await_room(self, target: Any, prompt: int, reply: int) -> None:
+        """Wait until the cells ``target``'s generation needs (its prompt, less what it already holds, and
+        ``reply``) fit beside what the others claim, and no generation is set aside (those come back first);
+        then it counts as admitted. It goes on at once when it is the only one, when its client has left, or
+        when nothing else could go on."""
+        seq, batcher = target.seq, self._batcher
+        need = max(0, prompt - target.n_past) + target.n_past + reply
+
+        def fits() -> bool:
+            gone = self._cancelled.get(seq)
+            if gone is not None and gone.is_set():
+                return True
+            if batcher is not None and batcher.waiting_for_room:
+                return False
+            return not self._admitted - {seq} or self._claimed(seq) + min(need, target.n_ctx) <= target.n_ctx
+
+        if batcher is not None and batcher.inside() and not fits():
+            self.room_waits += 1
+            notice = self._notices.get(seq)
+            if notice is not None:
+                notice(f"waiting for room: the running requests claim {self._claimed(seq)} of the "
+                       f"{target.n_ctx} cells the context holds, and this one needs {need}", prompt)
+            batcher.pause(fits)
+        with self._cond:
+            if seq in self._holders:
+                self._admitted.add(seq)
 
     def empty_saved(self, seq: int) -> None:
         """Before lane ``seq`` reads a prompt: empty the idle lanes' sequences whose contents the pair's prompt
@@ -176,11 +285,30 @@ class Lanes:
 
     def lend(self, model: Any, wanted: np.ndarray) -> None:
         """``Model.borrow`` for the lanes' sequences: ``share`` for one of them, as it reads (a draft model's
-        sequence reads its prompt after the target's)."""
-        with self._cond:
-            for models in self._models():
-                if models[model.seq] is model:
+        sequence reads its prompt after the target's). Where another lane's sequence of the same model is
+        reading a prompt that shares more of ``wanted`` (sub-agents' drafts start reading in one step), it
+        waits for that reading to end first, so the shared part is read once."""
+        for models in self._models():
+            if models[model.seq] is model:
+                self._await_lender(models, model, wanted)
+                with self._cond:
                     self._share_into(models, model.seq, wanted)
+
+    def _await_lender(self, models: list[Any], mine: Any, wanted: np.ndarray) -> None:
+        """Pause ``mine`` (one model's sequence; ``models``: that model's by lane) while a sequence of another
+        lane is in a decode call (``Model.decoding``) and will hold at least ``MIN_SHARED`` more of ``wanted``
+        than ``mine`` can borrow now, its lane reading a prompt that begins so."""
+        batcher = self._batcher
+        if batcher is None or not batcher.inside() or not mine.cuts_after_load:
+            return
+        with self._cond:
+            now = max(int(mine.common_prefix(wanted)),
+                      *(self._lendable(models[s], s, mine, wanted) for s in range(self.width)))
+            lenders = [models[s] for s, reading in self._reading.items()
+                       if s != mine.seq and models[s] is not None and models[s].keeps_hidden == mine.keeps_hidden
+                       and prefix_length(reading, wanted) >= now + MIN_SHARED]
+        if lenders:
+            batcher.pause(lambda: not any(m.decoding for m in lenders))
 
     def _share_into(self, models: list[Any], seq: int, wanted: np.ndarray) -> None:
         """``share`` for lane ``seq``'s sequence of one model (``models``: that model's by lane)."""
@@ -212,7 +340,8 @@ class Lanes:
         instead of this lane reading the same tokens beside it. Waits outside the lanes' steps. False once this
         lane's client has left (see ``acquire``)."""
         gone = self._cancelled.get(target.seq)
-        if not target.cuts_after_load:
+        batcher = self._batcher
+        if not target.cuts_after_load or batcher is None or not batcher.inside():
             return not (gone and gone.is_set())
         targets = self._models()[0]
         with self._cond:
@@ -224,12 +353,14 @@ class Lanes:
                     n = prefix_length(reading, wanted)
                     if n > most:
                         source, most, theirs = seq, n, reading
-            # until it holds that much, or reads something else (its generation ended), or could not lend it,
-            # or this lane's client left
-            while source is not None and self._reading.get(source) is theirs and \
-                    targets[source].keeps_hidden == target.keeps_hidden and not (gone and gone.is_set()) and \
-                    self._lendable(targets[source], source, target, wanted) < most:
-                self._cond.wait(0.005)  # its reads are not announced: look again soon (a short prompt takes ms)
+
+        def done() -> bool:  # it holds that much, or reads something else (its generation ended), or could not
+            # lend it, or this lane's client left
+            return source is None or self._reading.get(source) is not theirs or \
+                targets[source].keeps_hidden != target.keeps_hidden or bool(gone and gone.is_set()) or \
+                self._lendable(targets[source], source, target, wanted) >= most
+
+        batcher.pause(done)  # looked at between the loop's steps
         return not (gone and gone.is_set())
 
     def _models(self) -> list[list[Any]]:
@@ -244,9 +375,11 @@ class Lanes:
         Where the pair's costs are known, a prompt beside decoding lanes is read in chunks sized from them (see
         ``costs.prompt_chunk``), or after a shorter request, as they weigh the two (``StepBatcher.step_cost``)."""
         profile = self.pair.cost_profile
+        self._batcher = batcher
         if batcher is not None:
             batcher.stream_chunk = None if profile is None else prompt_chunk(profile)
             batcher.step_cost = None if profile is None else profile.reading_seconds
+            batcher.room = self.free_idle
         self.lane(self.width - 1)  # every sequence opened
         if batcher is not None and self.pair.target.n_nextn:
             self._keep_hidden()
@@ -325,6 +458,8 @@ class Lanes:
         batcher = StepBatcher()
         self.attach(batcher)
         running: dict[int, Any] = {}  # the streams under way, by prompt: cancelled if the caller stops early
+        waiting = deque(range(len(items)))  # the prompts not started, in order
+        members: dict[int, Member] = {}  # the ones started and not yet handed to the caller
         stop = threading.Event()
 
         def started(i: int, stream: Any) -> None:
@@ -333,25 +468,30 @@ class Lanes:
                 stream.cancel()
 
         def run(i: int) -> Any:
-            if stop.is_set():
-                return GenerationCancelled(f"Prompt {i} was not started: the caller stopped.")
-            seq = self.acquire()  # one of ``width`` workers: a lane is always free
+            seq = self.acquire()  # started only while a lane is free
             try:
-                return self._one(self.lane(seq), items[i], opts[i], batcher, lambda s: started(i, s))
+                return self._one(self.lane(seq), items[i], opts[i], lambda s: started(i, s))
             finally:
                 running.pop(i, None)
                 self.release(seq)
 
-        pool = ThreadPoolExecutor(width, thread_name_prefix="localspec-lane")
         try:
-            futures = {pool.submit(run, i): i for i in range(len(items))}
-            for f in as_completed(futures):
-                yield futures[f], f.exception() or f.result()
+            while waiting or members:
+                while waiting and len(members) < width:  # a lane for each, as one ends
+                    i = waiting.popleft()
+                    members[i] = batcher.spawn(run, i)
+                batcher.drive(until=lambda: any(m.done for m in members.values()))
+                for i in [i for i, m in members.items() if m.done]:
+                    member = members.pop(i)
+                    if member.error is not None:  # not the generation's own (it comes back as its value)
+                        raise member.error
+                    yield i, member.value
         finally:  # also when the caller stopped early (Ctrl-C, a break): what runs is cancelled, the rest not started
+            waiting.clear()
             stop.set()
             for stream in list(running.values()):
                 stream.cancel()
-            uninterrupted(pool.shutdown)  # every lane's thread done before the lanes decode alone again
+            uninterrupted(batcher.drive)  # every member done before the lanes decode alone again
             self.attach(None)
             batcher.close()
             with self._cond:
@@ -369,15 +509,13 @@ class Lanes:
             _ = pair.history
 
     @staticmethod
-    def _one(lane: Any, item: Prompt, opts: GenerationOptions, batcher: Optional[StepBatcher] = None,
+    def _one(lane: Any, item: Prompt, opts: GenerationOptions,
              started: Optional[Callable[[Any], None]] = None) -> Any:
-        """``item``'s result on ``lane``, or its exception: set up alone, decoded as a member of ``batcher`` (its
-        setup holds none of the other lanes' steps back); ``started`` is given its stream first."""
+        """``item``'s result on ``lane``, or its exception; ``started`` is given its stream first."""
         try:
             stream = lane.stream_chat(item, opts) if is_conversation(item) else lane.stream(item, opts)
             if started is not None:
                 started(stream)
-            with batcher.member() if batcher is not None else contextlib.nullcontext():
-                return stream.finish()
+            return stream.finish()
         except Exception as exc:
             return exc  # in its place: the caller decides whether to raise it

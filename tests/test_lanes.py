@@ -208,23 +208,30 @@ def test_a_lane_waiting_for_another_s_prompt_stops_waiting_when_its_client_leave
     with _sub_agent_lanes(together) as (lanes, _, mine, theirs):
         reader = lanes.acquire()
         lanes.share(lanes.lane(reader).target, theirs[:-1])  # it reads: never, here
-        gone, ready = threading.Event(), threading.Event()
+        gone = threading.Event()
+        steps: list[int] = []  # how many steps had come when the newcomer was ready
 
         def newcomer() -> None:
             seq = lanes.acquire(gone)
             lanes.ready(lanes.lane(seq).target, mine, 8)  # waits for the reader's cells
-            ready.set()
+            steps.append(batcher.steps)
             lanes.release(seq)
 
-        thread = threading.Thread(target=newcomer)
-        try:
-            thread.start()
-            assert not ready.wait(0.3)  # it waits for the prefix the other lane is reading
-            gone.set()  # its client left
-            assert ready.wait(5)
-        finally:
-            thread.join(10)
-            lanes.release(reader)
+        def other() -> None:  # the loop steps on: a lane decoding beside them, whose client leaves after 20 steps
+            draft = lanes.lane(reader).draft
+            draft.eval([5, 6, 7], logits="none")
+            for _ in range(40):
+                if batcher.steps >= 20:
+                    gone.set()
+                draft.eval([5], logits="last")
+
+        batcher = lanes._batcher
+        members = [batcher.spawn(newcomer), batcher.spawn(other)]
+        batcher.drive()
+        for m in members:
+            m.result()
+        assert gone.is_set() and steps and steps[0] >= 20  # it waited for the prefix until its client left
+        lanes.release(reader)
 
 
 def test_results_come_as_they_finish_and_leaving_early_cancels_the_rest(pairs):

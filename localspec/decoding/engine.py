@@ -148,7 +148,7 @@ class Generation:
         stats.prompt_tokens = self._n = len(self._prompt)
         self._context[:self._n] = self._prompt
         target.widest_batch = 1  # read at the end (``_settle``)
-        self._expect(self._steps_left())  # its decoding, after the prompt (see ``StepBatcher``)
+        self._expect()  # its decoding, after the prompt (see ``StepBatcher``)
         start = self._counters()  # rewinds count from here; llama.cpp's time from the first round
         try:
             first = self._prefill()
@@ -174,30 +174,38 @@ class Generation:
                     start = self._catch_up(start, self._context[:self._n])  # a reading put off until it pays
                 if self._cancel.is_set():  # cancelled while the drafter read the prompt
                     return "interrupted"
-                self._expect(self._steps_left())
+                self._expect()
                 pending, rows = self._round(k)
         finally:
-            self._expect(None)
+            self._expect(ended=True)
             self._settle(start)
 
-    def _steps_left(self) -> Optional[int]:
-        """The rounds this generation still expects, at the tokens per round it has had so far, if no end token
-        comes before max_tokens: how long it keeps a step of several sequences. None where max_tokens reaches
-        past the context's room (a request that set none): its length is not known."""
-        stats = self.stats
-        left = self.plan.max_tokens - stats.generated_tokens
-        if left >= self.target.n_ctx - self._n:
+    def _tokens_left(self) -> Optional[int]:
+        """The tokens this generation may still add if no end token comes before max_tokens; None where
+        max_tokens reaches past the context's room (a request that set none): its length is not known."""
+        left = self.plan.max_tokens - self.stats.generated_tokens
+        return None if left >= self.target.n_ctx - self._n else left
+
+    def _steps_left(self, left: Optional[int]) -> Optional[int]:
+        """The rounds this generation still expects for ``left`` tokens, at the tokens per round it has had so
+        far: how long it keeps a step of several sequences (None: not known)."""
+        if left is None:
             return None
+        stats = self.stats
         # every token but the first (the prompt's) came from a round
         per_round = max(1.0, (stats.generated_tokens - 1) / stats.rounds) if stats.rounds else 1.0
         return max(1, math.ceil(left / per_round))
 
-    def _expect(self, steps: Optional[int]) -> None:
-        """Say ``steps`` on every model of this generation (the drafter's too: its steps are the same rounds'),
-        or None once it ends."""
+    def _expect(self, ended: bool = False) -> None:
+        """Say on every model of this generation (the drafter's too: its steps are the same rounds') how many
+        steps and tokens it still expects (see ``StepBatcher`` and ``Lanes``), or that it has ended."""
+        left = None if ended else self._tokens_left()
+        steps = self._steps_left(left)
         for m in self._models():
             if isinstance(m, Model):
-                m.steps_left = steps
+                m.steps_left, m.cells_left = steps, left
+        if ended:
+            self.target.last_reply = self.stats.generated_tokens
 
     def _counters(self) -> tuple[float, float, tuple[int, int]]:
         """llama.cpp's busy time (all models, and the target's), and the rewinds so far."""

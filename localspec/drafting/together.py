@@ -8,7 +8,6 @@ caches). It is measured where the target holds several sequences and none of the
 
 from __future__ import annotations
 
-import threading
 from typing import Callable, Optional
 
 import llama_cpp as ll
@@ -28,10 +27,10 @@ def measure_together(target: Model, most: int, reps: int = 5) -> list[float]:
     generation under way must not be disturbed). Leaves every sequence it used empty.
     """
     most = min(most, target.n_seq)
-    if most < 2 or target.seq != 0 or not _others_empty(target, most):
+    was = target._batcher  # a server's: between its requests, its loop's steps are these
+    if most < 2 or target.seq != 0 or not _others_empty(target, most) or (was is not None and was.members):
         return []
     views = [target] + [target.sequence(s) for s in range(1, most)]
-    was = target._batcher  # a server's: its lanes wait, so the steps go through it
     batcher = was or StepBatcher()
     try:
         for v in views:
@@ -75,24 +74,10 @@ def _others_empty(target: Model, most: int) -> bool:
 
 
 def _together(views: list[Model], work: Callable[[Model, bool], None]) -> None:
-    """``work(view, is_the_first)`` in a thread per view, all members of the views' batcher."""
+    """``work(view, is_the_first)`` for each view at once, as members of the views' step loop."""
     batcher: Optional[StepBatcher] = views[0]._batcher
     assert batcher is not None
-    errors: list[BaseException] = []
-    start = threading.Barrier(len(views))
-
-    def run(i: int) -> None:
-        with batcher.member():
-            start.wait()
-            try:
-                work(views[i], i == 0)
-            except BaseException as exc:  # raised below, in the caller's thread
-                errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,), name=f"localspec-together-{i}") for i in range(len(views))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        uninterrupted(t.join)  # the threads decode on the target's context: never left running
-    if errors:
-        raise errors[0]
+    members = [batcher.spawn(work, view, i == 0) for i, view in enumerate(views)]
+    uninterrupted(batcher.drive)  # the members decode on the target's context: never left running
+    for member in members:
+        member.result()

@@ -1,11 +1,13 @@
-"""Decode calls of several sequences, gathered into one llama.cpp decode per context and step.
+"""The step loop: generations decoded together, each one's code written as if it ran alone.
 
-Each generation runs in its own thread on its own sequence of a shared context (``Model.sequence``) and calls
-``eval`` as it would alone. A ``StepBatcher`` its sequences are attached to holds each decode call until every
-member thread is waiting in one, then its own thread decodes them together: one ``llama_decode`` per context
-(the target's, the draft model's), each call's tokens under its own sequence id. So N streams decode in lockstep, a step
-costing about what one sequence of their total tokens costs, and the code of a round (drafting, acceptance,
-cutting back) is the same as for one stream.
+Each generation on a sequence of a shared context (``Model.sequence``) runs as a *member* of a ``StepBatcher``:
+a greenlet (a coroutine with a stack of its own) that ``spawn`` starts. Its code calls ``eval`` as it would
+alone; a decode call on an attached sequence parks the member, and once every member is parked (in a call, a
+``pause`` or set aside) the loop (``drive``) makes one ``llama_decode`` per context (the target's, the draft
+model's) of all their tokens, each under its own sequence id, and switches back into each member with its
+rows. One thread runs it all: no lock and no thread handoff lies in the path of a step, and llama.cpp's CPU
+threads are one team. N generations decode in lockstep, a step costing about what one sequence of their total
+tokens costs, and the code of a round (drafting, acceptance, cutting back) is the same as for one stream.
 
 Short calls go first and a long one (a prompt) fills what is left of the context's ``n_batch``, across as
 many steps as it needs; beside streams that are decoding, prompts take at most ``stream_chunk`` tokens of a
@@ -14,19 +16,29 @@ back a short request for more than a small share of a step. With the costs known
 whose reading would keep the requests beside it waiting longer than the shortest of them has left waits for
 that one: a title request beside a long prompt, or the first of several sub-agents, is done before the next
 long prompt is read.
+
+When the members need more cells than the shared cache has free, an idle sequence's cells go first (``room``,
+which the pair's lanes set), then the member started last is set aside (``aside.SetAside``: its sequences
+saved to RAM and emptied) and brought back, exact, once a member ends and its state fits again. No member
+fails for want of cells that it would have had alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import signal
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, TypeVar
+from typing import Any, Callable, Iterator, Optional
 
 import llama_cpp as ll
 import numpy as np
+from greenlet import greenlet
 
+from .aside import SetAside, holds_cells
 from .process import abort_hook
 
 #: Steps of more tokens than this can be stopped inside llama.cpp (the hook costs a Python call per graph node,
@@ -37,17 +49,27 @@ ABORTABLE_STEP = 64
 #: this share of it: none beside a lone stream on a CPU, where every token costs.
 QUIET_SHARE = 0.1
 
-T = TypeVar("T")
-
 
 @dataclass(eq=False)
-class _Op:
-    """Another llama.cpp call on an attached context (a cut, a checkpoint, a state saved), and its outcome."""
+class Member:
+    """One piece of work on the loop (a generation, or anything that decodes on attached sequences): its
+    greenlet, its start order and, once ``done``, its value or error (``result``)."""
 
     fn: Callable[[], Any]
+    order: int
+    glet: Optional[greenlet] = None
     value: Any = None
     error: Optional[BaseException] = None
     done: bool = False
+    seqs: set[int] = field(default_factory=set)  # the sequence ids it decoded on (set aside together)
+    until: Optional[Callable[[], bool]] = None  # while paused: what it waits for
+    woken: bool = True  # what its ``pause`` returns once it is switched back into
+
+    def result(self) -> Any:
+        """Its value, or its error raised."""
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 @dataclass(eq=False)
@@ -57,6 +79,7 @@ class _Call:
     model: Any  # the sequence's ``Model``: its batch arrays hold the call's tokens, positions and logits flags
     m: int
     abort: Optional[threading.Event]
+    member: Optional[Member] = None  # None: a call made outside the loop's members, decoded at once
     done: int = 0  # tokens decoded so far (a long call takes several steps)
     rows: list[np.ndarray] = field(default_factory=list)
     rc: int = 0
@@ -72,8 +95,8 @@ class _Call:
 
 
 def uninterrupted(wait: Callable[[], Any]) -> None:
-    """``wait()`` to its end even if Ctrl-C interrupts it, the interrupt raised afterwards: threads decoding on a
-    context must be waited for before it is detached or freed."""
+    """``wait()`` to its end even if Ctrl-C interrupts it, the interrupt raised afterwards: generations decoding
+    on a context must be finished before it is detached or freed."""
     interrupted: Optional[BaseException] = None
     while True:
         try:
@@ -91,27 +114,32 @@ def _is_stream(call: _Call) -> bool:
     return bool(call.model._b_logits[call.done:call.m].all())
 
 
-class _All:
-    """An event that is set when all of ``events`` are (what ``abort_hook`` asks)."""
+class _Stop:
+    """What ``abort_hook`` asks during a long step: stop once every call in it is cancelled; Ctrl-C cancels them
+    all (each generation then ends as cancelled)."""
 
-    def __init__(self, events: list[Optional[threading.Event]]):
-        self.events = events
+    def __init__(self, events: list[threading.Event], batcher: StepBatcher):
+        self.events, self.batcher = events, batcher
 
     def is_set(self) -> bool:
-        return all(e is not None and e.is_set() for e in self.events)
+        if self.batcher._interrupted:
+            for e in self.events:
+                e.set()
+        return all(e.is_set() for e in self.events)
 
 
 class StepBatcher:
-    """Gathers the decode calls of the sequences attached to it (``Model.attach``) into joint decodes.
+    """The loop that runs generations on the sequences attached to it (``Model.attach``) and gathers their decode
+    calls into joint decodes.
 
-    A thread takes part with ``with batcher.member():``; while it is a member, its sequences' decode calls wait
-    until every member is waiting in one (or has left), and then go together. A thread that is not a member
-    takes part for the length of its call. Every thread that uses an attached sequence's context must take
-    part: a joint decode runs only while all of them wait, so no two touch a context at once.
+    ``spawn`` adds a member; ``drive`` runs the members, from the thread that calls it, until a condition holds
+    or none is left. A decode call made outside the members (before the loop starts, or between its runs)
+    decodes at once, alone. Everything that touches an attached context runs on the thread that drives.
 
     Attributes:
         steps: joint decodes made.
         widest: the most calls one decode held.
+        set_aside: generations set aside for want of cells (each brought back once room came).
     """
 
     def __init__(self, stream_chunk: Optional[int] = None) -> None:
@@ -123,139 +151,245 @@ class StepBatcher:
         #: whose reading would keep the requests beside it waiting longer than the shortest of them has left
         #: waits for that one instead (see ``_held``).
         self.step_cost: Optional[Callable[[int], float]] = None
-        self._cond = threading.Condition()
-        self._members: set[int] = set()
-        self._calls: list[_Call] = []
-        self._ops: list[_Op] = []
+        #: Frees the cells of one idle sequence of a model's context (not a member's), the one that can best
+        #: spare them; whether it found one (None: there are none). The pair's lanes set it.
+        self.room: Optional[Callable[[Any], bool]] = None
+        self._members: list[Member] = []  # live, in start order
+        self._ready: deque[Member] = deque()  # to switch into: new, or their call or pause is over
+        self._calls: list[_Call] = []  # members' calls waiting for a step
+        self._paused: list[Member] = []
+        self._aside: list[SetAside] = []  # in the order they were set aside
+        self._running: Optional[Member] = None  # the member whose code runs now
+        self._hub: Optional[greenlet] = None  # the loop's own greenlet while ``drive`` runs
+        self._freed = False  # a member ended or cells were freed since a set-aside member last tried to come back
+        self._interrupted = False  # Ctrl-C came during ``drive``: raised at the next point between steps
         self._batches: dict[int, tuple[Any, int]] = {}  # id of a context: its llama_batch and capacity
-        self._driver: Optional[threading.Thread] = None
+        self._seen: dict[int, dict[int, Any]] = {}  # id of a context: the sequences members decoded on, by id
         self._closed = False
+        self._order = 0
         self.steps = 0
         self.widest = 0
+        self.set_aside = 0
+
+    # -- members --------------------------------------------------------------------
+
+    def spawn(self, fn: Callable[..., Any], *args: Any) -> Member:
+        """Start ``fn(*args)`` as a member; it runs at the next ``drive``. Its value or error is its ``result``."""
+        if self._closed:
+            raise RuntimeError("This StepBatcher is closed.")
+        self._order += 1
+        member = Member(functools.partial(fn, *args), self._order)
+        self._members.append(member)
+        self._ready.append(member)
+        return member
+
+    @property
+    def members(self) -> int:
+        """Members not yet done."""
+        return len(self._members)
+
+    @property
+    def waiting_for_room(self) -> int:
+        """Members set aside now, until their cells fit again."""
+        return len(self._aside)
+
+    @property
+    def current(self) -> Optional[Member]:
+        """The member whose code is running now (None: the caller is not one)."""
+        return self._running
+
+    def inside(self) -> bool:
+        """Whether the calling code runs as one of the members."""
+        return self._running is not None
+
+    def drive(self, until: Optional[Callable[[], bool]] = None) -> None:
+        """Run the members, from this thread, until ``until()`` holds between two steps or none is left.
+
+        Ctrl-C (on the main thread) is taken between steps, or stops a long step whose calls can all be
+        cancelled (cancelling them): ``drive`` then raises KeyboardInterrupt with the members parked, and the
+        caller cancels them and drives again until they are done.
+        """
+        if self._hub is not None:
+            raise RuntimeError("This StepBatcher is already being driven; a member cannot drive it.")
+        self._hub = greenlet.getcurrent()
+        try:
+            with self._interrupts_deferred():
+                self._loop(until)
+        finally:
+            self._hub = None
+
+    def _loop(self, until: Optional[Callable[[], bool]]) -> None:
+        while True:
+            self._run_ready()
+            if self._interrupted:  # every member is parked: a safe point
+                self._interrupted = False
+                raise KeyboardInterrupt
+            if until is not None and until():
+                return
+            if not self._members:
+                return
+            if self._wake_paused():
+                continue
+            if self._calls or self._aside:
+                self._step()
+            elif not self._ready:  # every member paused, waiting for something no step will bring
+                self._unstick()
+
+    def pause(self, until: Callable[[], bool]) -> bool:
+        """From a member: wait, decoding nothing, until ``until()`` holds (looked at between steps). True when
+        it does; False when nothing else could go on (every other member waiting too), so the caller goes on
+        without it. Outside the members: ``until()`` at once."""
+        member = self._running
+        if member is None or until():
+            return until() if member is None else True
+        member.until = until
+        self._paused.append(member)
+        self._park(member)
+        return member.woken
+
+    def _park(self, member: Member) -> None:
+        """Hand the thread back to the loop until ``member`` is made ready again."""
+        assert self._hub is not None
+        self._running = None
+        self._hub.switch()
+        self._running = member
+
+    def _run_ready(self) -> None:
+        """Switch into each ready member until it parks again or ends."""
+        while self._ready:
+            member = self._ready.popleft()
+            if member.glet is None:
+                member.glet = greenlet(functools.partial(self._body, member))
+            self._running = member
+            try:
+                member.glet.switch()
+            finally:
+                self._running = None
+            if member.done:
+                self._members.remove(member)
+                self._freed = True  # its cells may serve a member set aside
+
+    @staticmethod
+    def _body(member: Member) -> None:
+        try:
+            member.value = member.fn()
+        except BaseException as exc:  # the caller's, through ``result``
+            member.error = exc
+        finally:
+            member.done = True
+
+    def _wake_paused(self) -> bool:
+        """Make ready the paused members whose condition holds; whether there were any."""
+        woke = False
+        for member in list(self._paused):
+            assert member.until is not None
+            if member.until():
+                self._paused.remove(member)
+                member.until, member.woken = None, True
+                self._ready.append(member)
+                woke = True
+        return woke
+
+    def _unstick(self) -> None:
+        """Every member is paused and no step can come: each goes on without what it waited for."""
+        for member in self._paused:
+            member.until, member.woken = None, False
+            self._ready.append(member)
+        self._paused.clear()
 
     @contextlib.contextmanager
-    def member(self) -> Iterator[None]:
-        """The calling thread takes part until the block ends."""
-        me = threading.get_ident()
-        with self._cond:
-            self._members.add(me)
+    def _interrupts_deferred(self) -> Iterator[None]:
+        """On the main thread with Python's own Ctrl-C handler: Ctrl-C only sets ``_interrupted``, so that it never
+        lands inside a member's bookkeeping or between a decode and its record."""
+        if threading.current_thread() is not threading.main_thread() or \
+                signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            yield
+            return
+
+        def defer(_signum: int, _frame: Any) -> None:
+            self._interrupted = True
+
+        previous = signal.signal(signal.SIGINT, defer)
         try:
             yield
         finally:
-            with self._cond:
-                self._members.discard(me)
-                self._cond.notify_all()  # the others may have been waiting for this one alone
+            signal.signal(signal.SIGINT, previous)
+
+    # -- decode calls ------------------------------------------------------------------
 
     def decode(self, model: Any, m: int,
                abort: Optional[threading.Event]) -> tuple[int, np.ndarray, float, int, tuple[int, int, int]]:
-        """Decode the ``m`` tokens ``model``'s batch holds, with the other members' calls.
+        """Decode the ``m`` tokens ``model``'s batch holds: from a member, with the other members' calls in the
+        loop's next step; from outside, at once.
 
         Returns:
             llama.cpp's code (0: decoded; 2: ``abort`` was set first; -1: the step failed), the rows of the tokens
             whose logits were asked for (those finished in the last step are a view of llama.cpp's buffer, valid
-            until this thread's next call), the seconds of the decodes that served it, the most calls one of
-            them held, and what the other calls put in the last one: their tokens, how many of them asked for
-            every token's logits (streams verifying, where a prompt being read asks for one row or none), and
-            how many calls they were.
+            until the next step), the seconds of the decodes that served it, the most calls one of them held,
+            and what the other calls put in the last one: their tokens, how many of them asked for every
+            token's logits (streams verifying, where a prompt being read asks for one row or none), and how
+            many calls they were.
         """
-        call, me = _Call(model, m, abort), threading.get_ident()
-        with self._cond:
-            if self._closed:
-                raise RuntimeError("This StepBatcher is closed.")
-            self._start_driver()
-            joined = me not in self._members
-            self._members.add(me)
+        if self._closed:
+            raise RuntimeError("This StepBatcher is closed.")
+        member = self._running
+        call = _Call(model, m, abort, member)
+        if member is None:  # alone, now: nothing else decodes while this thread is here
+            self._decode_taken(model, [(call, m)])
+        else:
+            member.seqs.add(model.seq)
+            self._seen.setdefault(id(model._ctx), {})[model.seq] = model
             self._calls.append(call)
-            self._cond.notify_all()
-            try:
-                while not call.finished:
-                    self._cond.wait()
-            finally:
-                if not call.finished:  # interrupted while waiting: the step must not count it, nor decode it
-                    self._calls.remove(call)
-                if joined:  # a copy of its rows: the steps that go on without it overwrite llama.cpp's buffer
-                    call.rows = [np.array(r) for r in call.rows]
-                    self._members.discard(me)
-                    self._cond.notify_all()
+            self._park(member)
         return call.rc, call.result(model.n_vocab), call.seconds, call.width, call.beside
 
-    def run(self, fn: Callable[[], T]) -> T:
-        """``fn()`` on the batcher's thread, between steps: every llama.cpp call on an attached context goes there
-        (``Model`` sends its cuts, checkpoints and states), so no two threads touch a context at once."""
-        op = _Op(fn)
-        with self._cond:
-            if self._closed:
-                raise RuntimeError("This StepBatcher is closed.")
-            self._start_driver()
-            self._ops.append(op)
-            self._cond.notify_all()
-            while not op.done:
-                self._cond.wait()
-        if op.error is not None:
-            raise op.error
-        return op.value  # type: ignore[no-any-return]
+    def run(self, fn: Callable[[], Any]) -> Any:
+        """``fn()``: a llama.cpp call on an attached context other than a decode (a cut, a checkpoint, a state).
+        Members run one at a time on the loop's thread, between steps, so it runs at once."""
+        return fn()
 
     def close(self) -> None:
-        """Stop the decoding thread and free the batches (the batcher cannot be used afterwards); a call or op
-        still waiting fails."""
-        with self._cond:
-            self._closed = True
+        """Free the batches (the batcher cannot be used afterwards). Members still parked are failed and run to
+        their end, so that they leave their caches consistent."""
+        if self._members and self._hub is None:
             for call in self._calls:
                 call.rc, call.finished = -1, True
-            for op in self._ops:
-                op.error, op.done = RuntimeError("This StepBatcher was closed."), True
-            self._calls, self._ops = [], []
-            self._cond.notify_all()
-        if self._driver is not None:
-            self._driver.join()
+                self._wake(call)
+            for aside in self._aside:
+                aside.drop()
+                for call in aside.calls:
+                    call.rc, call.finished = -1, True
+                    self._wake(call)
+            self._calls, self._aside = [], []
+            self._unstick()
+            with contextlib.suppress(BaseException):
+                self._hub = greenlet.getcurrent()
+                try:
+                    self._run_ready()
+                finally:
+                    self._hub = None
+        self._closed = True
         for batch, _ in self._batches.values():
             ll.llama_batch_free(batch)
         self._batches.clear()
 
-    def _start_driver(self) -> None:
-        if self._driver is None:
-            self._driver = threading.Thread(target=self._drive, name="localspec-batch", daemon=True)
-            self._driver.start()
+    def _wake(self, call: _Call) -> None:
+        if call.member is not None:
+            self._ready.append(call.member)
 
-    def _drive(self) -> None:
-        """The one thread that decodes: while every member waits in a call, a step (each finishes at least one
-        call unless a long one needs more), then the threads whose calls finished are woken. Always the same
-        thread, so that llama.cpp's CPU threads (an OpenMP team per calling thread) are one team, not one
-        per member spinning beside the others."""
-        with self._cond:
-            while not self._closed:
-                if self._ops:
-                    self._run_ops()
-                    continue
-                if not (self._calls and len(self._calls) >= len(self._members)):  # one call per waiting member
-                    self._cond.wait()
-                    continue
-                try:
-                    self._step()
-                except BaseException:
-                    for call in self._calls:  # nobody may wait for a step that will not come
-                        call.rc, call.finished = -1, True
-                    self._calls = []
-                self._cond.notify_all()
-
-    def _run_ops(self) -> None:
-        ops, self._ops = self._ops, []
-        for op in ops:
-            try:
-                op.value = op.fn()
-            except BaseException as exc:  # the caller's to raise
-                op.error = exc
-            op.done = True
-        self._cond.notify_all()
+    # -- a step ---------------------------------------------------------------------------
 
     def _step(self) -> None:
         """One decode per context over the calls: the shortest first, a long one filling the rest."""
-        calls = self._calls
-        for call in calls:
+        for call in self._calls:
             if call.abort is not None and call.abort.is_set():
                 call.rc, call.finished = 2, True
+                self._wake(call)
+        self._calls = [c for c in self._calls if not c.finished]
+        self._drop_cancelled()
+        self._bring_back()
         by_context: dict[int, list[_Call]] = {}
-        for call in sorted((c for c in calls if not c.finished), key=lambda c: c.m - c.done):
+        for call in sorted(self._calls, key=lambda c: c.m - c.done):
             by_context.setdefault(id(call.model._ctx), []).append(call)
         # per context: its calls, which of them are streams, and the streams' tokens
         groups = []
@@ -277,8 +411,7 @@ class StepBatcher:
 
     def _decode_group(self, group: list[_Call], streams: list[bool], base: int, shortest: float) -> list[_Call]:
         """One llama.cpp decode of as much of ``group``'s calls (on one context; ``streams``: which of them are
-        streams, ``base``: their tokens) as its ``n_batch`` takes; where the cells have no room for all of them,
-        each alone, so that only a call that does not fit fails. The calls held back for shorter requests
+        streams, ``base``: their tokens) as its ``n_batch`` takes. The calls held back for shorter requests
         (``shortest``: the least time a generation decoding in the step has left)."""
         first = group[0].model
         capacity = self._batch(first)[1]
@@ -305,12 +438,25 @@ class StepBatcher:
             n += take
             reading -= 0 if stream else take
             quiet = None if quiet is None else quiet - take
-        if not taken:  # every call here held for a stream on another context: that one decodes this step
-            return [group[i] for i in held]
-        if self._decode(first, taken, last_try=len(taken) == 1) == 1 and len(taken) > 1:  # 1: no free cells
-            for part in taken:
-                self._decode(first, [part], last_try=True)
+        if taken:  # else every call here is held for a stream on another context: that one decodes this step
+            self._decode_taken(first, taken)
         return [group[i] for i in held]
+
+    def _decode_taken(self, first: Any, taken: list[tuple[_Call, int]]) -> None:
+        """Decode ``taken`` on ``first``'s context. Where its cells have no room for them all, an idle sequence's
+        cells are freed, then the member started last is set aside, until they fit; a call that still does not
+        fit alone fails (llama.cpp's code 1)."""
+        while taken and self._decode(first, taken, last_try=False) == 1:
+            if self.room is not None and self.room(first):
+                self._freed = True
+                continue
+            victim = self._victim(first)
+            if victim is None:
+                for part in taken:  # each alone, so that only a call that does not fit fails
+                    self._decode(first, [part], last_try=True)
+                return
+            self._put_aside(victim)
+            taken = [(call, take) for call, take in taken if call.member is not victim]
 
     def _left(self, call: _Call, base: int) -> float:
         """The seconds ``call``'s generation still expects to keep the steps: its ``steps_left`` at the cost of a
@@ -385,11 +531,11 @@ class StepBatcher:
             n += take
         batch.n_tokens = n
         t0 = time.perf_counter()
-        # a long step stops within milliseconds once every call in it is cancelled (a server shutting down);
-        # one call cancelled among others waits for the step's end, which the others need
+        # a long step stops within milliseconds once every call in it is cancelled (a server shutting down, or
+        # Ctrl-C); one call cancelled among others waits for the step's end, which the others need
         events = [c.abort for c, _ in taken]
         stoppable = n > ABORTABLE_STEP and all(e is not None for e in events)
-        with first._log, abort_hook(first._ctx, _All(events) if stoppable else None):
+        with first._log, abort_hook(first._ctx, _Stop(events, self) if stoppable else None):  # type: ignore[arg-type]
             rc = int(ll.llama_decode(first._ctx, batch))
         if rc == 1 and not last_try:
             return rc
@@ -412,6 +558,7 @@ class StepBatcher:
             call.beside = (n - take, streams - (r == take), len(taken) - 1)
             if rc != 0:
                 call.rc, call.finished = rc, True
+                self._wake(call)
                 continue
             call.done += take
             call.finished = call.done == call.m
@@ -420,6 +567,8 @@ class StepBatcher:
                 # a call that spans steps keeps copies: the next step overwrites the buffer
                 call.rows.append(rows if call.finished and not call.rows else np.array(rows))
             row += r
+            if call.finished:
+                self._wake(call)
         return rc
 
     @staticmethod
@@ -445,3 +594,59 @@ class StepBatcher:
             np.ctypeslib.as_array(batch.n_seq_id, shape=(capacity,))[:] = 1
             self._batches[key] = (batch, capacity)
         return self._batches[key]
+
+    # -- members set aside for want of cells ----------------------------------------------
+
+    def _victim(self, first: Any) -> Optional[Member]:
+        """The member to set aside so that ``first``'s context has cells again: the one started last among those
+        waiting in a call that hold cells there, where another does too (one alone gains nothing)."""
+        holders = [m for m in self._members if any(v._ctx is first._ctx and holds_cells(v) for v in self._models(m))]
+        if len(holders) < 2:
+            return None
+        waiting = {id(c.member) for c in self._calls}
+        candidates = [m for m in holders if id(m) in waiting]
+        return max(candidates, key=lambda m: m.order) if candidates else None
+
+    def _models(self, member: Member) -> list[Any]:
+        """The sequences, of every context, that ``member`` has decoded on."""
+        return [views[seq] for views in self._seen.values() for seq in member.seqs if seq in views]
+
+    def _put_aside(self, member: Member) -> None:
+        """Save and empty every sequence ``member`` decodes on; its calls wait until ``_bring_back``."""
+        calls = [c for c in self._calls if c.member is member]
+        self._calls = [c for c in self._calls if c.member is not member]
+        self._aside.append(SetAside.take(member, self._models(member), calls))
+        self.set_aside += 1
+
+    def _bring_back(self) -> None:
+        """Load the states of members set aside, the one started first first, while they fit: after a member
+        ended or cells were freed, or when nothing else is left to decode. Where nothing else is left and one
+        still does not fit (idle sequences' cells freed first), its calls fail."""
+        alone = not self._calls
+        if not self._aside or not (self._freed or alone):
+            return
+        self._freed = False
+        while self._aside:
+            aside = min(self._aside, key=lambda a: a.member.order)
+            while not aside.load():
+                if not any(self.room is not None and self.room(model) for model, _ in aside.saved):
+                    if alone:  # nothing else holds cells it could wait for
+                        self._aside.remove(aside)
+                        aside.drop()
+                        for call in aside.calls:
+                            call.rc, call.finished = 1, True
+                            self._wake(call)
+                    return
+            self._aside.remove(aside)
+            self._calls.extend(aside.calls)
+            alone = False
+
+    def _drop_cancelled(self) -> None:
+        """Members set aside whose generation was cancelled: their states go, their calls end as cancelled."""
+        for aside in list(self._aside):
+            if any(c.abort is not None and c.abort.is_set() for c in aside.calls):
+                self._aside.remove(aside)
+                aside.drop()
+                for call in aside.calls:
+                    call.rc, call.finished = 2, True
+                    self._wake(call)

@@ -10,7 +10,6 @@ A whole state (``save_state``) is what the prompt cache keeps, under the
 
 from __future__ import annotations
 
-import functools
 import sys
 import threading
 import time
@@ -72,6 +71,11 @@ class CacheControl:
     reading_end: Optional[int] = None
     #: Seconds that reading has waited for shorter requests so far (the batcher's count, from 0 at its start).
     reading_waited: float = 0.0
+    #: Tokens the generation under way may still add (its max_tokens left, where that fits the context; None:
+    #: not known): the cells it claims of a cache shared with other sequences (see ``Lanes``).
+    cells_left: Optional[int] = None
+    #: Tokens the last generation that ended on this sequence generated (the lanes learn a typical reply).
+    last_reply: Optional[int] = None
     lender: Optional[Callable[[Any, np.ndarray], None]]
 
     if TYPE_CHECKING:  # defined by ``Model`` and ``ModelVocabulary``
@@ -83,16 +87,14 @@ class CacheControl:
         def _repair(self, failed: bool = False) -> None: ...
 
     def _llama(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)``, a llama.cpp call on this context: on the batcher's thread while one decodes this context
-        with other sequences, so that no two threads ever touch it at once."""
-        if self._batcher is None:
-            return fn(*args)
-        return self._batcher.run(functools.partial(fn, *args))
+        """``fn(*args)``, a llama.cpp call on this context. Sequences decoded together run on their step loop's
+        one thread, between its steps (``batching.StepBatcher``), so no two calls ever touch a context at once."""
+        return fn(*args)
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` where this sequence's llama.cpp calls run (see ``_llama``): for a context that works
-        beside this one, such as an MTP head's, so that its CPU threads are those of the joint decodes."""
-        return self._llama(fn, *args)
+        beside this one, such as an MTP head's."""
+        return fn(*args)
 
     # -- cutting back -----------------------------------------------------------
 

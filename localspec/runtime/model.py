@@ -239,6 +239,7 @@ class Model(CacheControl, ModelVocabulary):
         view.rewinds = view.replayed_tokens = view.decode_calls = 0
         view.widest_batch, view.beside = 1, (0, 0, 0)
         view.prompt_read, view.steps_left, view.reading_end, view.reading_waited = 0, None, None, 0.0  # none yet
+        view.cells_left = view.last_reply = None
         view.busy_seconds = 0.0
         if self._ext is not None:  # hidden rows of its own positions (zero pages until written)
             view.hidden = np.zeros(self.hidden.shape, dtype=np.float32)
@@ -292,6 +293,12 @@ class Model(CacheControl, ModelVocabulary):
     def n_past(self) -> int:
         """Number of positions the cache holds."""
         return self._n
+
+    @property
+    def decoding(self) -> bool:
+        """Whether a decode call of this sequence is under way (waiting for its step, where several decode
+        together)."""
+        return self._dirty
 
     @property
     def tokens(self) -> np.ndarray:

@@ -25,7 +25,7 @@ from ..results import Result
 from ..structured.call_reader import CallEvent, CallReader, call_reader
 from .generation import GenerationRequest
 from .http import CLIENT_CLOSED, ApiError, Render
-from .request_log import Entry, describe, entry_of, note_error, progress
+from .request_log import Entry, describe, entry_of, note_error, progress, progress_line
 from .worker import Job, Server, Task
 
 #: Seconds between keep-alives while the first token is awaited (a long prompt being processed).
@@ -34,8 +34,8 @@ PING_SECONDS = 5.0
 FIRST_SECONDS = 0.5
 #: Seconds between looks at whether a waiting client is still connected.
 CHECK_SECONDS = 0.25
-#: The events that carry part of the answer; a whole answer reads them from the result.
-PIECES = ("text", "reasoning", "logprobs")
+#: The events that carry part of the answer (a whole answer reads them from the result), or say how it goes.
+PIECES = ("text", "reasoning", "logprobs", "waiting")
 
 Event = tuple[str, Any]
 
@@ -215,6 +215,8 @@ async def _whole(events: Events, event: Optional[Event], render: Render, logprob
         while event is None or event[0] in PIECES:  # the result has the text and the reasoning whole
             if event is not None and event[0] == "logprobs":
                 logprobs(event[1])
+            elif event is not None and event[0] == "waiting":
+                _noted(entry, event)
             elif event is not None:
                 _first_token(entry)
             event = await events.get()
@@ -235,6 +237,8 @@ async def _stream(events: Events, event: Optional[Event], reply: Reply,
     try:
         stream = events.job.stream
         known = (stream.prompt_tokens, stream.cached_prompt_tokens or 0) if stream is not None else (0, 0)
+        if event is not None and event[0] == "waiting":  # it waits for room: its prompt's length is known
+            known = (event[1][1], 0)
         for piece in reply.start(*known):
             yield piece
         entry = entry_of(events.request.scope)
@@ -256,6 +260,10 @@ def _noted(entry: Optional[Entry], event: Optional[Event]) -> None:
     kind, value = event
     if kind in ("text", "reasoning"):
         _first_token(entry)
+    elif kind == "waiting":
+        entry.waited = value[0]
+        if entry.say is not None:
+            entry.say(progress_line(entry, value[0]))
     elif kind == "error":
         entry.noted(value)
     elif kind == "done":
@@ -264,7 +272,7 @@ def _noted(entry: Optional[Entry], event: Optional[Event]) -> None:
 
 def _pieces(reply: Reply, reader: Optional[CallReader], event: Optional[Event]) -> list[str]:
     """What ``reply`` writes for one event (None: the first token is still awaited)."""
-    if event is None:
+    if event is None or event[0] == "waiting":  # the first token is still awaited
         return reply.ping()
     kind, value = event
     if kind == "logprobs":

@@ -61,6 +61,7 @@ class Entry:
         say: where the request's progress lines go (the log's own lines).
         progress_at: when the last progress line was written (monotonic seconds).
         reading_since: when the prompt was first seen being read, and how many of its tokens were read then.
+        waited: why a generation waited for room in the shared cells before it began, if it did.
     """
 
     method: str
@@ -80,6 +81,7 @@ class Entry:
     say: Optional[Callable[[str], None]] = field(default=None, repr=False)
     progress_at: float = 0.0
     reading_since: Optional[tuple[float, int]] = None
+    waited: Optional[str] = None
 
     def line(self, now: float, verbose: bool = False) -> str:
         """The request's line: clock time, API and route, model, status, then what it did and how it ended."""
@@ -88,6 +90,8 @@ class Entry:
                                                                      else CLIENT_CLOSED)]
         if self.stats is not None:
             parts.append(_generation(self.stats, self.first_token, self.read_so_far))
+        if self.waited is not None:
+            parts.append("waited for room")
         parts.append(f"{now - self.started:.2f} s")
         ended = self._ended()
         if ended:
@@ -147,8 +151,13 @@ def progress(entry: Entry, read: int, total: int, now: float) -> Optional[str]:
     entry.progress_at = now
     since, at = entry.reading_since
     speed = f", {(read - at) / (now - since):.1f} tokens/s" if now > since and read > at else ""
+    return progress_line(entry, f"reading the prompt: {read} of {total} tokens{speed}")
+
+
+def progress_line(entry: Entry, what: str) -> str:
+    """A line of how a request goes (``what``), before its own line when it ends."""
     return (f"{time.strftime('%H:%M:%S')} | {api_of(entry.path)} | {entry.method} {entry.path} | "
-            f"{entry.model or '-'} | reading the prompt: {read} of {total} tokens{speed}")
+            f"{entry.model or '-'} | {what}")
 
 
 class RequestLog:

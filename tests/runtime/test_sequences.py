@@ -162,24 +162,16 @@ def _run_together(models: list[Model], prompts: list[list[int]], n: int, batcher
 
 
 def _members(batcher: StepBatcher, seqs: list[Model], *works) -> None:
-    """Each of ``works`` on a thread of its own, a member of ``batcher`` from one start; then ``seqs`` are
-    detached and the batcher closed."""
-    start = threading.Barrier(len(works))
-
-    def member(work) -> None:
-        with batcher.member():
-            start.wait()
-            work()
-
-    threads = [threading.Thread(target=member, args=(work,)) for work in works]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads), "a member waited forever"
+    """Each of ``works`` as a member of ``batcher``, all started at once and driven to their end (an error in
+    one is raised); then ``seqs`` are detached and the batcher closed."""
+    members = [batcher.spawn(work) for work in works]
+    batcher.drive()
+    assert all(m.done for m in members)
     for s in seqs:
         s.attach(None)
     batcher.close()
+    for m in members:
+        m.result()
 
 
 def _continue(model: Model, n: int) -> list[int]:
