@@ -82,6 +82,7 @@ class Generation:
         self._n = 0  # tokens in _context
         self._t_mark: Optional[float] = None  # start of decode time not yet counted; None while the consumer runs
         self._first_row: Optional[np.ndarray] = None  # the prefill's logits, kept for the first token's logprob
+        self._left_at: Optional[int] = None  # the target's ``writes`` when the last round ended
         self._events = self._run()
 
     def __iter__(self) -> Generation:
@@ -135,7 +136,10 @@ class Generation:
         return sum(m.rewinds for m in models), sum(m.replayed_tokens for m in models)
 
     def _check_cache(self, context: np.ndarray) -> None:
-        """The target must hold exactly the context minus its last token (see ``speculative_round``)."""
+        """The target must hold exactly the context minus its last token (see ``speculative_round``): compared
+        whole unless the target's record is as this generation's last round left it."""
+        if self._left_at == self.target.writes:
+            return
         held = self.target.tokens
         if len(held) != len(context) - 1 or not np.array_equal(held, context[:-1]):
             raise InterleavedGenerationError(
@@ -337,6 +341,7 @@ class Generation:
         t_round = time.perf_counter()
         rnd = speculative_round(self.target, self.drafter, context, k, plan.params, self.rng, plan.matcher,
                                 plan.processing, len(self._prompt), keep_rows=plan.logprobs is not None)
+        self._left_at = self.target.writes
         self.stats.time_round(rnd.draft.by if rnd.draft.tokens else PLAIN.name, rnd.kept + 1,
                               time.perf_counter() - t_round, rnd.timing.verify_seconds + rnd.timing.rollback_seconds,
                               rnd.timing.draft_seconds)

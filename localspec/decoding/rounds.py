@@ -124,10 +124,12 @@ def draft_round(target: Model, drafter: Optional[Drafter], context: np.ndarray, 
 
     The draft ends after the first token the target cannot take, which is verified as a certain rejection.
     """
-    helpers = drafter.models if drafter is not None else ()
+    if drafter is None or k <= 0:  # a plain step
+        return EMPTY_DRAFT, 0, 0.0
+    helpers = drafter.models
     drafting_started = sum(m.busy_seconds for m in helpers)
     # tokens the grammar forces cost nothing to guess; the drafter guesses after them
-    draft = propose(drafter, context, k, rng, matcher, target.is_eog) if drafter is not None and k > 0 else EMPTY_DRAFT
+    draft = propose(drafter, context, k, rng, matcher, target.is_eog)
     drafting = sum(m.busy_seconds for m in helpers) - drafting_started
     if matcher is not None:  # nothing after an end token is ever emitted, nor known to the grammar
         end = next((i for i, t in enumerate(draft.tokens) if target.is_eog(t)), None)

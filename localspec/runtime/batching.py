@@ -26,6 +26,7 @@ fails for want of cells that it would have had alone.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import signal
 import threading
@@ -39,7 +40,7 @@ import numpy as np
 from greenlet import greenlet
 
 from .aside import SetAside, holds_cells
-from .process import abort_hook
+from .process import POSITIONS, abort_hook
 
 #: Steps of more tokens than this can be stopped inside llama.cpp (the hook costs a Python call per graph node,
 #: which only a long step amortises).
@@ -72,14 +73,18 @@ class Member:
         return self.value
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Call:
     """One sequence's decode call: the ``m`` tokens its model's batch holds, and what came of them."""
 
-    model: Any  # the sequence's ``Model``: its batch arrays hold the call's tokens, positions and logits flags
-    m: int
+    model: Any  # the sequence's ``Model``
+    tokens: np.ndarray  # what it decodes, at positions start, start + 1 ...
+    start: int
+    every: bool  # each of its tokens asks for logits (a round being verified, a token decoded)
+    last: bool  # its last token asks for logits (a prompt's end)
     abort: Optional[threading.Event]
     member: Optional[Member] = None  # None: a call made outside the loop's members, decoded at once
+    m: int = 0  # how many tokens (set from ``tokens``)
     done: int = 0  # tokens decoded so far (a long call takes several steps)
     rows: list[np.ndarray] = field(default_factory=list)
     rc: int = 0
@@ -87,6 +92,13 @@ class _Call:
     width: int = 1  # the most calls a decode that served it held
     beside: tuple[int, int, int] = (0, 0, 0)  # the other calls in its last decode: tokens, streams, calls
     finished: bool = False
+
+    def __post_init__(self) -> None:
+        self.m = len(self.tokens)
+
+    def wanted(self, done: int, take: int) -> int:
+        """How many logits rows ``take`` of its tokens from ``done`` on give."""
+        return take if self.every else int(self.last and done + take == self.m)
 
     def result(self, n_vocab: int) -> np.ndarray:
         if not self.rows:
@@ -109,9 +121,9 @@ def uninterrupted(wait: Callable[[], Any]) -> None:
 
 
 def _is_stream(call: _Call) -> bool:
-    """Whether the call asks for every token's logits (a round being verified, a token decoded), unlike a prompt
-    being read (logits for its last token at most)."""
-    return bool(call.model._b_logits[call.done:call.m].all())
+    """Whether the rest of the call asks for every token's logits (a round being verified, a token decoded),
+    unlike a prompt being read (logits for its last token at most)."""
+    return call.every or (call.m - call.done == 1 and call.last)
 
 
 class _Stop:
@@ -163,7 +175,8 @@ class StepBatcher:
         self._hub: Optional[greenlet] = None  # the loop's own greenlet while ``drive`` runs
         self._freed = False  # a member ended or cells were freed since a set-aside member last tried to come back
         self._interrupted = False  # Ctrl-C came during ``drive``: raised at the next point between steps
-        self._batches: dict[int, tuple[Any, int]] = {}  # id of a context: its llama_batch and capacity
+        self._batches: dict[int, tuple[Any, int, np.ndarray, np.ndarray, np.ndarray, list[int]]] = {}  # see _batch
+        self._views: dict[int, tuple[Optional[int], np.ndarray]] = {}  # by context: its logits buffer's view
         self._seen: dict[int, dict[int, Any]] = {}  # id of a context: the sequences members decoded on, by id
         self._closed = False
         self._order = 0
@@ -317,10 +330,11 @@ class StepBatcher:
 
     # -- decode calls ------------------------------------------------------------------
 
-    def decode(self, model: Any, m: int,
+    def decode(self, model: Any, tokens: np.ndarray, start: int, every: bool, last: bool,
                abort: Optional[threading.Event]) -> tuple[int, np.ndarray, float, int, tuple[int, int, int]]:
-        """Decode the ``m`` tokens ``model``'s batch holds: from a member, with the other members' calls in the
-        loop's next step; from outside, at once.
+        """Decode ``tokens`` at positions ``start`` on of ``model``'s sequence (``every``: each asks for its
+        logits; ``last``: the last one does): from a member, with the other members' calls in the loop's next
+        step; from outside, at once.
 
         Returns:
             llama.cpp's code (0: decoded; 2: ``abort`` was set first; -1: the step failed), the rows of the tokens
@@ -333,9 +347,9 @@ class StepBatcher:
         if self._closed:
             raise RuntimeError("This StepBatcher is closed.")
         member = self._running
-        call = _Call(model, m, abort, member)
+        call = _Call(model, tokens, start, every, last, abort, member)
         if member is None:  # alone, now: nothing else decodes while this thread is here
-            self._decode_taken(model, [(call, m)])
+            self._decode_taken(model, [(call, call.m)])
         else:
             member.seqs.add(model.seq)
             self._seen.setdefault(id(model._ctx), {})[model.seq] = model
@@ -369,9 +383,10 @@ class StepBatcher:
                 finally:
                     self._hub = None
         self._closed = True
-        for batch, _ in self._batches.values():
-            ll.llama_batch_free(batch)
+        for made in self._batches.values():
+            ll.llama_batch_free(made[0])
         self._batches.clear()
+        self._views.clear()
 
     def _wake(self, call: _Call) -> None:
         if call.member is not None:
@@ -421,6 +436,9 @@ class StepBatcher:
         # read of its own prompt: a request waits per step at most about what reading its prompt took, so a
         # short one beside a long prompt keeps going, and requests of like prompts sent together are read in
         # a few large steps, at the batch's rate, not in many small ones
+        if all(streams) and base <= capacity:  # streams alone, all of them fitting: the common step
+            self._decode_taken(first, [(call, call.m - call.done) for call in group])
+            return []
         read = [call.model.prompt_read for call, stream in zip(group, streams, strict=True) if stream]
         reading = max(self.stream_chunk, min(read)) if self.stream_chunk and read else capacity
         held = self._held(group, streams, base, shortest)
@@ -516,27 +534,34 @@ class StepBatcher:
         """Decode ``taken`` (calls on ``first``'s context and how many of their tokens) and hand each its rows
         and outcome; llama.cpp's code. A failure for want of cells is left to the caller unless ``last_try``
         (llama.cpp then leaves the memory as it was)."""
-        batch, capacity = self._batch(first)
-        tokens, pos, flags = (np.ctypeslib.as_array(a, shape=(capacity,)) for a in (batch.token, batch.pos,
-                                                                                    batch.logits))
+        batch, capacity, tokens, pos, flags, slots = self._batch(first)
         n, counts = 0, []
         for call, take in taken:
-            src = slice(call.done, call.done + take)
-            tokens[n:n + take] = call.model._b_token[src]
-            pos[n:n + take] = call.model._b_pos[src]
-            flags[n:n + take] = call.model._b_logits[src]
+            done, wanted = call.done, call.wanted(call.done, take)
+            if take == 1:  # a stream's token: scalars cost less than slices
+                tokens[n], pos[n], flags[n] = call.tokens[done], call.start + done, wanted
+            else:
+                tokens[n:n + take] = call.tokens[done:done + take]
+                np.add(POSITIONS[:take], call.start + done, out=pos[n:n + take])
+                flags[n:n + take] = call.every
+                flags[n + take - 1] = call.every or wanted
+            seq = call.model.seq
             for i in range(n, n + take):
-                batch.seq_id[i][0] = call.model.seq
-            counts.append(int(np.count_nonzero(call.model._b_logits[src])))  # the rows its tokens give
+                if slots[i] != seq:  # llama.cpp's array of the slot's sequence, written only when it changes
+                    batch.seq_id[i][0] = slots[i] = seq
+            counts.append(wanted)
             n += take
         batch.n_tokens = n
         t0 = time.perf_counter()
         # a long step stops within milliseconds once every call in it is cancelled (a server shutting down, or
         # Ctrl-C); one call cancelled among others waits for the step's end, which the others need
-        events = [c.abort for c, _ in taken]
-        stoppable = n > ABORTABLE_STEP and all(e is not None for e in events)
-        with first._log, abort_hook(first._ctx, _Stop(events, self) if stoppable else None):  # type: ignore[arg-type]
-            rc = int(ll.llama_decode(first._ctx, batch))
+        events = [c.abort for c, _ in taken] if n > ABORTABLE_STEP else []
+        if events and all(e is not None for e in events):
+            with first._log, abort_hook(first._ctx, _Stop(events, self)):  # type: ignore[arg-type]
+                rc = int(ll.llama_decode(first._ctx, batch))
+        else:
+            with first._log:
+                rc = int(ll.llama_decode(first._ctx, batch))
         if rc == 1 and not last_try:
             return rc
         n_rows = sum(counts)
@@ -544,7 +569,7 @@ class StepBatcher:
             self._keep_hidden(taken, pos, n)
         logits = None
         if rc == 0 and n_rows:
-            logits = np.ctypeslib.as_array(ll.llama_get_logits(first._ctx), shape=(n_rows, first.n_vocab))
+            logits = self._logits(first, n_rows)
         elif rc == 0:
             ll.llama_synchronize(first._ctx)  # on a GPU the decode returns before the work is done
         spent = time.perf_counter() - t0
@@ -563,9 +588,9 @@ class StepBatcher:
             call.done += take
             call.finished = call.done == call.m
             if r and logits is not None:
-                rows = logits[row:row + r]
+                got = logits[row:row + r]
                 # a call that spans steps keeps copies: the next step overwrites the buffer
-                call.rows.append(rows if call.finished and not call.rows else np.array(rows))
+                call.rows.append(got if call.finished and not call.rows else np.array(got))
             row += r
             if call.finished:
                 self._wake(call)
@@ -576,6 +601,8 @@ class StepBatcher:
         """Each sequence that keeps hidden rows for an MTP head (``Model.keep_hidden``) gets its tokens' rows of
         the decode of ``n_tokens`` (the context gives one per token, in the batch's order) at their positions."""
         staged, n = None, 0
+        if taken[0][0].model._ext is None and all(call.model._ext is None for call, _ in taken):
+            return  # none keeps them (the sequences of a context keep them all or none)
         for call, take in taken:
             model = call.model
             if model.keeps_hidden:
@@ -585,15 +612,33 @@ class StepBatcher:
                 model.hidden[pos[n:n + take]] = staged[n:n + take]
             n += take
 
-    def _batch(self, model: Any) -> tuple[Any, int]:
-        """The batch for ``model``'s context, made on first use (as many tokens as the context's ``n_batch``)."""
+    def _batch(self, model: Any) -> tuple[Any, int, np.ndarray, np.ndarray, np.ndarray, list[int]]:
+        """The batch for ``model``'s context, made on first use (as many tokens as the context's ``n_batch``):
+        it, its capacity, numpy views of its token, position and logits-wanted arrays, and the sequence each
+        slot holds."""
         key = id(model._ctx)
-        if key not in self._batches:
+        made = self._batches.get(key)
+        if made is None:
             capacity = model.n_batch
             batch = ll.llama_batch_init(capacity, 0, 1)
             np.ctypeslib.as_array(batch.n_seq_id, shape=(capacity,))[:] = 1
-            self._batches[key] = (batch, capacity)
-        return self._batches[key]
+            views = [np.ctypeslib.as_array(a, shape=(capacity,)) for a in (batch.token, batch.pos, batch.logits)]
+            slots = [0] * capacity
+            for i in range(capacity):
+                batch.seq_id[i][0] = 0
+            made = self._batches[key] = (batch, capacity, views[0], views[1], views[2], slots)
+        return made
+
+    def _logits(self, model: Any, rows: int) -> np.ndarray:
+        """The first ``rows`` rows of ``model``'s context's logits buffer: a view, kept while llama.cpp keeps the
+        buffer where it was (it moves it only to make it larger)."""
+        address = ctypes.cast(ll.llama_get_logits(model._ctx), ctypes.c_void_p).value
+        key = id(model._ctx)
+        view = self._views.get(key)
+        if view is None or view[0] != address or view[1].shape[0] < rows:
+            buffer = (ctypes.c_float * (max(rows, model.n_batch) * model.n_vocab)).from_address(address or 0)
+            view = self._views[key] = (address, np.frombuffer(buffer, dtype=np.float32).reshape(-1, model.n_vocab))
+        return view[1][:rows]
 
     # -- members set aside for want of cells ----------------------------------------------
 

@@ -76,6 +76,9 @@ class CacheControl:
     cells_left: Optional[int] = None
     #: Tokens the last generation that ended on this sequence generated (the lanes learn a typical reply).
     last_reply: Optional[int] = None
+    #: Changes of the record so far (each decode, cut, load or reset): a generation that finds it as it left
+    #: it knows nothing else used the sequence meanwhile.
+    writes: int = 0
     lender: Optional[Callable[[Any, np.ndarray], None]]
 
     if TYPE_CHECKING:  # defined by ``Model`` and ``ModelVocabulary``
@@ -152,6 +155,7 @@ class CacheControl:
         cut = n >= self._undo_floor and self._llama(ll.llama_memory_seq_rm, self._mem, self.seq, n, -1)
         if cut and self._window_kept(n):
             self._n = n
+            self.writes += 1
             if self.memory.kind == memory.ROLLBACK:
                 self._undo_floor = n  # a rollback is single-use until the next decode
             return
@@ -180,6 +184,7 @@ class CacheControl:
             if not self._llama(ll.llama_memory_seq_rm, self._mem, self.seq, at, -1):
                 raise BackendError(f"llama.cpp could not cut the cache of {self.path.name} back to position {at}.")
         self._n = self._undo_floor = at
+        self.writes += 1
         self.rewinds += 1
         self.busy_seconds += time.perf_counter() - t0
         again = self._tokens[at:n].copy() if replay else self._tokens[:0]
@@ -195,6 +200,7 @@ class CacheControl:
         """Empty the cache (this sequence's part of it, where the context holds several)."""
         self._clear()
         self._n = self._undo_floor = 0
+        self.writes += 1
         self._dirty = False
         self._checkpoints.clear()
 
@@ -241,6 +247,7 @@ class CacheControl:
         if rows is not None:  # the MTP head's input for those positions
             self.hidden[:n] = rows
         self._n, self._undo_floor = n, 0  # an attention cache cuts back anywhere
+        self.writes += 1
         return True
 
     def _copy_cells(self, src: int, n: int) -> bool:
@@ -319,6 +326,7 @@ class CacheControl:
             self.hidden[:n] = np.frombuffer(data, dtype=np.float32, offset=len(data) - rows).reshape(n, -1)
         self._tokens[:n] = arr
         self._n = n
+        self.writes += 1
         # a plain attention cache cuts back anywhere; the rest hold nothing from before the load
         self._undo_floor = 0 if self.cuts_after_load else n
         self._dirty = False

@@ -32,6 +32,7 @@ from .gguf_metadata import check_gguf
 from .hugepages import HugePages
 from .process import (
     CACHE_TYPES,
+    POSITIONS,
     LlamaLog,
     abort_hook,
     context_params,
@@ -162,7 +163,8 @@ class Model(CacheControl, ModelVocabulary):
             # prompts, which it processes about a tenth faster. GPU builds keep llama.cpp's choice.
             flash_attn = n_ctx >= FLASH_ATTN_CONTEXT
         self.flash_attn = flash_attn
-        cparams = context_params(n_ctx, min(n_batch, n_ctx), self.n_threads, self.n_threads_batch, cache_type,
+        n_batch = min(n_batch, n_ctx, len(POSITIONS))
+        cparams = context_params(n_ctx, n_batch, self.n_threads, self.n_threads_batch, cache_type,
                                  flash_attn, n_seq)
         self._cparams = cparams  # for a second context over the same weights (an MTP head)
         recurrent = ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model)
@@ -176,7 +178,7 @@ class Model(CacheControl, ModelVocabulary):
                 "try a smaller context length."
             )
         self.n_ctx: int = int(ll.llama_n_ctx(self._ctx))
-        self.n_batch: int = min(n_batch, n_ctx)
+        self.n_batch: int = n_batch
 
     def _init_memory(self) -> None:
         """The context's memory, what it can undo, and the record of what it holds (empty)."""
@@ -197,6 +199,7 @@ class Model(CacheControl, ModelVocabulary):
         self._tokens = np.zeros(self.n_ctx, dtype=np.int32)
         self._n = 0
         self._dirty = False
+        self._inflight: Optional[np.ndarray] = None  # the chunk of the decode call under way
         #: The shortest length ``truncate`` reaches with llama.cpp's own ``seq_rm`` (lower needs a checkpoint).
         self._undo_floor = 0
         self._checkpoints: list[memory.Checkpoint] = []
@@ -235,6 +238,7 @@ class Model(CacheControl, ModelVocabulary):
         view._tokens = np.zeros(self.n_ctx, dtype=np.int32)
         view._n = view._undo_floor = 0
         view._dirty = False
+        view._inflight = None
         view._checkpoints = []
         view.rewinds = view.replayed_tokens = view.decode_calls = 0
         view.widest_batch, view.beside = 1, (0, 0, 0)
@@ -343,8 +347,22 @@ class Model(CacheControl, ModelVocabulary):
                 f"{self._n + n} tokens do not fit in the {self.n_ctx}-token context of {self.path.name}; "
                 "shorten the input or raise the context length."
             )
+        hooked = abort is not None and (abort.is_set() or (n > 1 and self._batcher is None))
+        if n <= self.n_batch and not hooked:
+            out = self._decode(arr, logits, True, abort)  # one call and no hook to set: a round's few tokens
+        else:
+            out = self._eval_chunks(arr, logits, abort)
+        if out is None:
+            return np.zeros((0, self.n_vocab), dtype=np.float32)
+        out.flags.writeable = False
+        return out
+
+    def _eval_chunks(self, arr: np.ndarray, logits: LogitsWanted,
+                     abort: Optional[threading.Event]) -> Optional[np.ndarray]:
+        """``eval`` of ``arr`` in decode calls of at most ``n_batch`` tokens, stopping where ``abort`` is set."""
+        n = len(arr)
         earlier: list[np.ndarray] = []
-        out = np.zeros((0, self.n_vocab), dtype=np.float32)
+        out: Optional[np.ndarray] = None
         # the hook is the context's: a batcher's decode serves other sequences too, so it checks abort itself
         with abort_hook(self._ctx, abort if n > 1 and self._batcher is None else None):
             for start in range(0, n, self.n_batch):
@@ -357,29 +375,25 @@ class Model(CacheControl, ModelVocabulary):
                     out = rows
                     if not final:
                         earlier.append(out.copy())  # the next decode overwrites the buffer
-        if earlier:
+        if earlier and out is not None:
             return np.concatenate(earlier + [out])
-        out.flags.writeable = False
         return out
 
     def _decode(self, chunk: np.ndarray, logits: LogitsWanted, final: bool,
                 abort: Optional[threading.Event]) -> Optional[np.ndarray]:
         """One llama.cpp decode call appending ``chunk``; its logits rows (a view), or None when none were asked."""
         m = len(chunk)
-        self._b_token[:m] = chunk
-        self._b_pos[:m] = np.arange(self._n, self._n + m, dtype=np.int32)
-        self._b_logits[:m] = 1 if logits == "all" else 0
-        if logits == "last" and final:
-            self._b_logits[m - 1] = 1
-        self._batch.n_tokens = m  # type: ignore[union-attr]
+        every, last = logits == "all", logits == "last" and final
         t0 = time.perf_counter()
-        self._dirty = True  # until the record below matches the cache again
+        self._inflight = chunk  # until the record below matches the cache again (see ``_repair``)
+        self._dirty = True
         batched: Optional[np.ndarray] = None
-        if self._batcher is not None:  # with other sequences' tokens, in one decode: its rows come copied out
-            rc, batched, spent, width, self.beside = self._batcher.decode(self, m, abort)
+        if self._batcher is not None:  # with other sequences' tokens, in one decode: the loop fills its batch
+            rc, batched, spent, width, self.beside = self._batcher.decode(self, chunk, self._n, every, last, abort)
             self.widest_batch = max(self.widest_batch, width)
             t0 = time.perf_counter() - spent  # llama.cpp's time, not the wait for the other sequences
         else:
+            self._fill_batch(chunk, every, last)
             with self._log:
                 rc = ll.llama_decode(self._ctx, self._batch)
             self.beside = (0, 0, 0)
@@ -399,10 +413,15 @@ class Model(CacheControl, ModelVocabulary):
                 f"({m} tokens at position {self._n}); that chunk was removed from the cache."
             )
         self._keep_hidden_rows(m)
-        self._tokens[self._n : self._n + m] = chunk
+        if m == 1:
+            self._tokens[self._n] = chunk[0]
+        else:
+            self._tokens[self._n : self._n + m] = chunk
         self._n += m
+        self.writes += 1
         self._dirty = False
-        self._after_decode(m)
+        if self.memory.kind != memory.FULL:
+            self._after_decode(m)
         rows = m if logits == "all" else (1 if logits == "last" and final else 0)
         if not rows and batched is None:  # on a GPU, decode returns before the work is done; reading logits waits
             ll.llama_synchronize(self._ctx)  # for it, so wait here (a batcher has waited)
@@ -413,6 +432,17 @@ class Model(CacheControl, ModelVocabulary):
         self.busy_seconds += time.perf_counter() - t0
         self.decode_calls += 1
         return out
+
+    def _fill_batch(self, chunk: np.ndarray, every: bool, last: bool) -> None:
+        """This sequence's own batch holds ``chunk`` at the next positions (``every``: logits for each token;
+        ``last``: for the last one)."""
+        m = len(chunk)
+        self._b_token[:m] = chunk
+        np.add(POSITIONS[:m], self._n, out=self._b_pos[:m])  # positions n .. n + m - 1, nothing allocated
+        self._b_logits[:m] = 1 if every else 0
+        if last:
+            self._b_logits[m - 1] = 1
+        self._batch.n_tokens = m  # type: ignore[union-attr]
 
     def _after_decode(self, m: int) -> None:
         """Where ``truncate`` can go back to by ``seq_rm`` alone after a decode of ``m`` tokens."""
@@ -498,10 +528,12 @@ class Model(CacheControl, ModelVocabulary):
             self._rewind(self._n, replay=True)
             return
         held = int(self._llama(ll.llama_memory_seq_pos_max, self._mem, self.seq)) + 1
-        m = int(self._batch.n_tokens) if self._batch is not None else 0  # the chunk that was being decoded
-        if not failed and m and held == self._n + m and self._b_pos[0] == self._n:
+        chunk, self._inflight = self._inflight, None  # the chunk that was being decoded
+        m = len(chunk) if chunk is not None else 0
+        if not failed and m and held == self._n + m:
             self._keep_hidden_rows(m)  # it finished (llama.cpp removes a failed chunk itself): adopt it
-            self._tokens[self._n : held] = self._b_token[:m]
+            self._tokens[self._n : held] = chunk
             self._n = held
+            self.writes += 1
         elif held > self._n:
             self._llama(ll.llama_memory_seq_rm, self._mem, self.seq, self._n, -1)

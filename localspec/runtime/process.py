@@ -22,6 +22,11 @@ CACHE_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}
 
 _GGML_WARN, _GGML_ERROR = 3, 4  # ggml_log_level values in the pinned llama.cpp
 
+#: 0, 1, 2 ...: a decode's positions are these plus where its tokens start (read-only, shared by every model;
+#: more than any n_batch).
+POSITIONS = np.arange(1 << 16, dtype=np.int32)
+POSITIONS.flags.writeable = False
+
 
 class LlamaLog:
     """Where llama.cpp's log goes while one model calls into it.

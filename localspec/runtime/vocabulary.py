@@ -49,6 +49,9 @@ class ModelVocabulary:
         Raises:
             TokenIdError: an id is not a whole number from 0 to ``n_vocab - 1``.
         """
+        if type(tokens) is list and len(tokens) <= 16 and all(type(t) is int and 0 <= t < self.n_vocab
+                                                               for t in tokens):
+            return np.array(tokens, dtype=np.int32)  # a round's few ids: checked without numpy's overhead
         try:
             ids = np.asarray(tokens)
         except (OverflowError, ValueError):  # ragged, or an int too large for any integer dtype

@@ -15,7 +15,7 @@ them, and the sampling filters last.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import numpy as np
@@ -42,6 +42,8 @@ class Processing:
     frequency: float = 0.0
     presence: float = 0.0
     last_n: int = 64
+    _ids: np.ndarray = field(init=False, repr=False, compare=False)
+    _values: np.ndarray = field(init=False, repr=False, compare=False)
 
     @classmethod
     def from_options(cls, opts: GenerationOptions, n_vocab: int) -> Optional[Processing]:
@@ -63,12 +65,17 @@ class Processing:
         """Whether any penalty is on (llama.cpp skips them all otherwise)."""
         return self.last_n > 0 and (self.repeat != 1.0 or self.frequency != 0.0 or self.presence != 0.0)
 
+    def __post_init__(self) -> None:
+        ids, values = zip(*self.bias, strict=True) if self.bias else ((), ())
+        # the bias as arrays, made once: distinct ids, so one vectorised add per row (or per round)
+        object.__setattr__(self, "_ids", np.asarray(ids, dtype=np.int64))
+        object.__setattr__(self, "_values", np.asarray(values, dtype=np.float32))
+
     def row(self, logits: np.ndarray, generated: Tokens) -> np.ndarray:
         """One logits row processed, for the position after ``generated`` (a new float32 array)."""
         out = np.array(logits, dtype=np.float32, copy=True)
         if self.bias:
-            biased, values = zip(*self.bias, strict=True)  # distinct ids: one vectorised add
-            out[list(biased)] += np.asarray(values, dtype=np.float32)
+            out[self._ids] += self._values
         if self.penalizes:
             recent = np.asarray(generated[-self.last_n:] if len(generated) else [], dtype=np.int64)
             if recent.size:
@@ -80,6 +87,10 @@ class Processing:
 
     def rows(self, logits: np.ndarray, generated: Tokens, draft: Sequence[int]) -> np.ndarray:
         """Verification rows processed: row i for the position after ``generated`` and ``draft[:i]``."""
+        if not self.penalizes:  # the bias alone: the same for every row, added to all of them at once
+            out = np.array(logits, dtype=np.float32, copy=True)
+            out[:, self._ids] += self._values
+            return out
         # only the window's tail of what was generated matters: no copy of a long output per round
         tail = np.asarray(generated[-self.last_n:] if self.penalizes and len(generated) else [], dtype=np.int64)
         history = np.concatenate([tail, np.asarray(draft, dtype=np.int64)])
