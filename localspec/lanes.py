@@ -67,12 +67,16 @@ class Lanes:
         self._reading: dict[int, np.ndarray] = {}  # held lanes: the prompt each is reading (see ``share``)
         self._cancelled: dict[int, threading.Event] = {}  # held lanes: set when their generation's client left
         self._notices: dict[int, Callable[[str, int], None]] = {}  # held lanes: told when their generation waits
-        self._admitted: set[int] = set()  # held lanes whose generation has its room (see ``_await_room``)
+        self._admitted: dict[int, int] = {}  # held lanes whose generation has its room: the cells it needed
+        self._waiting: set[int] = set()  # held lanes whose generation waits for room
         self._replies: deque[int] = deque(maxlen=REPLIES_KEPT)  # the lengths of the latest replies
         self._batcher: Optional[StepBatcher] = None  # the loop the lanes decode on, once attached
         self._active = False  # a generate_many or generate_each is under way
         #: Generations that waited for room in the shared cells before they began.
         self.room_waits = 0
+        #: Generations set aside for want of cells (and brought back when room came) by ``generate_many``'s
+        #: loops; a server's loop counts its own.
+        self.set_aside = 0
 
     @property
     def width(self) -> int:
@@ -139,7 +143,7 @@ class Lanes:
             self._reading.pop(seq, None)
             self._cancelled.pop(seq, None)
             self._notices.pop(seq, None)
-            self._admitted.discard(seq)
+            self._admitted.pop(seq, None)
             target = self._models()[0][seq]
             if target is not None and target.last_reply is not None:
                 self._replies.append(target.last_reply)
@@ -152,13 +156,13 @@ class Lanes:
 
     def free_idle(self, model: Any) -> bool:
         """``StepBatcher.room``: empty the sequence of ``model``'s context of the idle lane released longest ago
-        that holds cells there; whether there was one. Its last state is in the prompt cache, if the pair has
-        one."""
+        that holds cells there, else of a lane whose generation waits for room (it has read nothing yet);
+        whether there was one. What an idle lane held is in the prompt cache, if the pair has one."""
         with self._cond:
             for models in self._models():
                 if models[0]._ctx is not model._ctx:
                     continue
-                for other in sorted(self._idle, key=self._idle.__getitem__):
+                for other in [*sorted(self._idle, key=self._idle.__getitem__), *sorted(self._waiting)]:
                     if models[other] is not None and models[other].n_past:
                         models[other].reset()
                         return True
@@ -212,14 +216,15 @@ class Lanes:
         return max_tokens if max_tokens < room else min(room, self.typical_reply())
 
     def _claimed(self, seq: int) -> int:
-        """What the generations admitted on lanes other than ``seq`` claim of the target's cells: what each holds
-        and the tokens it may still add (a typical reply's worth where it set no max_tokens)."""
+        """What the generations admitted on lanes other than ``seq`` claim of the target's cells: what each needed
+        when it began (its prompt and reply), or what it holds and may still add, where that is more (a typical
+        reply's worth where it set no max_tokens)."""
         targets = self._models()[0]
         claimed = 0
-        for other in self._admitted:
+        for other, need in self._admitted.items():
             t = targets[other]
             if other != seq and t is not None:
-                claimed += t.n_past + (t.cells_left if t.cells_left is not None else self.typical_reply())
+                claimed += max(need, t.n_past + (t.cells_left if t.cells_left is not None else self.typical_reply()))
         return claimed
 
     def _await_room(self, target: Any, prompt: int, reply: int) -> None:
@@ -236,7 +241,7 @@ class Lanes:
                 return True
             if batcher is not None and batcher.waiting_for_room:
                 return False
-            return not self._admitted - {seq} or self._claimed(seq) + min(need, target.n_ctx) <= target.n_ctx
+            return not self._admitted.keys() - {seq} or self._claimed(seq) + min(need, target.n_ctx) <= target.n_ctx
 
         if batcher is not None and batcher.inside() and not fits():
             self.room_waits += 1
@@ -244,10 +249,14 @@ class Lanes:
             if notice is not None:
                 notice(f"waiting for room: the running requests claim {self._claimed(seq)} of the "
                        f"{target.n_ctx} cells the context holds, and this one needs {need}", prompt)
-            batcher.pause(fits)
+            self._waiting.add(seq)
+            try:
+                batcher.pause(fits)
+            finally:
+                self._waiting.discard(seq)
         with self._cond:
             if seq in self._holders:
-                self._admitted.add(seq)
+                self._admitted[seq] = min(need, target.n_ctx)
 
     def empty_saved(self, seq: int) -> None:
         """Before lane ``seq`` reads a prompt: empty the idle lanes' sequences whose contents the pair's prompt
@@ -494,6 +503,7 @@ class Lanes:
             uninterrupted(batcher.drive)  # every member done before the lanes decode alone again
             self.attach(None)
             batcher.close()
+            self.set_aside += batcher.set_aside
             with self._cond:
                 self._active = False
 

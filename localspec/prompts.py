@@ -16,6 +16,29 @@ RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "e
                                 "raise_exception", "functions", "function_call", "tool_choice", "strftime_now"})
 
 
+def check_messages(messages: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse chat messages a template cannot render as meant, in one sentence that names the message: each
+    is an object with a role and its content (text, or a list of parts), which only an assistant turn that
+    calls tools may leave out.
+
+    Raises:
+        ConfigError: the list is empty or not a list, or a message is not an object, has no role or no content.
+    """
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise ConfigError('Chat messages must be a non-empty list of {"role": ..., "content": ...} objects.')
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise ConfigError(f'Message {i} is {type(m).__name__}, not a {{"role": ..., "content": ...}} object.')
+        role = m.get("role")
+        if not isinstance(role, str) or not role:
+            raise ConfigError(f'Message {i} has no role; give "role": "system", "user", "assistant" or "tool".')
+        content = m.get("content")
+        if content is None and not (role == "assistant" and m.get("tool_calls")):
+            raise ConfigError(f'Message {i} ({role}) has no content; give its text as "content".')
+        if content is not None and not isinstance(content, (str, list)):
+            raise ConfigError(f'Message {i} ({role}): "content" must be text, not {type(content).__name__}.')
+
+
 def chat_text(target: Model, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
               tools: Sequence[Mapping[str, Any]] = (), variables: Optional[Mapping[str, Any]] = None) -> str:
     """Chat messages rendered with the chat template stored in ``target``'s GGUF (see ``Pair.format_chat``).
@@ -24,9 +47,10 @@ def chat_text(target: Model, messages: Sequence[Mapping[str, Any]], add_generati
         variables: more variables for the template (such as ``enable_thinking``).
 
     Raises:
-        ConfigError: the GGUF has no chat template, the template rejects the messages, or a variable is one
-            the renderer sets itself.
+        ConfigError: the messages are malformed (see ``check_messages``), the GGUF has no chat template, the
+            template rejects them, or a variable is one the renderer sets itself.
     """
+    check_messages(messages)
     taken = sorted(RESERVED_VARIABLES.intersection(variables or {}))
     if taken:
         raise ConfigError(f"The template variable {taken[0]!r} is set by localspec itself; leave it out.")

@@ -418,3 +418,84 @@ def test_auto_drafts_with_each_sequence_s_head_where_the_costs_let_it(head_pairs
         together.set_profile(None)
     assert [r.tokens for r in results] == expected
     assert all(r.stats.rounds_by_method.get("mtp", 0) > 0 for r in results)
+
+
+def _no_end(pair) -> dict[int, float]:
+    """A logit bias that bans every end-of-generation token: each reply runs to its max_tokens (or the context)."""
+    return {t: -100.0 for t in range(pair.target.n_vocab) if pair.target.is_eog(t)}
+
+
+@pytest.mark.parametrize("method", ["plain", "lookup", "draft", "auto"])
+def test_requests_that_fit_alone_but_not_together_wait_for_room_and_give_what_they_give_alone(pairs, method):
+    # six short prompts of 300 tokens each on four sequences of 1024 cells; then five prompts of ~700 tokens
+    alone, together = pairs
+    options = dict(max_tokens=300, method=method, logit_bias=_no_end(together))
+    short = [f"Request {i}: the cat sat on the" for i in range(6)]
+    waits = together.lanes.room_waits
+    expected = [alone.generate(p, **options).tokens for p in short]
+    assert [r.tokens for r in together.generate_many(short, **options)] == expected
+    assert all(len(t) == 300 for t in expected) and together.lanes.room_waits > waits
+    options["max_tokens"] = 40
+    long = [f"Document {i}: " + "the cat sat on the mat and the dog sat on the log. " * 24 for i in range(5)]
+    assert 600 < len(together.target.tokenize(long[0])) < 900
+    expected = [alone.generate(p, **options).tokens for p in long]
+    assert [r.tokens for r in together.generate_many(long, **options)] == expected
+
+
+def test_replies_longer_than_the_typical_one_are_set_aside_and_brought_back_exact(tiny_dir):
+    # requests that set no max_tokens are counted as typical replies (short here, as the first ones ended at
+    # once), all start, and run out of cells: the ones started last are set aside and come back when room does
+    with localspec.load(tiny_dir / "target.gguf", tiny_dir / "draft.gguf", n_ctx=1024, history=False,
+                        prompt_cache=False) as alone, \
+            localspec.load(tiny_dir / "target.gguf", tiny_dir / "draft.gguf", n_ctx=1024, history=False,
+                           prompt_cache=False, parallel=4) as together:
+        ends = {t: 100.0 for t in _no_end(together)}
+        prompts = [f"Request {i}: the cat sat on the" for i in range(4)]
+        together.generate_many(prompts, max_tokens=2000, logit_bias=ends)  # each ends at its first token
+        assert together.lanes.typical_reply() == 0
+        waits = together.lanes.room_waits
+        options = dict(max_tokens=2000, method="draft", logit_bias=_no_end(together))
+        expected = [alone.generate(p, **options) for p in prompts[:3]]
+        results = together.generate_many(prompts[:3], **options)
+        assert [r.tokens for r in results] == [e.tokens for e in expected]
+        assert {r.finish_reason for r in results} == {"length"}  # each filled the context, as alone
+        assert together.lanes.set_aside >= 2 and together.lanes.room_waits == waits  # none waited: all began
+
+
+def _typical_reply_made_short(together) -> None:
+    """Replies that end at once, so that requests setting no max_tokens are counted as short ones and all begin
+    (the ones that then run longer are set aside as the cells run out)."""
+    ends = {t: 100.0 for t in _no_end(together)}
+    for _ in range(30):  # the typical reply is the median of the latest ones: enough short ones outweigh the rest
+        together.generate_many(["Hi.", "Hello.", "Hey."], max_tokens=4000, logit_bias=ends)
+        if together.lanes.typical_reply() == 0:
+            return
+    raise AssertionError(f"the typical reply is still {together.lanes.typical_reply()} tokens")
+
+
+@pytest.mark.parametrize("arch", ["mamba", "qwen35", "lfm2", "gemma2"])
+def test_every_memory_set_aside_for_want_of_cells_comes_back_exact(arch_pairs, arch):
+    alone, together = arch_pairs[arch]
+    _typical_reply_made_short(together)
+    prompts = [p for p in PROMPTS if isinstance(p, str)][:3]
+    options = dict(max_tokens=4000, method="draft", logit_bias=_no_end(together))
+    expected = [alone.generate(p, **options).tokens for p in prompts]
+    before = together.lanes.set_aside
+    results = together.generate_many(prompts, **options)
+    assert [r.tokens for r in results] == expected, arch
+    # a recurrent state is one cell a sequence: only the attention of the others runs out of cells
+    assert together.lanes.set_aside > before or arch == "mamba"
+
+
+def test_a_sequence_with_an_mtp_head_set_aside_comes_back_exact(head_pairs):
+    alone, together = head_pairs
+    _typical_reply_made_short(together)
+    prompts = [p for p in PROMPTS if isinstance(p, str)][:3]
+    options = dict(max_tokens=4000, method="mtp", k=3, logit_bias=_no_end(together))
+    expected = [alone.generate(p, **options) for p in prompts]
+    before = together.lanes.set_aside
+    results = together.generate_many(prompts, **options)
+    assert [r.tokens for r in results] == [e.tokens for e in expected]
+    assert [r.stats.accepted_by.get("mtp", 0) for r in results] == [e.stats.accepted_by.get("mtp", 0)
+                                                                     for e in expected]
+    assert together.lanes.set_aside > before

@@ -127,11 +127,11 @@ def _from_file(models: ModelArgs, options: GenerationOptions, input_file: Option
         raise click.UsageError(f"--input takes the requests from its file; leave out {', '.join(single)} (each "
                                "output line is what --json prints; a line gives its own system turn as "
                                "\"system\" or in \"messages\").")
-    jobs = read_jobs(input_file)  # a bad line is said before the models load
+    jobs = read_jobs(input_file)  # a file that cannot be read is said before the models load
     with models.open(options.method, parallel=parallel) as pair:
         if recalibrate:
             pair.calibrate(refresh=True)
-        failed = run(pair, jobs, output_file, options)
+        failed = run(pair, jobs, output_file, options, input_file)
     if failed:
         again = (f"{output_file} and is tried again by the next run" if output_file not in (None, "-")
                  else "the output")

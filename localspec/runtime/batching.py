@@ -26,7 +26,6 @@ fails for want of cells that it would have had alone.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import signal
 import threading
@@ -40,7 +39,7 @@ import numpy as np
 from greenlet import greenlet
 
 from .aside import SetAside, holds_cells
-from .process import POSITIONS, abort_hook
+from .process import POSITIONS, LogitsView, abort_hook
 
 #: Steps of more tokens than this can be stopped inside llama.cpp (the hook costs a Python call per graph node,
 #: which only a long step amortises).
@@ -92,6 +91,7 @@ class _Call:
     width: int = 1  # the most calls a decode that served it held
     beside: tuple[int, int, int] = (0, 0, 0)  # the other calls in its last decode: tokens, streams, calls
     finished: bool = False
+    aside: bool = False  # its member is set aside: not decoded until it is brought back
 
     def __post_init__(self) -> None:
         self.m = len(self.tokens)
@@ -176,7 +176,7 @@ class StepBatcher:
         self._freed = False  # a member ended or cells were freed since a set-aside member last tried to come back
         self._interrupted = False  # Ctrl-C came during ``drive``: raised at the next point between steps
         self._batches: dict[int, tuple[Any, int, np.ndarray, np.ndarray, np.ndarray, list[int]]] = {}  # see _batch
-        self._views: dict[int, tuple[Optional[int], np.ndarray]] = {}  # by context: its logits buffer's view
+        self._views: dict[int, LogitsView] = {}  # by context: its logits buffer's view
         self._seen: dict[int, dict[int, Any]] = {}  # id of a context: the sequences members decoded on, by id
         self._closed = False
         self._order = 0
@@ -243,10 +243,14 @@ class StepBatcher:
                 return
             if self._wake_paused():
                 continue
-            if self._calls or self._aside:
+            self._drop_cancelled()
+            self._bring_back(force=not self._calls)
+            if self._calls:
                 self._step()
-            elif not self._ready:  # every member paused, waiting for something no step will bring
+            elif self._paused:  # every member paused, waiting for something no step will bring
                 self._unstick()
+            elif self._aside:  # set aside, with nothing else left that holds cells it could wait for
+                self._fail_aside()
 
     def pause(self, until: Callable[[], bool]) -> bool:
         """From a member: wait, decoding nothing, until ``until()`` holds (looked at between steps). True when
@@ -401,8 +405,6 @@ class StepBatcher:
                 call.rc, call.finished = 2, True
                 self._wake(call)
         self._calls = [c for c in self._calls if not c.finished]
-        self._drop_cancelled()
-        self._bring_back()
         by_context: dict[int, list[_Call]] = {}
         for call in sorted(self._calls, key=lambda c: c.m - c.done):
             by_context.setdefault(id(call.model._ctx), []).append(call)
@@ -428,6 +430,12 @@ class StepBatcher:
         """One llama.cpp decode of as much of ``group``'s calls (on one context; ``streams``: which of them are
         streams, ``base``: their tokens) as its ``n_batch`` takes. The calls held back for shorter requests
         (``shortest``: the least time a generation decoding in the step has left)."""
+        if any(call.aside for call in group):  # set aside earlier in this step, for another context's cells
+            kept = [i for i, call in enumerate(group) if not call.aside]
+            group, streams = [group[i] for i in kept], [streams[i] for i in kept]
+            if not group:
+                return []
+            base = sum(c.m - c.done for c, s in zip(group, streams, strict=True) if s)
         first = group[0].model
         capacity = self._batch(first)[1]
         taken: list[tuple[_Call, int]] = []  # a call, and how many of its tokens go in this step
@@ -630,15 +638,12 @@ class StepBatcher:
         return made
 
     def _logits(self, model: Any, rows: int) -> np.ndarray:
-        """The first ``rows`` rows of ``model``'s context's logits buffer: a view, kept while llama.cpp keeps the
-        buffer where it was (it moves it only to make it larger)."""
-        address = ctypes.cast(ll.llama_get_logits(model._ctx), ctypes.c_void_p).value
+        """The first ``rows`` rows of ``model``'s context's logits buffer (a view)."""
         key = id(model._ctx)
         view = self._views.get(key)
-        if view is None or view[0] != address or view[1].shape[0] < rows:
-            buffer = (ctypes.c_float * (max(rows, model.n_batch) * model.n_vocab)).from_address(address or 0)
-            view = self._views[key] = (address, np.frombuffer(buffer, dtype=np.float32).reshape(-1, model.n_vocab))
-        return view[1][:rows]
+        if view is None:
+            view = self._views[key] = LogitsView(model.n_vocab, model.n_batch)
+        return view.rows(model._ctx, rows)
 
     # -- members set aside for want of cells ----------------------------------------------
 
@@ -648,7 +653,10 @@ class StepBatcher:
         holders = [m for m in self._members if any(v._ctx is first._ctx and holds_cells(v) for v in self._models(m))]
         if len(holders) < 2:
             return None
-        waiting = {id(c.member) for c in self._calls}
+        # only a member still waiting in its call: one whose call ended in this step (on another context) runs
+        # on with its cells as soon as the step is over
+        ready = {id(m) for m in self._ready}
+        waiting = {id(c.member) for c in self._calls if not c.finished and id(c.member) not in ready}
         candidates = [m for m in holders if id(m) in waiting]
         return max(candidates, key=lambda m: m.order) if candidates else None
 
@@ -660,31 +668,37 @@ class StepBatcher:
         """Save and empty every sequence ``member`` decodes on; its calls wait until ``_bring_back``."""
         calls = [c for c in self._calls if c.member is member]
         self._calls = [c for c in self._calls if c.member is not member]
+        for call in calls:
+            call.aside = True
         self._aside.append(SetAside.take(member, self._models(member), calls))
         self.set_aside += 1
 
-    def _bring_back(self) -> None:
-        """Load the states of members set aside, the one started first first, while they fit: after a member
-        ended or cells were freed, or when nothing else is left to decode. Where nothing else is left and one
-        still does not fit (idle sequences' cells freed first), its calls fail."""
-        alone = not self._calls
-        if not self._aside or not (self._freed or alone):
+    def _bring_back(self, force: bool) -> None:
+        """Load the states of members set aside, the one started first first, while they fit (idle sequences'
+        cells freed for them first): after a member ended or cells were freed, or when ``force`` says nothing
+        else is left to decode."""
+        if not self._aside or not (self._freed or force):
             return
         self._freed = False
         while self._aside:
             aside = min(self._aside, key=lambda a: a.member.order)
             while not aside.load():
                 if not any(self.room is not None and self.room(model) for model, _ in aside.saved):
-                    if alone:  # nothing else holds cells it could wait for
-                        self._aside.remove(aside)
-                        aside.drop()
-                        for call in aside.calls:
-                            call.rc, call.finished = 1, True
-                            self._wake(call)
                     return
             self._aside.remove(aside)
+            for call in aside.calls:
+                call.aside = False
             self._calls.extend(aside.calls)
-            alone = False
+
+    def _fail_aside(self) -> None:
+        """The member set aside first cannot come back though nothing else is left: its calls fail for want of
+        cells (a state that no longer fits its context alone)."""
+        aside = min(self._aside, key=lambda a: a.member.order)
+        self._aside.remove(aside)
+        aside.drop()
+        for call in aside.calls:
+            call.rc, call.finished = 1, True
+            self._wake(call)
 
     def _drop_cancelled(self) -> None:
         """Members set aside whose generation was cancelled: their states go, their calls end as cancelled."""

@@ -34,6 +34,7 @@ from .process import (
     CACHE_TYPES,
     POSITIONS,
     LlamaLog,
+    LogitsView,
     abort_hook,
     context_params,
     default_threads,
@@ -151,6 +152,7 @@ class Model(CacheControl, ModelVocabulary):
         self._file_identity = self._identity_at_load()
         # One batch reused for every decode, filled through numpy views of its arrays.
         self._batch, self._b_token, self._b_pos, self._b_logits = one_sequence_batch(self.n_batch, self.seq)
+        self._logits = LogitsView(self.n_vocab, self.n_batch)
 
     def _create_context(self, n_ctx: int, n_batch: int, cache_type: str, flash_attn: Optional[bool],
                         rollback_tokens: int, n_seq: int) -> None:
@@ -248,6 +250,7 @@ class Model(CacheControl, ModelVocabulary):
         if self._ext is not None:  # hidden rows of its own positions (zero pages until written)
             view.hidden = np.zeros(self.hidden.shape, dtype=np.float32)
         view._batch, view._b_token, view._b_pos, view._b_logits = one_sequence_batch(self.n_batch, seq)
+        view._logits = LogitsView(self.n_vocab, self.n_batch)
         return view
 
     def attach(self, batcher: Optional[StepBatcher]) -> None:
@@ -428,7 +431,7 @@ class Model(CacheControl, ModelVocabulary):
         if batched is not None:
             out: Optional[np.ndarray] = batched if rows else None
         else:
-            out = np.ctypeslib.as_array(ll.llama_get_logits(self._ctx), shape=(rows, self.n_vocab)) if rows else None
+            out = self._logits.rows(self._ctx, rows) if rows else None
         self.busy_seconds += time.perf_counter() - t0
         self.decode_calls += 1
         return out

@@ -184,6 +184,26 @@ def abort_hook(ctx: Optional[ll.llama_context_p], abort: Optional[Flag]) -> Iter
         ll.llama_set_abort_callback(ctx, ll.ggml_abort_callback(), None)  # a null pointer: no hook
 
 
+class LogitsView:
+    """The first rows of a context's logits buffer as a numpy view, made again only when llama.cpp moves the
+    buffer (it does so only to make it larger): reading a decode's rows costs no array construction."""
+
+    def __init__(self, n_vocab: int, most: int):
+        self.n_vocab, self.most = n_vocab, most
+        self._address: Optional[int] = None
+        self._view = np.zeros((0, n_vocab), dtype=np.float32)
+
+    def rows(self, ctx: ll.llama_context_p, n: int) -> np.ndarray:
+        """The first ``n`` rows of the logits the last decode on ``ctx`` gave (a view, valid until its next)."""
+        address = ctypes.cast(ll.llama_get_logits(ctx), ctypes.c_void_p).value
+        if address != self._address or self._view.shape[0] < n:
+            size = max(n, self.most) * self.n_vocab  # a bound on what is read: never more than the decode's rows
+            buffer = memoryview((ctypes.c_float * size).from_address(address or 0))
+            self._view = np.frombuffer(buffer, dtype=np.float32).reshape(-1, self.n_vocab)
+            self._address = address
+        return self._view[:n]
+
+
 def one_sequence_batch(n: int, seq: int = 0) -> tuple[ll.llama_batch, np.ndarray, np.ndarray, np.ndarray]:
     """A batch of up to ``n`` tokens of sequence ``seq``, and numpy views of its token, position and
     logits-wanted arrays, so that filling it is a few vectorised writes."""

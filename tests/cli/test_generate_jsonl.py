@@ -88,25 +88,42 @@ def test_a_line_that_fails_gets_its_reason_and_the_others_their_results(tmp_path
     assert "context" in got["long"]["error"] and got["ok"]["tokens"] and got["also"]["tokens"]
 
 
-def test_bad_lines_and_flags_are_named_before_any_model_loads(tmp_path, tiny_dir):
-    src = tmp_path / "in.jsonl"
-    cases = [
-        ('{"prompt": "a"}\n\n{"prompt": "b"\n', "line 3 is not JSON"),
-        ('{"prompt": "a", "temprature": 0.5}\n', "'temprature'"),
-        ('{"id": 1, "prompt": "a"}\n{"id": 1, "prompt": "b"}\n', "the id 1 is on an earlier line"),
-        ('{"prompt": "a", "messages": []}\n', "exactly one of"),
-        ('["a"]\n', "not a JSON object"),
-        ('{"prompt": "a", "system": "s"}\n', '"system" goes with "message"'),
-        ('{"prompt": "a", "max_tokens": 0}\n', "line 1"),
+def test_each_bad_line_gets_its_sentence_and_every_good_line_its_answer(tmp_path, tiny_dir):
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    good = [{"id": "first", "prompt": "The cat sat on the"}, {"id": "last", "message": "Say hi"}]
+    bad = [  # each line, the id its error is written under, and what the sentence says
+        ('{"prompt": "b"', 2, "line 2 is not JSON"),
+        ('{"id": "typo", "prompt": "a", "temprature": 0.5}', "typo", "'temprature'"),
+        ('{"id": "first", "prompt": "b"}', "first", "the id 'first' is on an earlier line"),
+        ('{"id": "both", "prompt": "a", "messages": []}', "both", "exactly one of"),
+        ('["a"]', 6, "not a JSON object"),
+        ('{"id": "sys", "prompt": "a", "system": "s"}', "sys", '"system" goes with "message"'),
+        ('{"id": "zero", "prompt": "a", "max_tokens": 0}', "zero", "max_tokens"),
+        ('{"id": "empty", "messages": [{"role": "user"}]}', "empty", "has no content"),
     ]
-    for text, needle in cases:
-        src.write_text(text)
-        r = run_cli(["generate", "-t", str(tmp_path / "missing.gguf"), "--input", str(src)])
-        if needle == "line 1":  # an option's value is checked once the pair's defaults are known
-            r = run_cli(["generate", *_files(tiny_dir), "--input", str(src)])
-        assert r.exit_code == 2 and needle in r.stderr, (text, r.stderr)
+    lines = [json.dumps(good[0]), *(text for text, _, _ in bad), json.dumps(good[1])]
+    src.write_text("\n".join(lines) + "\n")
+    r = run_cli(["generate", *_files(tiny_dir), "--input", str(src), "--output", str(out), "--parallel", "2",
+                 "-n", "12", "--method", "lookup"])
+    assert r.exit_code == 1 and f"{len(bad)} lines failed" in r.stderr and "Traceback" not in r.output, r.output
+    written = [json.loads(x) for x in out.read_text().splitlines()]
+    errors = [x for x in written if "error" in x]
+    assert len(errors) == len(bad)
+    for (_, ident, needle), error in zip(bad, errors, strict=True):  # in the file's order, each with its reason
+        assert error["id"] == ident and needle in error["error"], (needle, error)
+        assert str(src) in error["error"] or "no content" in error["error"]
+    answers = {x["id"]: x for x in written if "error" not in x}
+    assert answers["first"]["tokens"] == _alone(tiny_dir, good[0])["tokens"]
+    assert answers["last"]["tokens"] == _alone(tiny_dir, {"messages": [{"role": "user", "content": "Say hi"}]})[
+        "tokens"]
+
+
+def test_flags_that_do_not_go_together_are_named_before_any_model_loads(tmp_path, tiny_dir):
+    src = tmp_path / "in.jsonl"
     r = run_cli(["generate", *_files(tiny_dir), "--output", str(tmp_path / "o.jsonl")])
     assert r.exit_code == 2 and "go with --input" in r.stderr
     src.write_text('{"prompt": "a"}\n')
     r = run_cli(["generate", *_files(tiny_dir), "--input", str(src), "--prompt", "b"])
     assert r.exit_code == 2 and "leave out --prompt" in r.stderr
+    r = run_cli(["generate", "-t", str(tmp_path / "missing.gguf"), "--input", str(tmp_path / "none.jsonl")])
+    assert r.exit_code == 2 and "could not be read" in r.stderr

@@ -361,6 +361,83 @@ def test_sequences_that_overflow_the_shared_cells_get_a_clear_error(tiny_dir):
         assert other.eval([5, 6], logits="last").shape[0] == 1  # what fits still goes
 
 
+@pytest.mark.parametrize("arch", ["llama", "mamba", "qwen35"])
+def test_sequences_that_outgrow_the_shared_cells_are_set_aside_and_give_what_they_give_alone(tiny_dir, recurrent_dir,
+                                                                                             arch):
+    # three sequences of 20-token prompts and 150 tokens each in 256 cells: the loop sets the one started last
+    # aside (its state saved and its cells freed) and brings it back when one ends; each gets its own tokens
+    path = tiny_dir / "target.gguf" if arch == "llama" else recurrent_dir / f"{arch}.gguf"
+    with Model(path, n_ctx=256) as alone, Model(path, n_ctx=256, n_seq=3) as shared:
+        prompts = [alone.tokenize(p)[:20] for p in PROMPTS[:3]]
+        expected = []
+        for prompt in prompts:
+            alone.reset()
+            alone.eval(prompt, logits="none")
+            expected.append(_continue(alone, 150))
+        seqs = [shared, shared.sequence(1), shared.sequence(2)]
+        batcher = StepBatcher()
+        for seq in seqs:
+            seq.attach(batcher)
+        batcher.room = _freeing_the_finished(seqs)
+        got = _run_together(seqs, prompts, 150, batcher)
+        assert got == expected
+        # a recurrent state is one cell a sequence, whatever its length: only attention runs out of them
+        assert batcher.set_aside >= (0 if arch == "mamba" else 1)
+
+
+def _freeing_the_finished(seqs: list[Model]):
+    """A ``StepBatcher.room`` as a pair's lanes give it: a sequence whose work is done (it holds its prompt and
+    150 tokens more) is idle, and its cells go when another needs them."""
+    def room(model: Model) -> bool:
+        for seq in seqs:
+            if seq._ctx is model._ctx and seq.n_past >= 170 and not seq.decoding:
+                seq.reset()
+                return True
+        return False
+    return room
+
+
+def test_a_sequence_set_aside_whose_generation_is_cancelled_ends_empty_and_the_others_go_on(tiny_dir):
+    with Model(tiny_dir / "target.gguf", n_ctx=256) as alone, \
+            Model(tiny_dir / "target.gguf", n_ctx=256, n_seq=2) as shared:
+        prompts = [alone.tokenize(p)[:20] for p in PROMPTS[:2]]
+        alone.eval(prompts[0], logits="none")
+        expected = _continue(alone, 200)
+        seqs = [shared, shared.sequence(1)]
+        batcher = StepBatcher()
+        for seq in seqs:
+            seq.attach(batcher)
+        gone = threading.Event()  # the second one's client leaves while it is set aside
+        results: list[object] = [None, None]
+
+        def first() -> None:
+            seqs[0].eval(prompts[0], logits="none")
+            last, out = int(seqs[0].tokens[-1]), []
+            seqs[0].truncate(seqs[0].n_past - 1)
+            for _ in range(200):
+                if batcher.waiting_for_room:
+                    gone.set()
+                row = seqs[0].eval([last], logits="last")[0]
+                last = int(np.argmax(row))
+                out.append(last)
+            results[0] = out
+
+        def second() -> None:  # started last: set aside once the cells run out
+            try:
+                seqs[1].eval(prompts[1], logits="none", abort=gone)
+                last = int(seqs[1].tokens[-1])
+                for _ in range(230):
+                    last = int(np.argmax(seqs[1].eval([last], logits="last", abort=gone)[0]))
+            except GenerationCancelled as exc:
+                results[1] = exc
+
+        _members(batcher, seqs, first, second)
+        assert results[0] == expected
+        assert isinstance(results[1], GenerationCancelled), results[1]
+        assert seqs[1].n_past == 0  # its saved state went, and its record says so
+        assert batcher.set_aside == 1
+
+
 def test_a_hybrid_sequence_cut_back_after_another_sequence_decoded_keeps_its_state(recurrent_dir):
     # llama.cpp's rollback snapshots do not survive other sequences' decodes (seen as wrong tokens when heads of
     # several sequences drafted together): a context of several sequences takes none, its cut backs go by

@@ -284,6 +284,8 @@ def _message(m: Message, i: int) -> dict[str, Any]:
         raise ApiError(400, f"messages[{i}].images: localspec models read text only.")
     if m.tool_calls and m.role != "assistant":
         raise ApiError(400, f"messages[{i}] has role {m.role!r} and tool_calls, which only an assistant message has.")
+    if m.content is None and not (m.role == "assistant" and m.tool_calls):
+        raise ApiError(400, f"messages[{i}] ({m.role}) has no content; give its text as \"content\".")
     out: dict[str, Any] = {"role": m.role, "content": m.content or ""}
     if m.tool_calls:
         out["tool_calls"] = [_call(c, i, n) for n, c in enumerate(m.tool_calls)]

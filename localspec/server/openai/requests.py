@@ -377,6 +377,9 @@ def _messages(messages: list[Message]) -> list[dict[str, Any]]:
         if m.tool_calls and m.role != "assistant":
             raise ApiError(400, f"messages[{i}] has role {m.role!r} and tool_calls, which only an assistant message "
                            "has.", param="messages", code="invalid_value")
+        if m.content is None and not (m.role == "assistant" and m.tool_calls):
+            raise ApiError(400, f"messages[{i}] ({m.role}) has no content; give its text as 'content'.",
+                           param="messages", code="invalid_value")
         message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
                                    "content": _text_of(m.content or "", f"messages[{i}]", "messages")}
         if m.tool_calls:
