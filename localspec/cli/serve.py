@@ -21,8 +21,9 @@ from .shared import ModelArgs, friendly_errors, generation_options, model_option
 @click.option("--api-key", envvar="LOCALSPEC_API_KEY", default=None,
               help="Require 'Authorization: Bearer KEY' on every request but /health (or set LOCALSPEC_API_KEY).")
 @click.option("--parallel", type=click.IntRange(0, 64), default=0, show_default=True,
-              help="Requests decoded together, each speculating on its own, their tokens in one batch per step "
-                   "(they share the context's cells); 0: automatic (4).")
+              help="Requests decoded together, each speculating on its own, their tokens in one batch per step; "
+                   "0: automatic (4). They share --ctx: size it for the prompts and replies that run at once "
+                   "(a request that does not fit beside the others waits, it never fails).")
 @click.option("--max-queue", type=click.IntRange(0, 1000), default=8, show_default=True,
               help="Requests that may wait while the others generate; more get 503.")
 @click.option("--allow-origin", "origins", multiple=True, metavar="ORIGIN",

@@ -163,7 +163,8 @@ def _own_routes(app: FastAPI, server: Server) -> None:
 
 def _metrics(app: FastAPI, server: Server) -> None:
     """``GET /metrics``, and the count of every request answered (the guards' refusals too)."""
-    registry = server_metrics.registry(server.totals, lambda: dict(server.counts), server.occupancy)
+    registry = server_metrics.registry(server.totals, lambda: dict(server.counts), server.occupancy,
+                                       lambda: (server.room_waits, server.set_aside))
 
     @app.get("/metrics")
     async def scrape() -> Response:

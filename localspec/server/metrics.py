@@ -55,8 +55,8 @@ class _Collector(Collector):
     """The metric families, built from ``Totals`` and the live gauges at each scrape."""
 
     def __init__(self, totals: Totals, outcomes: Callable[[], Mapping[str, int]],
-                 gauges: Callable[[], tuple[int, int]]):
-        self.totals, self.outcomes, self.gauges = totals, outcomes, gauges
+                 gauges: Callable[[], tuple[int, int]], room: Callable[[], tuple[int, int]]):
+        self.totals, self.outcomes, self.gauges, self.room = totals, outcomes, gauges, room
 
     def collect(self) -> Iterator[Any]:
         with self.totals.lock:
@@ -84,18 +84,23 @@ class _Collector(Collector):
             for drafter, n in sorted(counts.items()):
                 family.add_metric([drafter], n)
             yield family
+        waits, aside = self.room()
+        yield CounterMetricFamily("localspec_room_waits", "Requests that waited for room in the shared cells before "
+                                  "they began.", value=waits)
+        yield CounterMetricFamily("localspec_set_aside", "Generations set aside for want of cells (saved, then "
+                                  "brought back when room came).", value=aside)
         running, waiting = self.gauges()
         yield GaugeMetricFamily("localspec_running", "Generations running now (at most the server's --parallel).",
                                 value=running)
         yield GaugeMetricFamily("localspec_queued", "Requests waiting for the generation worker.", value=waiting)
 
 
-def registry(totals: Totals, outcomes: Callable[[], Mapping[str, int]],
-             gauges: Callable[[], tuple[int, int]]) -> CollectorRegistry:
+def registry(totals: Totals, outcomes: Callable[[], Mapping[str, int]], gauges: Callable[[], tuple[int, int]],
+             room: Callable[[], tuple[int, int]] = lambda: (0, 0)) -> CollectorRegistry:
     """A registry of one server's metrics: ``outcomes`` gives generations by outcome, ``gauges`` (running,
-    waiting), both read at each scrape."""
+    waiting), ``room`` (requests that waited for room, generations set aside), all read at each scrape."""
     reg = CollectorRegistry(auto_describe=True)
-    reg.register(_Collector(totals, outcomes, gauges))
+    reg.register(_Collector(totals, outcomes, gauges, room))
     return reg
 
 
