@@ -464,7 +464,6 @@ class Pair:
     def _start(self, prompt_tokens: list[int], prompt_text: Optional[str], opts: GenerationOptions,
                calls: Optional[frozenset[str]] = None, boundaries: Sequence[int] = ()) -> Stream:
         check_prompt(self.target, len(prompt_tokens))  # before any work, calibration included
-        self.lanes.ready(self.target, prompt_tokens, opts.max_tokens)
         processing = Processing.from_options(opts, self.target.n_vocab)
         self.choose_threads()  # once per machine (cached); plain decoding runs at the fastest count too
         method, k = get_method(opts.method), opts.draft_length(self.draft_k)
@@ -478,6 +477,9 @@ class Pair:
         plan = DecodingPlan(prompt_tokens, drafter=drafter, k=k, params=opts.sampling, max_tokens=opts.max_tokens,
                             seed=opts.seed, stop=opts.stop, method=opts.method, matcher=matcher,
                             processing=processing, logprobs=opts.logprobs, boundaries=boundaries, reader=reader)
+        # the request is whole and checked: only now may it wait for room beside the pair's other generations
+        # (a server's stream starts while it waits) and take another lane's cells
+        self.lanes.ready(self.target, prompt_tokens, opts.max_tokens)
         g = Generation(self.target, plan, prompt_cache=self.cache)
         store = self.history if opts.history else None
         return Stream(g, prompt_tokens, (lambda done: self._record(store, prompt_tokens, done)) if store else None,

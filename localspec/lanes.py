@@ -69,6 +69,7 @@ class Lanes:
         self._notices: dict[int, Callable[[str, int], None]] = {}  # held lanes: told when their generation waits
         self._admitted: dict[int, int] = {}  # held lanes whose generation has its room: the cells it needed
         self._waiting: set[int] = set()  # held lanes whose generation waits for room
+        self._shared: dict[int, int] = {}  # held lanes: the prompt prefix their target shares with another lane
         self._replies: deque[int] = deque(maxlen=REPLIES_KEPT)  # the lengths of the latest replies
         self._batcher: Optional[StepBatcher] = None  # the loop the lanes decode on, once attached
         self._active = False  # a generate_many or generate_each is under way
@@ -144,6 +145,7 @@ class Lanes:
             self._cancelled.pop(seq, None)
             self._notices.pop(seq, None)
             self._admitted.pop(seq, None)
+            self._shared.pop(seq, None)
             target = self._models()[0][seq]
             if target is not None and target.last_reply is not None:
                 self._replies.append(target.last_reply)
@@ -224,7 +226,8 @@ class Lanes:
         for other, need in self._admitted.items():
             t = targets[other]
             if other != seq and t is not None:
-                claimed += max(need, t.n_past + (t.cells_left if t.cells_left is not None else self.typical_reply()))
+                left = t.cells_left if t.cells_left is not None else self.typical_reply()
+                claimed += max(need, t.n_past - self._shared.get(other, 0) + left)
         return claimed
 
     def _await_room(self, target: Any, prompt: int, reply: int) -> None:
@@ -233,7 +236,8 @@ class Lanes:
         then it counts as admitted. It goes on at once when it is the only one, when its client has left, or
         when nothing else could go on."""
         seq, batcher = target.seq, self._batcher
-        need = max(0, prompt - target.n_past) + target.n_past + reply
+        # its prompt and reply, less the prefix it shares with another lane (those cells are counted there)
+        need = max(prompt, target.n_past) - self._shared.get(seq, 0) + reply
 
         def fits() -> bool:
             gone = self._cancelled.get(seq)
@@ -329,12 +333,13 @@ class Lanes:
             n = self._lendable(models[other], other, mine, wanted)
             if n > most:
                 best, most = models[other], n
-        if best is not None:
-            mine.copy_prefix(best, most, wanted[:most])
+        if best is not None and mine.copy_prefix(best, most, wanted[:most]) and models[0] is self.pair.target:
+            self._shared[seq] = most  # cells it shares with another lane's target (see ``_await_room``)
 
     def _lendable(self, other: Any, seq: int, mine: Any, wanted: np.ndarray) -> int:
-        """How much of ``wanted`` lane ``seq``'s sequence ``other`` can lend ``mine`` now (under ``_cond``)."""
-        if other is None or other is mine or other.keeps_hidden != mine.keeps_hidden:
+        """How much of ``wanted`` lane ``seq``'s sequence ``other`` can lend ``mine`` now (under ``_cond``; a
+        sequence set aside holds no cells to lend)."""
+        if other is None or other is mine or other.keeps_hidden != mine.keeps_hidden or other.held_aside:
             return 0
         if seq in self._idle:
             return int(other.common_prefix(wanted))
@@ -364,10 +369,10 @@ class Lanes:
                         source, most, theirs = seq, n, reading
 
         def done() -> bool:  # it holds that much, or reads something else (its generation ended), or could not
-            # lend it, or this lane's client left
+            # lend it (set aside for want of cells, too), or this lane's client left
             return source is None or self._reading.get(source) is not theirs or \
                 targets[source].keeps_hidden != target.keeps_hidden or bool(gone and gone.is_set()) or \
-                self._lendable(targets[source], source, target, wanted) >= most
+                targets[source].held_aside or self._lendable(targets[source], source, target, wanted) >= most
 
         batcher.pause(done)  # looked at between the loop's steps
         return not (gone and gone.is_set())
@@ -500,12 +505,14 @@ class Lanes:
             stop.set()
             for stream in list(running.values()):
                 stream.cancel()
-            uninterrupted(batcher.drive)  # every member done before the lanes decode alone again
-            self.attach(None)
-            batcher.close()
-            self.set_aside += batcher.set_aside
-            with self._cond:
-                self._active = False
+            try:
+                uninterrupted(batcher.drive)  # every member done before the lanes decode alone again
+            finally:  # (close runs any that a failed loop left parked to their end)
+                batcher.close()
+                self.attach(None)
+                self.set_aside += batcher.set_aside
+                with self._cond:
+                    self._active = False
 
     def _prepare(self, opts: GenerationOptions) -> None:
         """What every lane would otherwise do first, done once on sequence 0 before the lanes are made: the

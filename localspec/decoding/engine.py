@@ -83,6 +83,8 @@ class Generation:
         self._t_mark: Optional[float] = None  # start of decode time not yet counted; None while the consumer runs
         self._first_row: Optional[np.ndarray] = None  # the prefill's logits, kept for the first token's logprob
         self._left_at: Optional[int] = None  # the target's ``writes`` when the last round ended
+        # max_tokens reaches past the context's room (a request that set none): a reply of unknown length
+        self._unbounded = plan.max_tokens >= target.n_ctx - len(plan.prompt)
         self._events = self._run()
 
     def __iter__(self) -> Generation:
@@ -105,6 +107,8 @@ class Generation:
             ev = next(self._events)
         except StopIteration as stop:
             self.finish_reason = stop.value
+            if stop.value == "stop" and self._unbounded:  # what a reply of unknown length came to (see Lanes)
+                self.target.last_reply = self.stats.generated_tokens
             raise
         except BaseException:
             self.finish_reason = "interrupted"
@@ -153,6 +157,9 @@ class Generation:
         self._context[:self._n] = self._prompt
         target.widest_batch = 1  # read at the end (``_settle``)
         self._expect()  # its decoding, after the prompt (see ``StepBatcher``)
+        for m in self._models():  # a step loop drops this generation's sequences set aside once it is cancelled
+            if isinstance(m, Model):
+                m.cancelled = self._cancel
         start = self._counters()  # rewinds count from here; llama.cpp's time from the first round
         try:
             first = self._prefill()
@@ -180,6 +187,8 @@ class Generation:
                     return "interrupted"
                 self._expect()
                 pending, rows = self._round(k)
+        except GenerationCancelled:  # cancelled while set aside for want of cells: its state was dropped
+            return "interrupted"
         finally:
             self._expect(ended=True)
             self._settle(start)
@@ -208,8 +217,8 @@ class Generation:
         for m in self._models():
             if isinstance(m, Model):
                 m.steps_left, m.cells_left = steps, left
-        if ended:
-            self.target.last_reply = self.stats.generated_tokens
+                if ended:
+                    m.cancelled = None
 
     def _counters(self) -> tuple[float, float, tuple[int, int]]:
         """llama.cpp's busy time (all models, and the target's), and the rewinds so far."""

@@ -38,15 +38,17 @@ class SetAside:
 
     @classmethod
     def take(cls, member: Any, models: list[Any], calls: list[Any]) -> SetAside:
-        """Save each of ``models`` (sequences of the member's lane) and free its cells."""
+        """Save each of ``models`` (sequences of the member's lane), then free their cells. Nothing is freed if a
+        state cannot be saved (MemoryError is raised)."""
         aside = cls(member, calls)
         for model in models:
-            if not holds_cells(model):
-                continue
+            if holds_cells(model):
+                with model._log:
+                    aside.saved.append((model, memory.save_sequence(model._ctx, model.seq)))
+        for model, _ in aside.saved:
             with model._log:
-                data = memory.save_sequence(model._ctx, model.seq)
                 ll.llama_memory_seq_rm(model._mem, model.seq, -1, -1)
-            aside.saved.append((model, data))
+            model.held_aside = True
         return aside
 
     @property
@@ -65,10 +67,13 @@ class SetAside:
                     ll.llama_memory_seq_rm(done._mem, done.seq, -1, -1)
                 return False
             loaded.append(model)
+        for model, _ in self.saved:
+            model.held_aside = False
         return True
 
     def drop(self) -> None:
         """Give the saved states up (the generation was cancelled): each sequence's record says it is empty."""
         for model, _ in self.saved:
+            model.held_aside = False
             model.reset()
         self.saved.clear()

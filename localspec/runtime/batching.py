@@ -49,6 +49,10 @@ ABORTABLE_STEP = 64
 #: this share of it: none beside a lone stream on a CPU, where every token costs.
 QUIET_SHARE = 0.1
 
+#: A prompt waits for a shorter request only where the wait is at most this share of what its own request has
+#: left (or where, held, it still ends no later than the requests beside it): see ``StepBatcher._held``.
+HOLD_SHARE = 0.1
+
 
 @dataclass(eq=False)
 class Member:
@@ -246,7 +250,10 @@ class StepBatcher:
             self._drop_cancelled()
             self._bring_back(force=not self._calls)
             if self._calls:
-                self._step()
+                try:
+                    self._step()
+                except Exception:  # a bug or llama.cpp gone wrong: the calls fail, their members go on
+                    self._fail_calls()
             elif self._paused:  # every member paused, waiting for something no step will bring
                 self._unstick()
             elif self._aside:  # set aside, with nothing else left that holds cells it could wait for
@@ -331,6 +338,9 @@ class StepBatcher:
             yield
         finally:
             signal.signal(signal.SIGINT, previous)
+        if self._interrupted:  # it came after the last look between steps: the caller hears of it now
+            self._interrupted = False
+            raise KeyboardInterrupt
 
     # -- decode calls ------------------------------------------------------------------
 
@@ -367,20 +377,16 @@ class StepBatcher:
         return fn()
 
     def close(self) -> None:
-        """Free the batches (the batcher cannot be used afterwards). Members still parked are failed and run to
-        their end, so that they leave their caches consistent."""
-        if self._members and self._hub is None:
-            for call in self._calls:
-                call.rc, call.finished = -1, True
-                self._wake(call)
-            for aside in self._aside:
-                aside.drop()
-                for call in aside.calls:
-                    call.rc, call.finished = -1, True
-                    self._wake(call)
-            self._calls, self._aside = [], []
+        """Free the batches (the batcher cannot be used afterwards). Members still parked are failed, again at
+        each call they make, until they have run to their end and left their caches consistent."""
+        for _ in range(1000):  # each round fails what they wait in; their clean-up may decode once or twice more
+            if not self._members or self._hub is not None:
+                break
+            self._fail_calls()
+            while self._aside:
+                self._fail_aside()
             self._unstick()
-            with contextlib.suppress(BaseException):
+            with contextlib.suppress(Exception):
                 self._hub = greenlet.getcurrent()
                 try:
                     self._run_ready()
@@ -416,20 +422,22 @@ class StepBatcher:
         # a step waits for all its contexts' decodes: a prompt is weighed against every generation decoding in
         # it, on any context (a lane drafting with a draft model has its calls there, and so has a draft model
         # reading a prompt after its target)
-        shortest = min((self._left(call, base) for group, streams, base in groups
-                        for call, stream in zip(group, streams, strict=True)
-                        if stream or call.model.reading_end is None), default=float("inf"))
+        lefts = [self._left(call, base) for group, streams, base in groups
+                 for call, stream in zip(group, streams, strict=True) if stream or call.model.reading_end is None]
+        shortest = min(lefts, default=float("inf"))
+        longest = max((x for x in lefts if x < float("inf")), default=0.0)
         t0, held = time.perf_counter(), []
         for group, streams, base in groups:
-            held += self._decode_group(group, streams, base, shortest)
+            held += self._decode_group(group, streams, base, (shortest, longest))
         for call in held:  # a reading's waits count across its calls (one per n_batch tokens)
             call.model.reading_waited += time.perf_counter() - t0
         self._calls = [c for c in self._calls if not c.finished]
 
-    def _decode_group(self, group: list[_Call], streams: list[bool], base: int, shortest: float) -> list[_Call]:
+    def _decode_group(self, group: list[_Call], streams: list[bool], base: int,
+                      ends: tuple[float, float]) -> list[_Call]:
         """One llama.cpp decode of as much of ``group``'s calls (on one context; ``streams``: which of them are
         streams, ``base``: their tokens) as its ``n_batch`` takes. The calls held back for shorter requests
-        (``shortest``: the least time a generation decoding in the step has left)."""
+        (``ends``: the least and the most time a generation decoding in the step has left)."""
         if any(call.aside for call in group):  # set aside earlier in this step, for another context's cells
             kept = [i for i, call in enumerate(group) if not call.aside]
             group, streams = [group[i] for i in kept], [streams[i] for i in kept]
@@ -449,7 +457,7 @@ class StepBatcher:
             return []
         read = [call.model.prompt_read for call, stream in zip(group, streams, strict=True) if stream]
         reading = max(self.stream_chunk, min(read)) if self.stream_chunk and read else capacity
-        held = self._held(group, streams, base, shortest)
+        held = self._held(group, streams, base, *ends)
         quiet: Optional[int] = None  # what the held ones share: set once the others have their tokens
         for i in sorted(range(len(group)), key=lambda i: i in held):  # the held ones take what room is left
             call, stream = group[i], streams[i]
@@ -476,13 +484,24 @@ class StepBatcher:
             if self.room is not None and self.room(first):
                 self._freed = True
                 continue
-            victim = self._victim(first)
-            if victim is None:
-                for part in taken:  # each alone, so that only a call that does not fit fails
-                    self._decode(first, [part], last_try=True)
+            victim = self._victim(first, taken)
+            try:
+                if victim is None:
+                    raise MemoryError
+                self._put_aside(victim)
+            except MemoryError:  # nothing to set aside, or no memory to save it in
+                self._one_by_one(first, taken)
                 return
-            self._put_aside(victim)
             taken = [(call, take) for call, take in taken if call.member is not victim]
+
+    def _one_by_one(self, first: Any, taken: list[tuple[_Call, int]]) -> None:
+        """Decode ``taken`` one call at a time, so that only a call that does not fit fails. A finished call's
+        rows are copied: the next call's decode overwrites the buffer before its member reads them."""
+        for part in taken:
+            self._decode(first, [part], last_try=True)
+            call = part[0]
+            if call.finished and len(taken) > 1:
+                call.rows = [np.array(r) for r in call.rows]
 
     def _left(self, call: _Call, base: int) -> float:
         """The seconds ``call``'s generation still expects to keep the steps: its ``steps_left`` at the cost of a
@@ -493,17 +512,24 @@ class StepBatcher:
             return float("inf")
         return steps * cost(max(1, base))
 
-    def _held(self, group: list[_Call], streams: list[bool], base: int, shortest: float) -> set[int]:
+    def _held(self, group: list[_Call], streams: list[bool], base: int, shortest: float,
+              longest: float = 0.0) -> set[int]:
         """The prompts being read (their indices in ``group``) that wait for a shorter request.
 
         Reading a prompt keeps every request decoding beside it waiting about as long as the reading takes;
         waiting keeps the prompt's request waiting as long as the shortest of those has left (``shortest``:
         the least time a generation decoding in the step has left; a prompt let in counts its reading and
         its ``steps_left``). The smaller wait wins, the shortest request first: a title request beside a
-        long prompt, or the first of several sub-agents, is done before the next long prompt is read, while
-        a prompt shorter than the replies beside it is read at once and decodes with them. A prompt waits
-        in all (``reading_waited``) no longer than its reading would have kept the others, so a line of
-        short requests cannot hold it forever.
+        long prompt is done before the long prompt is read, while a prompt shorter than the replies beside
+        it is read at once and decodes with them.
+
+        A wait must not make the whole later, though: a held request that then decodes alone ends after the
+        others, where read beside them it would have shared their steps. So a prompt waits only where the
+        wait is a small part (``HOLD_SHARE``) of what its own request has left, or where, held, its request
+        still ends no later than the longest one beside it (``longest``): sub-agents of like size are read
+        together, as llama-server reads them, and done when it is done. A prompt waits in all
+        (``reading_waited``) no longer than its reading would have kept the others, so a line of short
+        requests cannot hold it forever.
         """
         cost = self.step_cost
         if cost is None:
@@ -520,10 +546,12 @@ class StepBatcher:
             owns[i] = reads[i] + (steps or 0) * step
         held: set[int] = set()
         for i in sorted(owns, key=owns.__getitem__):  # the shortest request first, not the shortest call
-            if reads[i] > shortest and group[i].model.reading_waited < reads[i]:
+            own = owns[i] if group[i].model.steps_left is not None else float("inf")  # no known end: long
+            pays = shortest <= HOLD_SHARE * own or shortest + own <= longest
+            if reads[i] > shortest and pays and group[i].model.reading_waited < reads[i]:
                 held.add(i)
             else:
-                shortest = min(shortest, owns[i])
+                shortest, longest = min(shortest, owns[i]), max(longest, owns[i])
         return held
 
     def _quiet(self, n: int, capacity: int) -> int:
@@ -647,17 +675,19 @@ class StepBatcher:
 
     # -- members set aside for want of cells ----------------------------------------------
 
-    def _victim(self, first: Any) -> Optional[Member]:
+    def _victim(self, first: Any, taken: list[tuple[_Call, int]]) -> Optional[Member]:
         """The member to set aside so that ``first``'s context has cells again: the one started last among those
-        waiting in a call that hold cells there, where another does too (one alone gains nothing)."""
-        holders = [m for m in self._members if any(v._ctx is first._ctx and holds_cells(v) for v in self._models(m))]
-        if len(holders) < 2:
-            return None
+        waiting in a call that hold cells there, or whose call in ``taken`` needs them, where another member
+        holds cells there that it may give back (a member alone gains nothing by waiting)."""
+        holders = {id(m) for m in self._members
+                   if any(v._ctx is first._ctx and holds_cells(v) for v in self._models(m))}
         # only a member still waiting in its call: one whose call ended in this step (on another context) runs
         # on with its cells as soon as the step is over
         ready = {id(m) for m in self._ready}
         waiting = {id(c.member) for c in self._calls if not c.finished and id(c.member) not in ready}
-        candidates = [m for m in holders if id(m) in waiting]
+        needing = {id(c.member) for c, _ in taken if c.member is not None}
+        candidates = [m for m in self._members if id(m) in waiting and (id(m) in holders or id(m) in needing)
+                      and holders - {id(m)}]
         return max(candidates, key=lambda m: m.order) if candidates else None
 
     def _models(self, member: Member) -> list[Any]:
@@ -665,12 +695,14 @@ class StepBatcher:
         return [views[seq] for views in self._seen.values() for seq in member.seqs if seq in views]
 
     def _put_aside(self, member: Member) -> None:
-        """Save and empty every sequence ``member`` decodes on; its calls wait until ``_bring_back``."""
+        """Save and empty every sequence ``member`` decodes on; its calls wait until ``_bring_back``. Nothing
+        changes if a state cannot be saved (no memory for it)."""
         calls = [c for c in self._calls if c.member is member]
+        aside = SetAside.take(member, self._models(member), calls)
         self._calls = [c for c in self._calls if c.member is not member]
         for call in calls:
             call.aside = True
-        self._aside.append(SetAside.take(member, self._models(member), calls))
+        self._aside.append(aside)
         self.set_aside += 1
 
     def _bring_back(self, force: bool) -> None:
@@ -690,6 +722,15 @@ class StepBatcher:
                 call.aside = False
             self._calls.extend(aside.calls)
 
+    def _fail_calls(self) -> None:
+        """Every call waiting for a step fails (llama.cpp's code -1): nobody may wait for a step that will not
+        come. Their models repair their records from what the cells hold (see ``Model._repair``)."""
+        for call in self._calls:
+            if not call.finished:
+                call.rc, call.finished = -1, True
+                self._wake(call)
+        self._calls = []
+
     def _fail_aside(self) -> None:
         """The member set aside first cannot come back though nothing else is left: its calls fail for want of
         cells (a state that no longer fits its context alone)."""
@@ -701,9 +742,12 @@ class StepBatcher:
             self._wake(call)
 
     def _drop_cancelled(self) -> None:
-        """Members set aside whose generation was cancelled: their states go, their calls end as cancelled."""
+        """Members set aside whose generation was cancelled (a call's own event, or its sequence's generation's):
+        their states go, their calls end as cancelled."""
         for aside in list(self._aside):
-            if any(c.abort is not None and c.abort.is_set() for c in aside.calls):
+            events = [c.abort for c in aside.calls] + [m.cancelled for m in (*(c.model for c in aside.calls),
+                                                                            *(m for m, _ in aside.saved))]
+            if any(e is not None and e.is_set() for e in events):
                 self._aside.remove(aside)
                 aside.drop()
                 for call in aside.calls:

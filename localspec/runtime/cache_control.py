@@ -79,6 +79,12 @@ class CacheControl:
     #: Changes of the record so far (each decode, cut, load or reset): a generation that finds it as it left
     #: it knows nothing else used the sequence meanwhile.
     writes: int = 0
+    #: The event that cancels the generation under way on this sequence (None: none runs): the step loop drops
+    #: a generation set aside once it is set.
+    cancelled: Optional[threading.Event] = None
+    #: Whether the step loop has set this sequence aside (its state saved to RAM, its cells freed): its record
+    #: says what it will hold again, not what it holds now.
+    held_aside: bool = False
     lender: Optional[Callable[[Any, np.ndarray], None]]
 
     if TYPE_CHECKING:  # defined by ``Model`` and ``ModelVocabulary``

@@ -245,7 +245,8 @@ class Model(CacheControl, ModelVocabulary):
         view.rewinds = view.replayed_tokens = view.decode_calls = 0
         view.widest_batch, view.beside = 1, (0, 0, 0)
         view.prompt_read, view.steps_left, view.reading_end, view.reading_waited = 0, None, None, 0.0  # none yet
-        view.cells_left = view.last_reply = None
+        view.cells_left = view.last_reply = view.cancelled = None
+        view.held_aside = False
         view.busy_seconds = 0.0
         if self._ext is not None:  # hidden rows of its own positions (zero pages until written)
             view.hidden = np.zeros(self.hidden.shape, dtype=np.float32)
@@ -304,8 +305,8 @@ class Model(CacheControl, ModelVocabulary):
     @property
     def decoding(self) -> bool:
         """Whether a decode call of this sequence is under way (waiting for its step, where several decode
-        together)."""
-        return self._dirty
+        together; not while the sequence is set aside)."""
+        return self._dirty and not self.held_aside
 
     @property
     def tokens(self) -> np.ndarray:
@@ -404,7 +405,7 @@ class Model(CacheControl, ModelVocabulary):
             if self._batcher is None:  # the repair must not abort too (a batcher's steps remove their own hook)
                 ll.llama_set_abort_callback(self._ctx, ll.ggml_abort_callback(), None)
             self._repair(failed=True)
-            if rc == 2 and abort is not None and abort.is_set():  # 2: the abort callback said stop
+            if rc == 2 and any(e is not None and e.is_set() for e in (abort, self.cancelled)):  # 2: stopped
                 raise GenerationCancelled(f"Cancelled at position {self._n} of {self.path.name}.")
             if rc == 1 and self.n_seq > 1:  # no free cells: the sequences together fill the unified cache
                 raise ContextOverflowError(

@@ -201,7 +201,10 @@ class Server:
         """Wait for the generations under way to finish (queued requests are dropped), then stop batching."""
         with self._inbox_lock:
             self._closing = True
-            self._inbox.clear()
+            dropped, self._inbox = list(self._inbox), deque()
+        for item in dropped:
+            if isinstance(item, _Work):
+                item.future.set_exception(RuntimeError("The server is closed."))
         self._wake.set()
         self._thread.join()
         if self.batcher is not None:
@@ -297,14 +300,21 @@ class Server:
             return False
         with self._inbox_lock:
             head = self._inbox[0] if self._inbox else None
-        return self._closing or isinstance(head, _Work) or (head is not None and self._started < self.parallel)
+        return self._closing or (head is not None and self._can_start(head))
+
+    def _can_start(self, head: Any) -> bool:
+        """A job while a lane is free; ``call``'s work once no generation is under way (it may decode on the
+        pair's own sequence, which a generation may be in the middle of)."""
+        if isinstance(head, _Work):
+            return self.batcher is None or not self.batcher.members
+        return self._started < self.parallel
 
     def _start_waiting(self) -> None:
         """Start the inbox's jobs while lanes are free, in order, and run its calls."""
         while True:
             with self._inbox_lock:
                 head = self._inbox[0] if self._inbox else None
-                if head is None or (not isinstance(head, _Work) and self._started >= self.parallel):
+                if head is None or not self._can_start(head):
                     return
                 self._inbox.popleft()
             if isinstance(head, _Work):  # ``call``'s: its future carries what came of it
@@ -329,6 +339,7 @@ class Server:
                     self.pair.lanes.release(seq)
         finally:
             self._started -= 1
+            self._wake.set()  # a lane is free: a job waiting in the inbox starts at the loop's next look
             job.loop.call_soon_threadsafe(self.jobs.discard, job)  # admission ends when the worker is done
 
     @staticmethod

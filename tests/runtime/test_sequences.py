@@ -463,3 +463,80 @@ def test_a_hybrid_sequence_cut_back_after_another_sequence_decoded_keeps_its_sta
             row = a.eval([out[-1]], logits="last")[0]
         assert out == expected
         b.close()
+
+
+def test_a_prompt_that_finds_no_room_beside_the_only_other_sequence_waits_for_it(tiny_dir):
+    # the first sequence holds most of the 256 cells and goes on; the second's prompt does not fit beside it, so
+    # it waits (set aside with nothing to save) until the first ends and its cells are free, then reads exact
+    with Model(tiny_dir / "target.gguf", n_ctx=256) as alone, \
+            Model(tiny_dir / "target.gguf", n_ctx=256, n_seq=2) as shared:
+        first, second = alone.tokenize(" ".join(PROMPTS * 4))[:150], alone.tokenize(" ".join(PROMPTS * 2))[:100]
+        expected = []
+        for prompt in (first, second):
+            alone.reset()
+            alone.eval(prompt, logits="none")
+            expected.append(_continue(alone, 20))
+        seqs = [shared, shared.sequence(1)]
+        batcher = StepBatcher()
+        for seq in seqs:
+            seq.attach(batcher)
+        done = []
+
+        def room(model: Model) -> bool:  # the first one's cells, once its work is done (as an idle lane's)
+            if done and shared.n_past:
+                shared.reset()
+                return True
+            return False
+
+        batcher.room = room
+        results: list[object] = [None, None]
+
+        def work_first() -> None:
+            shared.eval(first, logits="none")
+            results[0] = _continue(shared, 20)
+            done.append(True)
+
+        def work_second() -> None:
+            while shared.n_past < 150:  # it asks once the first holds its prompt
+                batcher.pause(lambda: shared.n_past >= 150)
+            seqs[1].eval(second, logits="none")
+            results[1] = _continue(seqs[1], 20)
+
+        _members(batcher, seqs, work_first, work_second)
+        assert results == expected
+        assert batcher.set_aside == 1
+
+
+def test_a_sequence_set_aside_whose_generation_is_cancelled_by_its_own_event_ends_empty(tiny_dir):
+    # the generation's own cancel event (a verification round passes no abort of its own) drops it too
+    with Model(tiny_dir / "target.gguf", n_ctx=256, n_seq=2) as shared:
+        prompts = [shared.tokenize(p)[:20] for p in PROMPTS[:2]]
+        seqs = [shared, shared.sequence(1)]
+        batcher = StepBatcher()
+        for seq in seqs:
+            seq.attach(batcher)
+        gone = threading.Event()
+        seqs[1].cancelled = gone
+        results: list[object] = [None, None]
+
+        def first() -> None:
+            seqs[0].eval(prompts[0], logits="none")
+            last = int(seqs[0].tokens[-1])
+            for _ in range(200):
+                if batcher.waiting_for_room:
+                    gone.set()
+                last = int(np.argmax(seqs[0].eval([last], logits="last")[0]))
+            results[0] = seqs[0].n_past
+
+        def second() -> None:
+            try:
+                seqs[1].eval(prompts[1], logits="none")
+                last = int(seqs[1].tokens[-1])
+                for _ in range(230):
+                    last = int(np.argmax(seqs[1].eval([last], logits="all")[0]))
+            except GenerationCancelled as exc:
+                results[1] = exc
+
+        _members(batcher, seqs, first, second)
+        assert results[0] == 220 and isinstance(results[1], GenerationCancelled)
+        assert seqs[1].n_past == 0 and not seqs[1].held_aside

@@ -4,6 +4,7 @@ through the official clients; one that leaves or fails ends alone."""
 from __future__ import annotations
 
 import threading
+import time
 
 import anthropic
 import openai
@@ -137,3 +138,28 @@ def test_sub_agents_sent_together_read_their_common_system_prompt_once(server, p
     cached = sorted(r.usage.prompt_tokens_details.cached_tokens for r in replies)
     prefix = len(pair.target.tokenize(system["content"]))
     assert cached[0] < prefix / 4 and cached[1] >= prefix - 8 and cached[2] >= prefix - 8, cached
+
+
+def test_a_queued_request_starts_as_soon_as_a_lane_is_free(server, pair):
+    # three lanes: one long reply and two short ones run, a fourth short one waits in the queue; it starts when
+    # a short one ends, not when the long one does
+    client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=120)
+    ends: dict[str, float] = {}
+    ban = {str(t): -100 for t in range(pair.target.n_vocab) if pair.target.is_eog(t)}
+    started = time.monotonic()
+
+    def ask(name, question, tokens):
+        client.chat.completions.create(model="t", messages=[{"role": "user", "content": question}],
+                                       max_tokens=tokens, temperature=0, logit_bias=ban,
+                                       extra_body={"method": "plain"})
+        ends[name] = time.monotonic() - started
+
+    long = threading.Thread(target=ask, args=("long", QUESTIONS[0], 1800))
+    long.start()
+    while server.get("/health")["running"] == 0:  # it runs: the others arrive while it decodes
+        time.sleep(0.01)
+    got = _together([lambda: ask("a", QUESTIONS[1], 4), lambda: ask("b", QUESTIONS[2], 4),
+                     lambda: ask("queued", QUESTIONS[3], 4)])
+    long.join(120)
+    assert got == [None] * 3
+    assert ends["queued"] < ends["long"], ends
