@@ -236,8 +236,9 @@ class Lanes:
         then it counts as admitted. It goes on at once when it is the only one, when its client has left, or
         when nothing else could go on."""
         seq, batcher = target.seq, self._batcher
-        # its prompt and reply, less the prefix it shares with another lane (those cells are counted there)
-        need = max(prompt, target.n_past) - self._shared.get(seq, 0) + reply
+        # its prompt and reply, less the prefix it shares with another lane (those cells are counted there);
+        # what the lane held before beyond its prompt goes when the prompt is read
+        need = prompt - self._shared.get(seq, 0) + reply
 
         def fits() -> bool:
             gone = self._cancelled.get(seq)
