@@ -256,10 +256,13 @@ def test_a_stream_decoding_beside_a_prompt_sees_the_prompt_chunk_that_shares_its
         assert any(tokens == most for tokens, *_ in seen), seen
 
 
-@pytest.mark.parametrize("left, held", [(3, True), (None, False), (100_000, False)])
-def test_a_prompt_that_takes_longer_to_read_than_a_short_reply_has_left_waits_for_it(tiny_dir, left, held):
+@pytest.mark.parametrize("left, own, held", [(3, None, True), (None, None, False), (100_000, None, False),
+                                             (200, 40, False)])
+def test_a_prompt_that_takes_longer_to_read_than_a_short_reply_has_left_waits_for_it(tiny_dir, left, own, held):
     # one unit of cost a token, as on a CPU: the stream has 3 steps of one unit left, less than the long prompt's
-    # reading would keep it, so the prompt waits; with no estimate, or a longer reply, it is read beside it
+    # reading would keep it, so the prompt waits; with no estimate, or a longer reply, it is read beside it. A
+    # reply of 200 steps beside a 1.4k-token prompt with 40 steps of its own: waiting more than a tenth of that
+    # would make the prompt's request end last, so it is read beside it, as sub-agents of like size are
     with Model(tiny_dir / "target.gguf", n_ctx=4096, n_batch=64) as alone, \
             Model(tiny_dir / "target.gguf", n_ctx=4096, n_batch=64, n_seq=2) as shared:
         long, mine = alone.tokenize(" ".join(PROMPTS * 12)), alone.tokenize(PROMPTS[0])
@@ -277,7 +280,7 @@ def test_a_prompt_that_takes_longer_to_read_than_a_short_reply_has_left_waits_fo
         got: list[list[int]] = [[], []]
 
         def read() -> None:
-            seqs[0].reading_end = len(long)  # as a generation reading its prompt says
+            seqs[0].reading_end, seqs[0].steps_left = len(long), own  # as a generation reading its prompt says
             seqs[0].eval(long, logits="none")
             seqs[0].reading_end = None
             got[0] = _continue(seqs[0], 4)
