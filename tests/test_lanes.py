@@ -265,8 +265,16 @@ def test_each_prompt_may_have_its_own_options(pairs):
 
 def test_a_pair_of_one_sequence_runs_them_one_after_another_and_bad_input_is_refused(pairs):
     alone, _ = pairs
-    results = alone.generate_many(PROMPTS[:2], max_tokens=8)
+    said: list[str] = []
+    notify, alone.notify = alone.notify, said.append
+    try:
+        results = alone.generate_many(PROMPTS[:2], max_tokens=8)
+        alone.generate_many(PROMPTS[:2], max_tokens=2)
+    finally:
+        alone.notify = notify
     assert [r.tokens for r in results] == [alone.generate(p, max_tokens=8).tokens for p in PROMPTS[:2]]
+    alone_notes = [line for line in said if "one after another" in line]
+    assert len(alone_notes) == 1 and "parallel=4" in alone_notes[0]  # said once
     assert alone.generate_many([]) == []
     with pytest.raises(ConfigError, match="Prompt 1"):
         alone.generate_many(["fine", []])

@@ -54,6 +54,7 @@ class CacheControl:
     _tokens: np.ndarray
     _n: int
     _dirty: bool
+    _inflight: Optional[np.ndarray]  # the chunk of the decode call under way
     _undo_floor: int
     _checkpoints: list[Checkpoint]
     _file_identity: str
@@ -93,7 +94,7 @@ class CacheControl:
 
         def check_tokens(self, tokens: Tokens) -> np.ndarray: ...
 
-        def _repair(self, failed: bool = False) -> None: ...
+        def _keep_hidden_rows(self, m: int) -> None: ...
 
     def _llama(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)``, a llama.cpp call on this context. Sequences decoded together run on their step loop's
@@ -104,6 +105,47 @@ class CacheControl:
         """``fn(*args)`` where this sequence's llama.cpp calls run (see ``_llama``): for a context that works
         beside this one, such as an MTP head's."""
         return fn(*args)
+
+    # -- after a decode -----------------------------------------------------------
+
+    def _after_decode(self, m: int) -> None:
+        """Where ``truncate`` can go back to by ``seq_rm`` alone after a decode of ``m`` tokens."""
+        info = self.memory
+        if info.kind == memory.FULL:
+            return
+        if not info.state_bytes:
+            # measurable once the state holds a token
+            self.memory = self._llama(memory.with_state_size, info, self._ctx, self.seq)
+            if self.verbose:
+                sys.stderr.write(f"localspec: {self.path.name}: {self.memory.describe()}\n")
+        # A rollback reaches the state after any but the first of the last decode's tokens (llama.cpp
+        # snapshots the last n_rs_seq + 1 of them); the state before the decode is gone.
+        self._undo_floor = self._n - min(info.rollback_tokens, m - 1) if info.kind == memory.ROLLBACK else self._n
+
+    def _repair(self, failed: bool = False) -> None:
+        """After an interrupted or failed decode, make the cache and the record agree again.
+
+        A decode that finished before its bookkeeping was interrupted is kept
+        (``failed`` False); otherwise whatever llama.cpp left past the record goes.
+        """
+        if not self._dirty:
+            return
+        self._dirty = False
+        if self.memory.kind != memory.FULL:
+            # A recurrent state cannot tell a finished decode from an aborted one, and llama.cpp's own
+            # clean-up after a failure may have "rolled back" to a snapshot that was never written.
+            self._rewind(self._n, replay=True)
+            return
+        held = int(self._llama(ll.llama_memory_seq_pos_max, self._mem, self.seq)) + 1
+        chunk, self._inflight = self._inflight, None  # the chunk that was being decoded
+        m = len(chunk) if chunk is not None else 0
+        if not failed and m and held == self._n + m:
+            self._keep_hidden_rows(m)  # it finished (llama.cpp removes a failed chunk itself): adopt it
+            self._tokens[self._n : held] = chunk
+            self._n = held
+            self.writes += 1
+        elif held > self._n:
+            self._llama(ll.llama_memory_seq_rm, self._mem, self.seq, self._n, -1)
 
     # -- cutting back -----------------------------------------------------------
 

@@ -16,7 +16,6 @@ are ``CacheControl``'s methods (``localspec.runtime.cache_control``).
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from typing import Any, Callable, Literal, Optional, Union
@@ -29,6 +28,7 @@ from . import memory
 from .batching import StepBatcher
 from .cache_control import CacheControl
 from .gguf_metadata import check_gguf
+from .hidden_rows import HiddenRows
 from .hugepages import HugePages
 from .process import (
     CACHE_TYPES,
@@ -54,7 +54,7 @@ LogitsWanted = Literal["last", "all", "none"]
 FLASH_ATTN_CONTEXT = 16384
 
 
-class Model(CacheControl, ModelVocabulary):
+class Model(CacheControl, HiddenRows, ModelVocabulary):
     """A GGUF model with one context and one sequence, and a record of its cache.
 
     Args:
@@ -448,54 +448,6 @@ class Model(CacheControl, ModelVocabulary):
             self._b_logits[m - 1] = 1
         self._batch.n_tokens = m  # type: ignore[union-attr]
 
-    def _after_decode(self, m: int) -> None:
-        """Where ``truncate`` can go back to by ``seq_rm`` alone after a decode of ``m`` tokens."""
-        info = self.memory
-        if info.kind == memory.FULL:
-            return
-        if not info.state_bytes:
-            # measurable once the state holds a token
-            self.memory = self._llama(memory.with_state_size, info, self._ctx, self.seq)
-            if self.verbose:
-                sys.stderr.write(f"localspec: {self.path.name}: {self.memory.describe()}\n")
-        # A rollback reaches the state after any but the first of the last decode's tokens (llama.cpp
-        # snapshots the last n_rs_seq + 1 of them); the state before the decode is gone.
-        self._undo_floor = self._n - min(info.rollback_tokens, m - 1) if info.kind == memory.ROLLBACK else self._n
-
-    def _keep_hidden_rows(self, m: int) -> None:
-        """Copy the last decode's ``m`` hidden rows to their positions (the MTP head's input), if kept (a
-        ``StepBatcher`` copies each sequence's rows of a joint decode itself)."""
-        if self._ext is not None and self._batcher is None:
-            staged = np.ctypeslib.as_array(self._ext.llama_get_embeddings_nextn(self._ctx),  # type: ignore[attr-defined]
-                                           shape=(m, self.hidden.shape[1]))
-            self.hidden[self._n : self._n + m] = staged
-
-    def keep_hidden(self) -> None:
-        """From now on, keep the hidden state after every position (``hidden``), for an MTP head.
-
-        The cache is emptied: positions evaluated before have no hidden rows. Each sequence of a context keeps
-        its own (the context gives a row for every token of a decode, whichever sequence it is of).
-        """
-        if self._ext is not None:
-            return
-        from llama_cpp import (
-            llama_cpp_ext,  # C++ symbols, not a stable API: localspec.drafting.mtp_head checks for them
-        )
-
-        self._llama(llama_cpp_ext.llama_set_embeddings_nextn, self._ctx, True, False)  # a row per batch token
-        self.hidden = np.zeros((self.n_ctx, int(ll.llama_model_n_embd_out(self._model))), dtype=np.float32)
-        self._ext = llama_cpp_ext
-        self.reset()
-
-    def open_context(self, ctx_type: int) -> Optional[ll.llama_context_p]:
-        """A second llama.cpp context over these weights, with this one's settings (the caller frees it)."""
-        cparams = ll.llama_context_params.from_buffer_copy(self._cparams)
-        cparams.ctx_type = ctx_type
-        cparams.n_rs_seq = 0
-        cparams.n_threads, cparams.n_threads_batch = self.n_threads, self.n_threads_batch
-        with self._log:
-            return ll.llama_init_from_model(self._model, cparams)
-
     def common_prefix(self, tokens: np.ndarray) -> int:
         """Length of the longest common prefix of the cache and ``tokens``."""
         return prefix_length(self._tokens[: self._n], tokens)
@@ -516,28 +468,3 @@ class Model(CacheControl, ModelVocabulary):
         self._repair()
         self.truncate(min(self.common_prefix(arr), len(arr) - 1), replay=False)
         return self.eval(arr[self._n:], logits="last", abort=abort)[0]
-
-    def _repair(self, failed: bool = False) -> None:
-        """After an interrupted or failed decode, make the cache and the record agree again.
-
-        A decode that finished before its bookkeeping was interrupted is kept
-        (``failed`` False); otherwise whatever llama.cpp left past the record goes.
-        """
-        if not self._dirty:
-            return
-        self._dirty = False
-        if self.memory.kind != memory.FULL:
-            # A recurrent state cannot tell a finished decode from an aborted one, and llama.cpp's own
-            # clean-up after a failure may have "rolled back" to a snapshot that was never written.
-            self._rewind(self._n, replay=True)
-            return
-        held = int(self._llama(ll.llama_memory_seq_pos_max, self._mem, self.seq)) + 1
-        chunk, self._inflight = self._inflight, None  # the chunk that was being decoded
-        m = len(chunk) if chunk is not None else 0
-        if not failed and m and held == self._n + m:
-            self._keep_hidden_rows(m)  # it finished (llama.cpp removes a failed chunk itself): adopt it
-            self._tokens[self._n : held] = chunk
-            self._n = held
-            self.writes += 1
-        elif held > self._n:
-            self._llama(ll.llama_memory_seq_rm, self._mem, self.seq, self._n, -1)
