@@ -5,7 +5,11 @@ the prompts generated one after another (``generate``) and together (``generate_
 that both give the same tokens. Prints the wall times and their ratio (medians).
 
     python benchmarks/many_together.py TARGET.gguf [--draft DRAFT.gguf] [--parallel 4] [--method plain]
-        [--max-tokens 128] [--reps 3] [--threads 2] [--workload new|copy|mixed]
+        [--max-tokens 128] [--reps 3] [--threads 2] [--ctx 4096] [--workload new|copy|mixed|subagents]
+
+``subagents`` is four sub-agent-like requests (the bench's ``fanout`` prompts, ~700 tokens each, and a fourth);
+with ``--ctx 2048`` their prompts and replies together need more cells than the context has, so requests wait
+for room (or are set aside) where, one after another, each has the context to itself.
 """
 
 from __future__ import annotations
@@ -16,9 +20,13 @@ import sys
 import time
 
 import localspec
-from localspec.bench.together import COPY, NEW
+from localspec.bench.together import COPY, MODULE, NEW
 
-WORKLOADS = {"new": list(NEW), "copy": list(COPY * 2), "mixed": [*NEW[:2], *COPY]}
+FAN = "Read this module and answer in one sentence: {}\n\n" + MODULE * 6
+ASKS = ("what does compute_total_0 return?", "which loop variable is used?", "how many functions are there?",
+        "what does compute_total_3 multiply?")
+WORKLOADS = {"new": list(NEW), "copy": list(COPY * 2), "mixed": [*NEW[:2], *COPY],
+             "subagents": [FAN.format(a) for a in ASKS]}
 
 
 def main() -> int:
@@ -30,11 +38,12 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ctx", type=int, default=4096, help="the context's cells, shared by the --parallel sequences")
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="new")
     args = ap.parse_args()
     prompts = [[{"role": "user", "content": p}] for p in WORKLOADS[args.workload]]
     seconds: dict[str, list[float]] = {"one after another": [], "together": []}
-    with localspec.load(args.target, args.draft, n_ctx=4096, n_threads=args.threads, n_threads_batch=args.threads,
+    with localspec.load(args.target, args.draft, n_ctx=args.ctx, n_threads=args.threads, n_threads_batch=args.threads,
                         parallel=args.parallel, history=False, prompt_cache=False) as pair:
         options = dict(max_tokens=args.max_tokens, method=args.method)
         for rep in range(args.reps):
@@ -51,14 +60,15 @@ def main() -> int:
                     results = [pair.chat(p, **options) for p in prompts]
                 seconds[name].append(time.perf_counter() - t0)
                 tokens[name] = [r.tokens for r in results]
+                waited = f", {pair.lanes.room_waits} waits for room so far" if name == "together" else ""
                 print(f"rep {rep + 1}: {name:18s} {seconds[name][-1]:6.1f} s, "
-                      f"{sum(len(t) for t in tokens[name])} tokens", flush=True)
+                      f"{sum(len(t) for t in tokens[name])} tokens{waited}", flush=True)
             same = tokens["together"] == tokens["one after another"]
             print(f"rep {rep + 1}: the same tokens: {same}", flush=True)
     alone, together = (statistics.median(seconds[k]) for k in ("one after another", "together"))
     print(f"{len(prompts)} {args.workload} requests, {args.method}, {args.max_tokens} tokens each, "
-          f"{args.threads} threads, parallel {args.parallel}: one after another {alone:.1f} s, together "
-          f"{together:.1f} s: {alone / together:.2f}x (medians of {args.reps})")
+          f"{args.threads} threads, parallel {args.parallel}, context {args.ctx}: one after another {alone:.1f} s, "
+          f"together {together:.1f} s: {alone / together:.2f}x (medians of {args.reps})")
     return 0
 
 
