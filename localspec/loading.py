@@ -160,7 +160,8 @@ def load(
             (``fit_context``; said through ``notify``), instead of the pair's or 4096.
         parallel: generations the pair can decode together (``Pair.generate_many``, ``serve``'s requests):
             sequences in each model's context, sharing its ``n_ctx`` cells (one unified cache, so one long
-            prompt may use them all). None: ``AUTO_PARALLEL``.
+            prompt may use them all). Default 1: one generation at a time (``generate_many`` then runs its
+            prompts one after another, and says so once). None: ``AUTO_PARALLEL`` (4), as ``serve`` takes.
 
     Returns:
         The loaded ``Pair``; ``close()`` it, or use it in a ``with`` block, to free the models.

@@ -19,9 +19,10 @@ Markers, on the line directly above a block's opening fence:
 
 * ``<!-- docs-test: skip (reason) -->``: not run (an install, a download, something that runs until
   stopped); the reason is required and is the test's skip reason;
-* ``<!-- docs-test: server -->``: run against ``localspec serve qwen2.5-coder-1.5b`` on the tiny pair,
-  started once for this module on a free port; every ``127.0.0.1:8000`` and ``localhost:8000`` in the
-  block is replaced with its address;
+* ``<!-- docs-test: server -->``: run against ``localspec serve NAME`` on the tiny pair, NAME the first
+  built-in pair name the block mentions (``qwen2.5-coder-1.5b`` where it names none), each started once for
+  this module on a free port; every ``127.0.0.1:8000`` and ``localhost:8000`` in the block is replaced with
+  its address;
 * ``<!-- docs-test: expect (REGEX) -->``, or ``server expect (REGEX)``: the block's stdout must also
   match REGEX (``re.search``), for the shape of what it prints (a tool call's name, a field), never a
   model's words: the tiny models write random text;
@@ -251,19 +252,34 @@ def sandbox(root: Path, models: Path, ollama_store: Path) -> tuple[Path, dict[st
 
 
 @pytest.fixture(scope="module")
-def docs_server(models: Path, ollama_store: Path, tmp_path_factory: pytest.TempPathFactory):
-    """``localspec serve qwen2.5-coder-1.5b`` in a sandbox of its own, for the blocks marked server."""
+def docs_servers(models: Path, ollama_store: Path, tmp_path_factory: pytest.TempPathFactory):
+    """``localspec serve NAME`` in a sandbox of its own, for the blocks marked server: a function that gives the
+    server of a built-in pair name, started the first time a block names it."""
     for module in ("fastapi", "uvicorn", "llguidance"):
         pytest.importorskip(module, reason=f"the server examples need the server and structured extras "
                                            f"({module} is missing)")
     from serverproc import ServeProcess
 
-    root = tmp_path_factory.mktemp("docs-server")
-    _, env = sandbox(root, models, ollama_store)
-    home = Path(env.pop("LOCALSPEC_HOME"))  # ServeProcess sets it
-    server = ServeProcess(["qwen2.5-coder-1.5b"], home, env=env)
+    servers: dict[str, ServeProcess] = {}
+
+    def server(name: str) -> ServeProcess:
+        if name not in servers:
+            root = tmp_path_factory.mktemp("docs-server")
+            _, env = sandbox(root, models, ollama_store)
+            home = Path(env.pop("LOCALSPEC_HOME"))  # ServeProcess sets it
+            servers[name] = ServeProcess([name], home, env=env)
+        return servers[name]
+
     yield server
-    server.close()
+    for started in servers.values():
+        started.close()
+
+
+def served(code: str) -> str:
+    """The pair a server block's server serves: the first of ``PAIRS`` the block names (the page's own
+    server), else the first of them."""
+    named = [(code.find(p), p) for p in PAIRS if p in code]
+    return min(named)[1] if named else PAIRS[0]
 
 
 def tail(text: str, n: int = TAIL) -> str:
@@ -280,7 +296,7 @@ def test_example(example: Example, models: Path, ollama_store: Path, tmp_path: P
     """The block runs to exit status 0 in its sandbox, and prints what its expect pattern says."""
     code = example.code
     if example.marker == "server":
-        server = request.getfixturevalue("docs_server")
+        server = request.getfixturevalue("docs_servers")(served(example.code))
         code = ADDRESSES.sub(f"127.0.0.1:{server.port}", code)
     work, env = sandbox(tmp_path, models, ollama_store)
     for name, content in example.files:
@@ -299,7 +315,7 @@ def test_example(example: Example, models: Path, ollama_store: Path, tmp_path: P
     if r.returncode != 0:
         server_log = ""
         if example.marker == "server":
-            log = request.getfixturevalue("docs_server").output()
+            log = request.getfixturevalue("docs_servers")(served(example.code)).output()
             server_log = f"\n--- the server's log, last lines ---\n{tail(log, 15)}"
         pytest.fail(f"{example.id}: the {example.lang} block exited with {r.returncode}\n"
                     f"--- stderr, last lines ---\n{tail(r.stderr)}\n"
