@@ -139,18 +139,29 @@ def _round_kinds(report: BenchReport) -> list[str]:
                       and r.temperature == row.temperature), None)
         if not out:
             out += ["", "Rounds by kind: how many, tokens per round, ms per token, and ms per round (whole = target + "
-                        "draft model + the rest, which is Python), beside localspec plain's rounds on the same prompt:"]
-        kinds = [("plain rounds", (plain.round_time_by or {}).get(PLAIN.name))] if plain is not None else []
-        kinds += [(f"{row.label}: {kind}", t) for kind, t in row.round_time_by.items()]
+                        "draft model + the rest, which is Python), beside localspec plain's rounds on the same prompt; "
+                        "a drafting kind's gain is what plain rounds would have taken for its tokens, less what its "
+                        "rounds took, over all repetitions:"]
+        base = (plain.round_time_by or {}).get(PLAIN.name) if plain is not None else None
+        kinds: list[tuple[str, dict[str, float], Optional[dict[str, float]]]] = \
+            [("plain rounds", base, None)] if base else []
+        kinds += [(f"{row.label}: {kind}", t, None if kind == PLAIN.name else base)
+                  for kind, t in row.round_time_by.items()]
         out.append(f"  {row.prompt:<15} {row.temperature:>4.1f} "
-                   + "; ".join(_round_kind(name, t) for name, t in kinds if t))
+                   + "; ".join(_round_kind(name, t, against) for name, t, against in kinds if t))
     return out
 
 
-def _round_kind(name: str, t: dict[str, float]) -> str:
+def _round_kind(name: str, t: dict[str, float], against: Optional[dict[str, float]] = None) -> str:
+    """One kind of round: how many, tokens and ms per round and per token, and (``against``: plain's rounds on
+    the same prompt) what its rounds gained over giving their tokens by plain rounds, per repetition."""
     rest = t["ms"] - t["target_ms"] - t["draft_ms"]
-    return (f"{name} x{t['rounds']:.0f}, {t['tokens_per_round']:.2f} tok, {t['ms'] / t['tokens_per_round']:.1f} "
+    text = (f"{name} x{t['rounds']:.0f}, {t['tokens_per_round']:.2f} tok, {t['ms'] / t['tokens_per_round']:.1f} "
             f"ms/tok: {t['ms']:.1f} = {t['target_ms']:.1f} + {t['draft_ms']:.1f} + {rest:.2f}")
+    if against:  # the same tokens by plain rounds, less what these rounds took
+        gained = t["rounds"] * (t["tokens_per_round"] * against["ms"] / against["tokens_per_round"] - t["ms"])
+        text += f", gained {gained:+.0f} ms in all"
+    return text
 
 
 def _range(interval: Optional[tuple[float, float]], low: Optional[float], high: Optional[float],

@@ -266,3 +266,16 @@ def test_a_reasoning_models_rows_count_acceptance_inside_and_outside_the_reasoni
     inside = draft.acceptance_in["reasoning"]
     assert f"accepted reasoning {inside['accepted']}/{inside['drafted']}" in table
     assert "inside its reasoning and in its answer apart" in table
+
+
+def test_a_drafting_kind_of_round_says_what_it_gained_over_plain_rounds():
+    """Ten lookup rounds of 3 tokens at 80 ms gave what plain rounds of 40 ms a token would have given in 1.2 s:
+    a gain of 400 ms; ten of 1.2 tokens at 80 ms lost 320 ms. A kind with nothing to compare says no gain."""
+    from localspec.bench.render import _round_kind
+
+    plain = {"rounds": 50, "tokens_per_round": 1.0, "ms": 40.0, "target_ms": 39.0, "draft_ms": 0.0}
+    good = {"rounds": 10, "tokens_per_round": 3.0, "ms": 80.0, "target_ms": 78.0, "draft_ms": 0.0}
+    bad = dict(good, tokens_per_round=1.2)
+    assert _round_kind("auto: lookup", good, plain).endswith("gained +400 ms in all")
+    assert _round_kind("auto: lookup", bad, plain).endswith("gained -320 ms in all")
+    assert "gained" not in _round_kind("plain rounds", plain)
