@@ -26,6 +26,7 @@ _EXPORTS = {
     "ToolsUnsupportedError": "errors",
     "RegistryError": "errors", "HubError": "errors", "NotInstalledError": "errors",
     "Constraint": "constraint",
+    "load_embedding": "embeddings", "Embedder": "embeddings",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -33,6 +34,7 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 if TYPE_CHECKING:  # the real imports, for type checkers and editors
     from .api import Pair
     from .constraint import Constraint
+    from .embeddings import Embedder, load_embedding
     from .errors import (
         BackendError,
         ConfigError,

@@ -34,7 +34,8 @@ FIX = "run `python scripts/reference_docs.py --write`"
 API: list[tuple[str, list[tuple[str, str, Optional[tuple[str, ...]]]]]] = [
     ("Loading", [("localspec.loading", "load", ())]),
     ("Pair", [("localspec.api", "Pair", (
-        "generate", "stream", "chat", "stream_chat", "infill", "stream_infill", "format_chat", "chat_tokens",
+        "generate", "stream", "chat", "stream_chat", "infill", "stream_infill", "generate_many", "generate_each",
+        "format_chat", "chat_tokens",
         "tokenize", "options", "history", "set_history", "calibrate", "choose_threads", "set_profile", "reset",
         "close"))]),
     ("Options", [("localspec.options", "GenerationOptions", ("replace", "to_dict")),
@@ -46,6 +47,9 @@ API: list[tuple[str, list[tuple[str, str, Optional[tuple[str, ...]]]]]] = [
                                 "acceptance_rate", "acceptance_by_position", "tokens_per_round",
                                 "decode_tokens_per_second", "overhead_ms_per_round", "rounds_by_method",
                                 "to_dict"))]),
+    ("Embeddings and reranking", [("localspec.embeddings", "load_embedding", ()),
+                                  ("localspec.embeddings", "Embedder", (
+                                      "embed", "embed_tokens", "tokens", "rank", "is_reranker", "close"))]),
 ]
 #: The module whose exception classes make the Errors section, in the order they are defined.
 ERRORS = "localspec.errors"

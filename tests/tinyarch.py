@@ -425,6 +425,46 @@ def write_tiny_gemma2(
 # --- self-check -------------------------------------------------------------------------------------------------
 
 
+def write_tiny_bert(path: Path, *, seed: int = 0, pooling: str = "mean", n_ctx: int = 128, n_embd: int = 32,
+                    n_layer: int = 2, n_head: int = 4, n_ff: int = 64, labels: Sequence[str] = ("score",)) -> Path:
+    """A tiny "bert" encoder (no memory: each input is read whole), pooling ``"mean"``, ``"cls"`` or ``"rank"``
+    (a reranker: a classification head giving one score per label for a query and a document)."""
+    draw = _Draw(seed, 0.0, 1)
+    w = _writer(path, "bert", n_ctx=n_ctx, n_embd=n_embd, n_layer=n_layer)
+    n_vocab = len(vocabulary()[0])
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_layer_norm_eps(1e-12)
+    w.add_causal_attention(False)
+    w.add_token_type_count(2)
+    w.add_pooling_type({"mean": gguf.PoolingType.MEAN, "cls": gguf.PoolingType.CLS,
+                        "rank": gguf.PoolingType.RANK}[pooling])
+    s = 1.0 / math.sqrt(n_embd)
+    w.add_tensor("token_embd.weight", draw(n_vocab, n_embd, scale=1.0))
+    w.add_tensor("token_types.weight", draw(2, n_embd, scale=0.1))
+    w.add_tensor("position_embd.weight", draw(n_ctx, n_embd, scale=0.1))
+    w.add_tensor("token_embd_norm.weight", _ones(n_embd))
+    w.add_tensor("token_embd_norm.bias", np.zeros(n_embd, dtype=np.float32))
+    for i in range(n_layer):
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            w.add_tensor(f"blk.{i}.{name}.weight", draw(n_embd, n_embd, scale=s))
+            w.add_tensor(f"blk.{i}.{name}.bias", draw(n_embd, scale=0.02))
+        for name in ("attn_output_norm", "layer_output_norm"):
+            w.add_tensor(f"blk.{i}.{name}.weight", _ones(n_embd))
+            w.add_tensor(f"blk.{i}.{name}.bias", np.zeros(n_embd, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", draw(n_ff, n_embd, scale=s))
+        w.add_tensor(f"blk.{i}.ffn_up.bias", draw(n_ff, scale=0.02))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", draw(n_embd, n_ff, scale=1.0 / math.sqrt(n_ff)))
+        w.add_tensor(f"blk.{i}.ffn_down.bias", draw(n_embd, scale=0.02))
+    if pooling == "rank":
+        w.add_classifier_output_labels(list(labels))
+        w.add_tensor("cls.weight", draw(n_embd, n_embd, scale=s))
+        w.add_tensor("cls.bias", draw(n_embd, scale=0.02))
+        w.add_tensor("cls.output.weight", draw(len(labels), n_embd, scale=s))
+        w.add_tensor("cls.output.bias", draw(len(labels), scale=0.02))
+    return _finish(w, path)
+
+
 def _rollback_check(model_path: Path, n_rs_seq: int = 8) -> dict[str, object]:
     """Decode 10 tokens, remove the last 4, decode them again; compare with a fresh 10-token decode."""
     import ctypes

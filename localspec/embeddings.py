@@ -1,0 +1,187 @@
+"""Embeddings and reranking: a vector per text from an embedding model, a relevance score per document from a
+reranker, beside (not through) the speculative pair.
+
+``load_embedding`` opens one GGUF in embedding mode; ``Embedder.embed`` turns texts (or token ids) into rows of
+a numpy array, L2-normalised unless asked otherwise, several inputs per llama.cpp decode; ``Embedder.rank``
+scores documents against a query with a reranker (llama.cpp's rank pooling). Bad input is refused in one
+sentence before any work: no inputs, an empty one, one longer than the model reads (unless ``truncate``), a
+``dimensions`` the model does not have.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+from .catalog.naming import model_path
+from .errors import ConfigError, ContextOverflowError
+from .runtime.embedding import EmbeddingModel
+
+#: What ``embed`` takes: a text, texts, token ids, or lists of them.
+EmbeddingInput = Union[str, Sequence[str], Sequence[int], Sequence[Sequence[int]]]
+
+
+def load_embedding(model: Union[str, os.PathLike], *, n_ctx: int = 0, n_threads: Optional[int] = None,
+                   n_gpu_layers: Optional[int] = None, verbose: bool = False) -> Embedder:
+    """Load an embedding model or a reranker.
+
+    Args:
+        model: a .gguf path, or a name of the model stores (``ollama:nomic-embed-text``, ``hf:ORG/REPO/FILE``).
+        n_ctx: the longest input in tokens (0: what the model was trained for).
+        n_threads: CPU threads (default: every core).
+        n_gpu_layers: layers on the GPU (-1: all; default: all on a GPU build).
+        verbose: llama.cpp's log on stderr.
+
+    Returns:
+        The ``Embedder``; ``close()`` it, or use it in a ``with`` block.
+
+    Raises:
+        ModelFileError: the file is missing, not a GGUF, cannot be loaded, or pools no vector per input.
+    """
+    path = model_path(model)
+    return Embedder(EmbeddingModel(path, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
+                                   verbose=verbose), path.stem)
+
+
+class Embedder:
+    """A loaded embedding model or reranker. Safe to call from several threads (one decode at a time).
+
+    Attributes:
+        name: what the model is called (its file's name without ``.gguf``).
+        dim: the length of a vector.
+        n_ctx: the longest input in tokens.
+        pooling: how it pools a text's tokens: ``"mean"``, ``"cls"``, ``"last"``, or ``"rank"`` (a reranker).
+    """
+
+    def __init__(self, model: EmbeddingModel, name: str):
+        self.model, self.name = model, name
+        self.dim, self.n_ctx, self.pooling = model.dim, model.n_ctx, model.pooling
+        self._lock = threading.Lock()
+
+    @property
+    def is_reranker(self) -> bool:
+        """Whether it scores documents against a query (``rank``) rather than embedding texts."""
+        return self.model.is_reranker
+
+    def tokens(self, inputs: EmbeddingInput, *, truncate: bool = False) -> list[np.ndarray]:
+        """The token ids of each input (texts tokenized as the model adds its special tokens), checked.
+
+        Raises:
+            ConfigError: no inputs, an empty one, or one of another type.
+            TokenIdError: an id outside the vocabulary.
+            ContextOverflowError: an input longer than ``n_ctx`` tokens, unless ``truncate`` (then cut to it).
+        """
+        items = _as_list(inputs)
+        seqs = []
+        for i, item in enumerate(items):
+            if isinstance(item, str):
+                if not item:
+                    raise ConfigError(f"Input {i} is an empty string; give text to embed.")
+                ids = np.array(self.model.tokenize(item, parse_special=False), dtype=np.int32)
+            else:
+                ids = self.model.check_tokens(item)
+                if not len(ids):
+                    raise ConfigError(f"Input {i} is an empty list of token ids; give at least one.")
+            seqs.append(self._fit(ids, i, truncate))
+        return seqs
+
+    def embed(self, inputs: EmbeddingInput, *, normalize: bool = True, truncate: bool = False,
+              dimensions: Optional[int] = None) -> np.ndarray:
+        """One vector per input, a row each, in order.
+
+        Args:
+            inputs: a text, a list of texts, token ids, or a list of lists of them.
+            normalize: scale each vector to length 1 (cosine similarity is then a dot product).
+            truncate: cut an input longer than the model reads to its first ``n_ctx`` tokens, instead of
+                refusing it.
+            dimensions: keep only the first this many numbers of each vector (then normalised), for models
+                trained to allow it (Matryoshka embeddings such as nomic-embed-text-v1.5).
+
+        Raises:
+            ConfigError: a reranker, no inputs, an empty one, or ``dimensions`` out of 1..``dim``.
+            ContextOverflowError: an input too long (and ``truncate`` not set).
+        """
+        return self.embed_tokens(self.tokens(inputs, truncate=truncate), normalize=normalize, dimensions=dimensions)
+
+    def embed_tokens(self, seqs: Sequence[np.ndarray], *, normalize: bool = True,
+                     dimensions: Optional[int] = None) -> np.ndarray:
+        """``embed`` for inputs already made token ids by ``tokens``."""
+        if self.is_reranker:
+            raise ConfigError(f"{self.name} is a reranker: it scores documents against a query (rank), it gives "
+                              "no embeddings; load an embedding model.")
+        if dimensions is not None and not 1 <= dimensions <= self.dim:
+            raise ConfigError(f"dimensions must be 1 to {self.dim} for {self.name}, got {dimensions}.")
+        with self._lock:
+            rows = self.model.vectors(seqs)
+        if dimensions is not None:
+            rows = rows[:, :dimensions]
+        if normalize or dimensions is not None:
+            norms = np.linalg.norm(rows, axis=1, keepdims=True)
+            rows = rows / np.maximum(norms, 1e-12)
+        return rows
+
+    def rank(self, query: str, documents: Sequence[str], *, truncate: bool = True) -> np.ndarray:
+        """The reranker's relevance score of each document for ``query`` (higher: more relevant), in order.
+
+        Args:
+            query: what is searched for.
+            documents: the texts to score.
+            truncate: cut a query and document longer than the model reads (the document's end goes); False
+                refuses them.
+
+        Raises:
+            ConfigError: not a reranker, no documents, or an empty query or document.
+            ContextOverflowError: a pair too long (``truncate`` False).
+        """
+        if not self.is_reranker:
+            raise ConfigError(f"{self.name} is an embedding model, not a reranker; load a reranker (rank pooling) "
+                              "to score documents.")
+        docs = _as_list(documents)
+        if not isinstance(query, str) or not query:
+            raise ConfigError("The query must be a non-empty string.")
+        pairs = []
+        for i, doc in enumerate(docs):
+            if not isinstance(doc, str) or not doc:
+                raise ConfigError(f"Document {i} must be a non-empty string.")
+            pairs.append(self._fit(self.model.pair_tokens(query, doc), i, truncate))
+        with self._lock:
+            return self.model.vectors(pairs)[:, 0].copy()
+
+    def _fit(self, ids: np.ndarray, i: int, truncate: bool) -> np.ndarray:
+        if len(ids) <= self.n_ctx:
+            return ids
+        if truncate:
+            return ids[: self.n_ctx]
+        raise ContextOverflowError(f"Input {i} is {len(ids)} tokens, more than the {self.n_ctx} {self.name} reads; "
+                                   "shorten it, or ask for truncation.")
+
+    def close(self) -> None:
+        """Free the model."""
+        self.model.close()
+
+    def __enter__(self) -> Embedder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _as_list(inputs: object) -> list:
+    """``inputs`` as a list of inputs: a text or a flat list of ids is one input."""
+    if isinstance(inputs, str):
+        return [inputs]
+    if isinstance(inputs, np.ndarray):
+        inputs = inputs.tolist()
+    if not isinstance(inputs, (list, tuple)):
+        raise ConfigError(f"Give a text, a list of texts, token ids or lists of them, not {type(inputs).__name__}.")
+    if not inputs:
+        raise ConfigError("The input list is empty; give at least one text.")
+    if all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in inputs):
+        return [list(inputs)]  # one input of token ids
+    bad = next((x for x in inputs if not isinstance(x, (str, list, tuple, np.ndarray))), None)
+    if bad is not None:
+        raise ConfigError(f"Each input must be a text or a list of token ids, not {type(bad).__name__}.")
+    return list(inputs)
