@@ -369,7 +369,7 @@ def test_results_command_rules():
     assert command_problems("localspec bench -t T -d D --reps 3 --width=0.04 --threads-batch 1") == []
     assert command_problems("localspec history clear --help") == []
     assert command_problems("localspec benchmark -t T") == [
-        "`localspec benchmark` is not a command (commands: add, bench, cache, calibrate, chat, check, export, "
+        "`localspec benchmark` is not a command (commands: add, bench, cache, calibrate, chat, check, embed, export, "
         "generate, history, models, pull, serve)"]
     assert command_problems("localspec bench -t T --quik") == ["`localspec bench` has no option --quik"]
     assert command_problems("localspec history clearr") == [

@@ -15,6 +15,7 @@ from .bench import bench
 from .cache import cache
 from .calibrate import calibrate
 from .chat import chat
+from .embed import embed
 from .export import export
 from .generate import generate
 from .history import history
@@ -33,7 +34,7 @@ def cli() -> None:
     """
 
 
-for _command in (generate, chat, serve, models, add, pull, check, export, history, cache, calibrate, bench):
+for _command in (generate, chat, serve, embed, models, add, pull, check, export, history, cache, calibrate, bench):
     cli.add_command(_command)
 
 

@@ -3,6 +3,7 @@ Responses, Anthropic's Messages and Ollama's API."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import click
@@ -37,6 +38,12 @@ from .shared import ModelArgs, friendly_errors, generation_options, model_option
 @click.option("--metrics", is_flag=True,
               help="Serve GET /metrics: requests, tokens, prompt tokens the cache saved, acceptance by drafter and "
                    "the queue, in Prometheus' text format (behind --api-key like every route).")
+@click.option("--embedding-model", default=None, metavar="NAME_OR_PATH",
+              help="An embedding model (.gguf, or ollama:NAME such as ollama:nomic-embed-text) to load beside the "
+                   "pair: POST /v1/embeddings, /api/embed and /api/embeddings answer with it.")
+@click.option("--rerank-model", default=None, metavar="NAME_OR_PATH",
+              help="A reranker (.gguf with rank pooling, such as bge-reranker-v2-m3) to load beside the pair: "
+                   "POST /v1/rerank answers with it.")
 @click.option("--quiet", "-q", is_flag=True,
               help="No line per request (by default each request leaves one on stderr: its route, status, "
                    "prompt tokens read and restored, tokens generated and accepted, times, and how it ended; "
@@ -44,7 +51,7 @@ from .shared import ModelArgs, friendly_errors, generation_options, model_option
 @friendly_errors
 def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, api_key: Optional[str],
           parallel: int, max_queue: int, origins: tuple[str, ...], max_body: Optional[int], keep_billing_header: bool,
-          metrics: bool, quiet: bool) -> None:
+          metrics: bool, embedding_model: Optional[str], rerank_model: Optional[str], quiet: bool) -> None:
     """Serve the pair over HTTP: OpenAI chat completions, completions and Responses, Anthropic Messages, Ollama.
 
     The generation options given here are the defaults for requests that
@@ -58,7 +65,9 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
 
     access = check_access(host, api_key, origins)
     try:
+        from ..embeddings import load_embedding
         from ..server.app import MAX_BODY, create_app
+        from ..server.embedding import EmbeddingService
         from ..server.runner import run
         from ..server.worker import Server
     except ImportError as exc:
@@ -67,13 +76,22 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
                                    "`pip install fastapi uvicorn pydantic prometheus-client`.") from None
     source = click.get_current_context().get_parameter_source("max_tokens")
     max_tokens = options.max_tokens if source is not click.core.ParameterSource.DEFAULT else None
-    with models.open(fit=True, parallel=parallel or None) as pair:
+    with contextlib.ExitStack() as stack:
+        embedder, reranker = (None if spec is None else stack.enter_context(load_embedding(
+            spec, n_threads=models.n_threads_batch or models.n_threads, n_gpu_layers=models.n_gpu_layers,
+            verbose=models.verbose)) for spec in (embedding_model, rerank_model))  # first: fit sees their memory
+        beside = EmbeddingService(embedder, reranker)
+        pair = stack.enter_context(models.open(fit=True, parallel=parallel or None))
         name = models.pair_name or pair.target.path.stem
         server = Server.for_pair(pair, name, options, max_queue=max_queue, max_tokens=max_tokens,
                                  keep_billing_header=keep_billing_header)
         app = create_app(server, hosts=access.hosts, origins=access.origins, api_key=access.api_key,
                          max_body=MAX_BODY if max_body is None else max_body, metrics=metrics,
-                         log=None if quiet else say, verbose_log=models.verbose)
+                         log=None if quiet else say, verbose_log=models.verbose, embeddings=beside)
+        for kind, loaded in (("embedding model", embedder), ("reranker", reranker)):
+            if loaded is not None:
+                say(f"localspec serve: {kind} {loaded.name!r} ({loaded.pooling} pooling, up to {loaded.n_ctx} "
+                    "tokens an input) beside the pair")
         say(f"localspec serve: model {name!r} on http://{host}:{port}/v1 "
             f"({'API key required' if api_key else 'no API key'}; history "
             f"{'recorded' if server.limits.history else 'off'}; "

@@ -1,6 +1,8 @@
 """``localspec serve``'s HTTP application: one loaded pair behind OpenAI's, Anthropic's and Ollama's APIs.
 
-Routes: OpenAI's ``POST /v1/chat/completions`` and ``POST /v1/completions`` (``openai.routes``) and
+Routes: OpenAI's ``POST /v1/chat/completions`` and ``POST /v1/completions`` (``openai.routes``),
+``POST /v1/embeddings`` (``openai.embeddings``), Ollama's ``/api/embed`` (``ollama.embed``) and ``POST
+/v1/rerank`` (``rerank.routes``), on the embedding model and reranker loaded beside the pair, and
 ``POST /v1/responses`` (``responses.routes``), Anthropic's ``POST /v1/messages`` and ``POST
 /v1/messages/count_tokens`` (``anthropic.routes``), Ollama's ``/api/*`` and ``GET /`` (``ollama.routes``),
 and here ``GET /health``, ``GET /v1/models`` (and ``/v1/models/{name}``, in OpenAI's or Anthropic's shape)
@@ -33,11 +35,15 @@ from .access import LOOPBACK_NAMES
 from .anthropic import requests as anthropic_requests
 from .anthropic import routes as anthropic_routes
 from .anthropic.replies import model_object
+from .embedding import EmbeddingService
 from .http import ApiError, Guard, Render, Scope
+from .ollama import embed as ollama_embed
 from .ollama import replies as ollama_replies
 from .ollama import routes as ollama_routes
+from .openai import embeddings as openai_embeddings
 from .openai import routes as openai_routes
 from .request_log import RequestLog, note_error
+from .rerank import routes as rerank_routes
 from .responses import requests as responses_requests
 from .responses import routes as responses_routes
 from .worker import Server
@@ -78,7 +84,8 @@ def _openai_model(name: str, created: int) -> dict[str, Any]:
 
 def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins: Sequence[str] = (),
                api_key: Optional[str] = None, max_body: int = MAX_BODY, metrics: bool = False,
-               log: Optional[Callable[[str], None]] = None, verbose_log: bool = False) -> FastAPI:
+               log: Optional[Callable[[str], None]] = None, verbose_log: bool = False,
+               embeddings: Optional[EmbeddingService] = None) -> FastAPI:
     """The FastAPI application serving ``server``'s pair.
 
     Args:
@@ -90,14 +97,19 @@ def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins
         metrics: serve ``GET /metrics`` (Prometheus' text format; behind the API key like the rest).
         log: where a line about each request goes (``request_log``); None for no lines.
         verbose_log: the lines show the start of each prompt.
+        embeddings: the embedding model and reranker loaded beside the pair (their routes answer 400 without).
     """
     app = FastAPI(title="localspec", docs_url=None, redoc_url=None, openapi_url=None)
+    beside = embeddings or EmbeddingService()
     _errors(app)
-    _own_routes(app, server)
+    _own_routes(app, server, beside)
     openai_routes.register(app, server)
+    openai_embeddings.register(app, beside)
+    ollama_embed.register(app, beside)
+    rerank_routes.register(app, beside)
     responses_routes.register(app, server)
     anthropic_routes.register(app, server)
-    ollama_routes.register(app, server)  # Ollama's API, for the apps that speak only it
+    ollama_routes.register(app, server, beside.names)  # Ollama's API, for the apps that speak only it
     if origins:  # CORS headers (and preflight answers) for the allowed pages only
         # Any request header: the SDKs' own (x-api-key, anthropic-version, x-stainless-*) change between releases,
         # and only pages the operator named get this far.
@@ -131,8 +143,8 @@ def _errors(app: FastAPI) -> None:
         return error_shape(request.scope)(ApiError(500, f"The request failed: {exc!r}.", type="server_error"))
 
 
-def _own_routes(app: FastAPI, server: Server) -> None:
-    """``/health``, and the models in OpenAI's or Anthropic's shape."""
+def _own_routes(app: FastAPI, server: Server, beside: EmbeddingService) -> None:
+    """``/health``, and the models in OpenAI's or Anthropic's shape (the embedding models' too)."""
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict[str, Any]:
@@ -142,7 +154,7 @@ def _own_routes(app: FastAPI, server: Server) -> None:
 
     @app.get(MODELS_PATH)
     async def models(request: Request) -> dict[str, Any]:
-        names = server.limits.models
+        names = (*server.limits.models, *beside.names)
         if anthropic_requests.from_anthropic(request.headers):  # Anthropic's SDK lists models in its own shape
             return {"data": [model_object(n, server.created) for n in names], "has_more": False,
                     "first_id": names[0] if names else None, "last_id": names[-1] if names else None}
@@ -152,9 +164,10 @@ def _own_routes(app: FastAPI, server: Server) -> None:
     async def model(name: str, request: Request) -> Any:
         if not name:  # /v1/models/ is the list
             return await models(request)
-        if not server.limits.serves(name):
+        if not server.limits.serves(name) and name not in beside.names:
             return error_shape(request.scope)(ApiError(
-                404, f"The model {name!r} does not exist; this server has {', '.join(server.limits.models)}.",
+                404, f"The model {name!r} does not exist; this server has "
+                     f"{', '.join((*server.limits.models, *beside.names))}.",
                 param="model", code="model_not_found"))
         if anthropic_requests.from_anthropic(request.headers):
             return model_object(name, server.created)

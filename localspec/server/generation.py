@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar, Union
 
 from fastapi import Request
+from pydantic import BaseModel, ValidationError
 
 from ..options import GenerationOptions
 from ..structured.tool_use import ToolUse
@@ -80,3 +81,26 @@ async def read_body(request: Request, check: Callable[[Any], T]) -> T:
     """
     raw = await request.body()
     return await asyncio.to_thread(lambda: check(parse_body(raw)))
+
+
+def parse_model(raw: Any, model: type[BaseModel]) -> Any:
+    """A body checked against ``model`` (a pydantic model that forbids unknown fields).
+
+    Raises:
+        ApiError: 400 naming the first field at fault.
+    """
+    if not isinstance(raw, dict):
+        raise ApiError(400, "The request body must be a JSON object.")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _TYPES)))
+        if err["type"] == "extra_forbidden":
+            raise ApiError(400, f"'{where}' is not a field localspec takes; leave it out.") from None
+        raise ApiError(400, f"'{where}': {err['msg']} (got {str(err.get('input'))[:60]!r}).") from None
+    except RecursionError:
+        raise ApiError(400, "The request body is nested too deeply.") from None
+
+
+_TYPES = ("str", "int", "float", "bool", "dict", "list")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from ...constraint import Constraint
 from ...errors import LocalspecError
@@ -35,11 +35,11 @@ NEUTRAL_OPTIONS: dict[str, tuple[Any, ...]] = {"typical_p": (1,), "tfs_z": (1,),
 UNBOUNDED = (-1, -2)
 
 
-class _Strict(BaseModel):
+class StrictBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class Options(_Strict):
+class Options(StrictBody):
     """Ollama's ``options``: sampling options, and load-time ones that change nothing on a loaded server."""
 
     temperature: Optional[float] = None
@@ -76,19 +76,19 @@ class Options(_Strict):
     embedding_only: Optional[bool] = None
 
 
-class CalledFunction(_Strict):
+class CalledFunction(StrictBody):
     name: str
     arguments: Union[dict[str, Any], str]
     index: Optional[int] = None
 
 
-class ToolCall(_Strict):
+class ToolCall(StrictBody):
     function: CalledFunction
     id: Optional[str] = None
     type: Optional[Literal["function"]] = None
 
 
-class Message(_Strict):
+class Message(StrictBody):
     role: Literal["system", "user", "assistant", "tool"]
     content: Optional[str] = None
     thinking: Optional[str] = None  # an earlier reply's reasoning: templates drop it, so is it here
@@ -98,7 +98,7 @@ class Message(_Strict):
     tool_call_id: Optional[str] = None
 
 
-class _Body(_Strict):
+class _Body(StrictBody):
     model: Optional[str] = None
     stream: Optional[bool] = None
     format: Union[str, dict[str, Any], None] = None
@@ -126,7 +126,7 @@ class GenerateBody(_Body):
     images: Optional[list[Any]] = None
 
 
-class ShowBody(_Strict):
+class ShowBody(StrictBody):
     model: Optional[str] = None
     name: Optional[str] = None  # the older name of the field
     verbose: Optional[bool] = None
@@ -154,27 +154,6 @@ def model_name(given: Optional[str], limits: Limits) -> str:
     raise ApiError(404, f"model '{given}' not found; this server has {', '.join(tagged(n) for n in limits.models)}")
 
 
-def parse(raw: Any, model: type[BaseModel]) -> Any:
-    """A body checked against ``model``.
-
-    Raises:
-        ApiError: 400 naming the first field at fault.
-    """
-    if not isinstance(raw, dict):
-        raise ApiError(400, "The request body must be a JSON object.")
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _TYPES)))
-        if err["type"] == "extra_forbidden":
-            raise ApiError(400, f"'{where}' is not a field localspec takes; leave it out.") from None
-        raise ApiError(400, f"'{where}': {err['msg']} (got {str(err.get('input'))[:60]!r}).") from None
-    except RecursionError:
-        raise ApiError(400, "The request body is nested too deeply.") from None
-
-
-_TYPES = ("str", "int", "float", "bool", "dict", "list")
 
 
 def chat_request(body: ChatBody, defaults: GenerationOptions,

@@ -22,11 +22,12 @@ from ...runtime.gguf_metadata import read_local
 from ...structured.tool_use import can_call
 from .. import relay
 from ..generation import GenerationRequest, read_body
+from ..generation import parse_model as parse
 from ..http import ApiError
 from ..request_log import note_error
 from ..worker import Server
 from .replies import OllamaReply, error_response, rfc3339
-from .requests import ChatBody, GenerateBody, ShowBody, chat_request, generate_request, model_name, parse, tagged
+from .requests import ChatBody, GenerateBody, ShowBody, chat_request, generate_request, model_name, tagged
 
 #: The Ollama version reported: apps check it (VS Code's Ollama provider wants at least 0.6.4).
 VERSION = "0.12.0"
@@ -87,8 +88,9 @@ def _capabilities(server: Server) -> list[str]:
     return found
 
 
-def register(app: FastAPI, server: Server) -> None:
-    """Add Ollama's routes to ``app``, generating on ``server``'s worker."""
+def register(app: FastAPI, server: Server, beside: tuple[str, ...] = ()) -> None:
+    """Add Ollama's routes to ``app``, generating on ``server``'s worker (``beside``: the embedding models loaded
+    beside the pair, listed too)."""
     card = ModelCard.of(server)
 
     @app.api_route("/", methods=["GET", "HEAD"])
@@ -101,7 +103,7 @@ def register(app: FastAPI, server: Server) -> None:
 
     @app.get("/api/tags")
     async def tags() -> dict[str, Any]:
-        return {"models": [card.listed()]}
+        return {"models": [card.listed(), *(_embedding_listed(name, card) for name in beside)]}
 
     @app.get("/api/ps")
     async def ps() -> dict[str, Any]:
@@ -126,6 +128,12 @@ def register(app: FastAPI, server: Server) -> None:
     @app.post("/api/generate")
     async def generate(request: Request) -> Any:
         return await _answer(server, request, chat=False)
+
+
+def _embedding_listed(name: str, card: ModelCard) -> dict[str, Any]:
+    """An embedding model as ``/api/tags`` lists it (its file is not read: the apps look for its name)."""
+    return {"name": tagged(name), "model": tagged(name), "modified_at": card.modified_at, "size": 0,
+            "digest": "", "details": {"format": "gguf", "family": "embedding"}}
 
 
 def _request(raw: Any, server: Server, chat: bool) -> Optional[GenerationRequest]:
