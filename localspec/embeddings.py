@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from .catalog.naming import model_path
-from .errors import ConfigError, ContextOverflowError
+from .catalog.hub import locate
+from .catalog.naming import model_path, names_a_model
+from .catalog.registry import load_embedding_registry
+from .errors import ConfigError, ContextOverflowError, RegistryError
 from .runtime.embedding import EmbeddingModel
 
 #: What ``embed`` takes: a text, texts, token ids, or lists of them.
@@ -29,7 +32,8 @@ def load_embedding(model: Union[str, os.PathLike], *, n_ctx: int = 0, n_threads:
     """Load an embedding model or a reranker.
 
     Args:
-        model: a .gguf path, or a name of the model stores (``ollama:nomic-embed-text``, ``hf:ORG/REPO/FILE``).
+        model: a name from the catalog (``nomic-embed-text-v1.5``, downloaded by ``localspec pull``), a .gguf
+            path, or a name of the model stores (``ollama:nomic-embed-text``, ``hf:ORG/REPO/FILE``).
         n_ctx: the longest input in tokens (0: what the model was trained for).
         n_threads: CPU threads (default: every core).
         n_gpu_layers: layers on the GPU (-1: all; default: all on a GPU build).
@@ -40,10 +44,30 @@ def load_embedding(model: Union[str, os.PathLike], *, n_ctx: int = 0, n_threads:
 
     Raises:
         ModelFileError: the file is missing, not a GGUF, cannot be loaded, or pools no vector per input.
+        RegistryError: a name that is neither in the catalog nor a file, or one not downloaded yet.
     """
-    path = model_path(model)
+    path, name = _resolve(model)
     return Embedder(EmbeddingModel(path, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-                                   verbose=verbose), path.stem)
+                                   verbose=verbose), name)
+
+
+def _resolve(model: Union[str, os.PathLike]) -> tuple[Path, str]:
+    """The file ``model`` names, and the name the model goes by (a catalog name, a store's model name, else the
+    file's name without ``.gguf``)."""
+    text = os.fspath(model)
+    if isinstance(model, str) and not names_a_model(text):
+        known = load_embedding_registry()
+        if text not in known:
+            raise RegistryError(f"No embedding model named {text!r} in the catalog (known: {', '.join(sorted(known))}),"
+                                " nor a file here; give a .gguf path or ollama:NAME.")
+        path = locate(known[text].model)
+        if path is None:
+            raise RegistryError(f"The embedding model {text!r} is not downloaded; run `localspec pull {text}`.")
+        return path, text
+    path = model_path(model)
+    if text.startswith("ollama:"):  # Ollama keeps its files by digest: the model's own name is the useful one
+        return path, text.removeprefix("ollama:").removesuffix(":latest")
+    return path, path.stem
 
 
 class Embedder:

@@ -9,6 +9,14 @@ Schema (one table per pair)::
     target = { repo = "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF", file = "...gguf", sha256 = "..." }
     draft  = { repo = "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF", file = "...gguf" }
 
+Embedding models and rerankers, loaded beside a pair (``localspec.load_embedding``, ``serve
+--embedding-model``), have a table each too::
+
+    [embeddings."nomic-embed-text-v1.5"]
+    description = "nomic-embed-text v1.5 (F16), 768 numbers, Matryoshka"
+    kind = "embedding"   # or "reranker"
+    model = { repo = "nomic-ai/nomic-embed-text-v1.5-GGUF", file = "nomic-embed-text-v1.5.f16.gguf" }
+
 A model is either on the Hugging Face Hub (``repo`` + ``file``, optional
 ``revision`` and ``sha256``) or a file already on disk (``path``, what
 ``localspec add`` writes). The user's ``models.toml`` lives in the localspec
@@ -69,6 +77,21 @@ class PairSpec:
     source: str = ""  # the file that defined it
 
 
+@dataclass(frozen=True)
+class EmbeddingSpec:
+    """A named embedding model or reranker."""
+
+    name: str
+    model: ModelRef
+    kind: str = "embedding"  # or "reranker"
+    description: str = ""
+    source: str = ""
+
+
+#: The kinds an ``[embeddings.NAME]`` entry may be.
+EMBEDDING_KINDS = ("embedding", "reranker")
+
+
 def user_file() -> Path:
     """The user's models.toml."""
     return home() / "models.toml"
@@ -93,6 +116,45 @@ def parse(text: str, source: str) -> dict[str, PairSpec]:
     if not isinstance(pairs, dict):
         raise RegistryError(f"{source}: 'pairs' must be a table of [pairs.NAME] entries.")
     return {name: _pair(name, body, source) for name, body in pairs.items()}
+
+
+def parse_embeddings(text: str, source: str) -> dict[str, EmbeddingSpec]:
+    """Embedding models and rerankers defined in one models.toml text (its ``[embeddings.NAME]`` tables).
+
+    Raises:
+        RegistryError: malformed TOML or a missing or invalid field (with its key).
+    """
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RegistryError(f"{source} is not valid TOML: {exc}; fix that line.") from exc
+    tables = data.get("embeddings", {})
+    if not isinstance(tables, dict):
+        raise RegistryError(f"{source}: 'embeddings' must be a table of [embeddings.NAME] entries.")
+    out = {}
+    for name, body in tables.items():
+        where = f"{source}: embeddings.{name}"
+        if not isinstance(body, dict) or "model" not in body:
+            raise RegistryError(f"{where} needs model = {{ repo = ..., file = ... }} or {{ path = ... }}.")
+        kind, description = body.get("kind", "embedding"), body.get("description", "")
+        if kind not in EMBEDDING_KINDS:
+            raise RegistryError(f"{where}.kind must be one of {', '.join(EMBEDDING_KINDS)}, got {kind!r}.")
+        if not isinstance(description, str):
+            raise RegistryError(f"{where}.description must be a str, got {description!r}.")
+        out[name] = EmbeddingSpec(name, _ref(body["model"], f"{where}.model"), kind, description, source)
+    return out
+
+
+def load_embedding_registry() -> dict[str, EmbeddingSpec]:
+    """Built-in embedding models and rerankers, overridden and extended by the user's models.toml."""
+    found = parse_embeddings(builtin_text(), "built-in models.toml")
+    path = user_file()
+    if path.is_file():
+        try:
+            found.update(parse_embeddings(path.read_text(encoding="utf-8"), str(path)))
+        except OSError as exc:
+            raise RegistryError(f"Cannot read {path}: {exc.strerror}.") from exc
+    return found
 
 
 def _pair(name: str, body: Any, source: str) -> PairSpec:

@@ -23,31 +23,43 @@ from .shared import friendly_errors, say
 @click.option("--add", "add_pairs", is_flag=True, help="With --scan: register each target's best pair.")
 @friendly_errors
 def models(as_json: bool, scan: bool, folders: tuple[str, ...], add_pairs: bool) -> None:
-    """List the model pairs: size, whether downloaded, and where; with --scan, what is on this machine."""
+    """List the model pairs, embedding models and rerankers: size, whether downloaded, and where; with --scan,
+    what is on this machine."""
     if scan:
         _scan(folders, add_pairs, as_json)
         return
     if folders or add_pairs:
         raise click.UsageError("--folder and --add go with --scan.")
     from ..catalog.hub import locate
-    from ..catalog.registry import load_registry, user_file
+    from ..catalog.registry import load_embedding_registry, load_registry, user_file
 
     rows: list[dict[str, Any]] = []
     for name, spec in load_registry().items():
         paths = [locate(spec.target), locate(spec.draft)]
         size = sum(p.stat().st_size for p in paths if p is not None)
-        rows.append({"name": name, "description": spec.description, "downloaded": all(paths),
+        rows.append({"name": name, "kind": "pair", "description": spec.description, "downloaded": all(paths),
                      "target": str(paths[0]) if paths[0] else spec.target.describe(),
                      "draft": str(paths[1]) if paths[1] else spec.draft.describe(),
                      "bytes_on_disk": size, "k": spec.k, "ctx": spec.ctx})
+    beside: list[dict[str, Any]] = []
+    for name, embedding in load_embedding_registry().items():
+        path = locate(embedding.model)
+        beside.append({"name": name, "kind": embedding.kind, "description": embedding.description,
+                       "downloaded": path is not None, "model": str(path) if path else embedding.model.describe(),
+                       "bytes_on_disk": path.stat().st_size if path else 0})
     if as_json:
-        click.echo(json.dumps(rows, indent=1))
+        click.echo(json.dumps(rows + beside, indent=1))
         return
     for row in rows:
         state = f"downloaded, {row['bytes_on_disk'] / 1e9:.2f} GB" if row["downloaded"] else "not downloaded"
         click.echo(f"{row['name']:<22} {state}")
         click.echo(f"  {row['description']}")
         click.echo(f"  target: {row['target']}\n  draft:  {row['draft']}")
+    for row in beside:
+        state = f"downloaded, {row['bytes_on_disk'] / 1e9:.2f} GB" if row["downloaded"] else "not downloaded"
+        click.echo(f"{row['name']:<22} {row['kind']} model, {state}" if row["kind"] == "embedding"
+                   else f"{row['name']:<22} reranker, {state}")
+        click.echo(f"  {row['description']}\n  model:  {row['model']}")
     click.echo(f"\nyour pairs: {user_file()}  (localspec add NAME --target ... --draft ...)")
 
 
@@ -125,7 +137,7 @@ def add(name: str, target: str, draft: str, description: str, k: int, ctx: int) 
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @friendly_errors
 def pull(name: Optional[str], target: Optional[str], draft: Optional[str], no_search: bool, quiet: bool) -> None:
-    """Download pair NAME, or a Hub target with a draft that fits it, from the Hugging Face Hub.
+    """Download pair NAME (or the embedding model NAME), or a Hub target with a draft that fits it, from the Hub.
 
     Files are checked by sha256 (recorded on first download when the catalog
     lists none) and resumed after an interruption.
@@ -133,12 +145,17 @@ def pull(name: Optional[str], target: Optional[str], draft: Optional[str], no_se
     from ..catalog.hub import download
     from ..catalog.hub import pull as hub_pull
     from ..catalog.pairing import pair_name
-    from ..catalog.registry import add_pair, get_pair, load_registry
+    from ..catalog.registry import add_pair, get_pair, load_embedding_registry, load_registry
     from ..catalog.remote import check_before_download, hub_pair
 
     if target is None:
         if name is None or draft is not None:
             raise click.UsageError("Name a pair (see `localspec models`), or give --target hf:ORG/REPO/FILE.gguf.")
+        embedding = load_embedding_registry().get(name)
+        if embedding is not None and name not in load_registry():  # an embedding model or reranker
+            say(f"{embedding.kind}: {embedding.model.describe()}")
+            click.echo(f"{name}: {download(embedding.model, say, progress=not quiet)}")
+            return
         spec = get_pair(name)
         check_before_download(spec, say)
         files = hub_pull(spec, say=say, progress=not quiet)

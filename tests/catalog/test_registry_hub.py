@@ -174,7 +174,7 @@ def test_a_file_on_disk_with_the_listed_checksum_counts_as_downloaded(home, tiny
     hub.adopt(spec.draft, tiny_dir / "draft.gguf", sha(tiny_dir / "draft.gguf"))
     files = hub.resolve(spec)
     assert (files.target, files.draft) == (tiny_dir / "target.gguf", tiny_dir / "draft.gguf")  # nothing copied
-    assert json.loads(run("models", "--json").stdout)[-1]["downloaded"]
+    assert next(x for x in json.loads(run("models", "--json").stdout) if x["name"] == "tiny")["downloaded"]
     r = run("pull", "tiny")  # nothing to download: the adopted files are checked and named
     assert r.exit_code == 0 and str(tiny_dir / "target.gguf") in r.stdout
 
@@ -263,3 +263,43 @@ def test_check_reports_equal_padded_and_different_vocabularies(tiny_dir, tmp_pat
     one_line_error(r, "token id 100")
     write_tiny_model(tmp_path / "spm.gguf", seed=0, tokenizer="llama")
     one_line_error(run("check", "-t", str(tiny_dir / "target.gguf"), "-d", str(tmp_path / "spm.gguf")), "tokenizer")
+
+
+# -- embedding models -----------------------------------------------------------------------------------
+
+
+def test_the_catalog_names_an_embedding_model_and_bad_entries_are_one_sentence(home):
+    known = registry.load_embedding_registry()
+    assert known["nomic-embed-text-v1.5"].kind == "embedding"
+    assert known["nomic-embed-text-v1.5"].model.file.endswith(".gguf")
+    write_user_toml(home, '[embeddings.e]\nkind = "vector"\nmodel = { path = "/e.gguf" }\n')
+    with pytest.raises(RegistryError, match=r"embeddings\.e\.kind must be one of embedding, reranker"):
+        registry.load_embedding_registry()
+    write_user_toml(home, '[embeddings.e]\nkind = "embedding"\n')
+    with pytest.raises(RegistryError, match=r"embeddings\.e needs model ="):
+        registry.load_embedding_registry()
+
+
+def test_an_embedding_model_is_pulled_listed_and_loaded_by_its_name(home, fake_hub, tmp_path):
+    """`localspec pull NAME` downloads a catalog embedding model; `models` lists it as one; load_embedding and
+    `embed` take the name (and say to pull it first when it is not downloaded)."""
+    from tinyarch import write_tiny_bert
+
+    import localspec
+
+    bert = write_tiny_bert(tmp_path / "bert.gguf", seed=3)
+    fake_hub.files[("org/tiny-embed", "e.gguf")] = bert.read_bytes()
+    write_user_toml(home, '[embeddings.tiny-embed]\ndescription = "a tiny bert"\nkind = "embedding"\n'
+                          'model = { repo = "org/tiny-embed", file = "e.gguf" }\n')
+    with pytest.raises(RegistryError, match="run `localspec pull tiny-embed`"):
+        localspec.load_embedding("tiny-embed")
+    with pytest.raises(RegistryError, match="No embedding model named 'nope'"):
+        localspec.load_embedding("nope")
+    r = run("pull", "tiny-embed", "--quiet")
+    assert r.exit_code == 0 and r.stdout.startswith("tiny-embed: "), r.output
+    listed = json.loads(run("models", "--json").stdout)
+    row = next(x for x in listed if x["name"] == "tiny-embed")
+    assert row["kind"] == "embedding" and row["downloaded"] and row["bytes_on_disk"] == bert.stat().st_size
+    assert "tiny-embed             embedding model, downloaded" in run("models").stdout
+    with localspec.load_embedding("tiny-embed") as e:
+        assert e.name == "tiny-embed" and e.embed("hi").shape == (1, 32)
