@@ -5,7 +5,8 @@ the prompts generated one after another (``generate``) and together (``generate_
 that both give the same tokens. Prints the wall times and their ratio (medians).
 
     python benchmarks/many_together.py TARGET.gguf [--draft DRAFT.gguf] [--parallel 4] [--method plain]
-        [--max-tokens 128] [--reps 3] [--threads 2] [--ctx 4096] [--workload new|copy|mixed|subagents]
+        [--max-tokens 128] [--reps 3] [--threads 2] [--ctx 4096] [--prompt-cache]
+        [--workload new|copy|mixed|subagents]
 
 ``subagents`` is four sub-agent-like requests (the bench's ``fanout`` prompts, ~700 tokens each, and a fourth);
 with ``--ctx 2048`` their prompts and replies together need more cells than the context has, so requests wait
@@ -39,18 +40,24 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=4096, help="the context's cells, shared by the --parallel sequences")
+    ap.add_argument("--prompt-cache", action="store_true",
+                    help="keep the prompt cache on (RAM only): an idle sequence whose state it holds leaves the "
+                         "shared cells when another reads its prompt")
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="new")
     args = ap.parse_args()
     prompts = [[{"role": "user", "content": p}] for p in WORKLOADS[args.workload]]
     seconds: dict[str, list[float]] = {"one after another": [], "together": []}
     with localspec.load(args.target, args.draft, n_ctx=args.ctx, n_threads=args.threads, n_threads_batch=args.threads,
-                        parallel=args.parallel, history=False, prompt_cache=False) as pair:
+                        parallel=args.parallel, history=False, prompt_cache=args.prompt_cache,
+                        cache_disk=0) as pair:
         options = dict(max_tokens=args.max_tokens, method=args.method)
         for rep in range(args.reps):
             order = list(seconds) if rep % 2 == 0 else list(reversed(seconds))
             tokens = {}
             for name in order:
                 pair.reset()
+                if pair.cache is not None:
+                    pair.cache.clear()  # no state saved by the other way's run, or an earlier repetition
                 for lane in range(1, args.parallel):
                     pair.lanes.lane(lane).reset()  # nothing cached from the other way's run
                 t0 = time.perf_counter()
