@@ -105,11 +105,12 @@ class Embedder:
                 if not item:
                     raise ConfigError(f"Input {i} is an empty string; give text to embed.")
                 ids = np.array(self.model.tokenize(item, parse_special=False), dtype=np.int32)
+                seqs.append(self._fit(ids, i, truncate, self.model.closes_input))
             else:
                 ids = self.model.check_tokens(item)
                 if not len(ids):
                     raise ConfigError(f"Input {i} is an empty list of token ids; give at least one.")
-            seqs.append(self._fit(ids, i, truncate))
+                seqs.append(self._fit(ids, i, truncate, False))
         return seqs
 
     def embed(self, inputs: EmbeddingInput, *, normalize: bool = True, truncate: bool = False,
@@ -121,8 +122,9 @@ class Embedder:
             normalize: scale each vector to length 1 (cosine similarity is then a dot product).
             truncate: cut an input longer than the model reads to its first ``n_ctx`` tokens, instead of
                 refusing it.
-            dimensions: keep only the first this many numbers of each vector (then normalised), for models
-                trained to allow it (Matryoshka embeddings such as nomic-embed-text-v1.5).
+            dimensions: keep only the first this many numbers of each vector (then normalised, unless
+                ``normalize`` is False), for models trained to allow it (Matryoshka embeddings such as
+                nomic-embed-text-v1.5).
 
         Raises:
             ConfigError: a reranker, no inputs, an empty one, or ``dimensions`` out of 1..``dim``.
@@ -142,7 +144,7 @@ class Embedder:
             rows = self.model.vectors(seqs)
         if dimensions is not None:
             rows = rows[:, :dimensions]
-        if normalize or dimensions is not None:
+        if normalize:
             norms = np.linalg.norm(rows, axis=1, keepdims=True)
             rows = rows / np.maximum(norms, 1e-12)
         return rows
@@ -153,34 +155,46 @@ class Embedder:
         Args:
             query: what is searched for.
             documents: the texts to score.
-            truncate: cut a query and document longer than the model reads (the document's end goes); False
-                refuses them.
+            truncate: a query and document longer than the model reads lose the document's end (False refuses
+                them).
 
         Raises:
             ConfigError: not a reranker, no documents, or an empty query or document.
-            ContextOverflowError: a pair too long (``truncate`` False).
+            ContextOverflowError: a pair too long (``truncate`` False), or a query that alone leaves no room.
         """
+        return self.scores(self.pairs(query, documents, truncate=truncate))
+
+    def pairs(self, query: str, documents: Sequence[str], *, truncate: bool = True) -> list[np.ndarray]:
+        """The token ids of each query and document as the reranker reads them, checked (see ``rank``)."""
         if not self.is_reranker:
             raise ConfigError(f"{self.name} is an embedding model, not a reranker; load a reranker (rank pooling) "
                               "to score documents.")
-        docs = _as_list(documents)
         if not isinstance(query, str) or not query:
             raise ConfigError("The query must be a non-empty string.")
+        if isinstance(documents, str) or not isinstance(documents, (list, tuple)) or not documents:
+            raise ConfigError("Give the documents to score as a non-empty list of strings.")
         pairs = []
-        for i, doc in enumerate(docs):
+        for i, doc in enumerate(documents):
             if not isinstance(doc, str) or not doc:
                 raise ConfigError(f"Document {i} must be a non-empty string.")
-            pairs.append(self._fit(self.model.pair_tokens(query, doc), i, truncate))
+            ids = self.model.pair_tokens(query, doc, self.n_ctx if truncate else None)
+            pairs.append(self._fit(ids, i, False, False, f"Document {i} with the query"))
+        return pairs
+
+    def scores(self, pairs: Sequence[np.ndarray]) -> np.ndarray:
+        """``rank`` for pairs already made token ids by ``pairs``: the first score of each."""
         with self._lock:
             return self.model.vectors(pairs)[:, 0].copy()
 
-    def _fit(self, ids: np.ndarray, i: int, truncate: bool) -> np.ndarray:
+    def _fit(self, ids: np.ndarray, i: int, truncate: bool, closed: bool, what: str = "") -> np.ndarray:
+        """``ids`` if they fit, else cut to ``n_ctx`` (keeping a closing special token, ``closed``) where
+        ``truncate`` asks, else refused."""
         if len(ids) <= self.n_ctx:
             return ids
         if truncate:
-            return ids[: self.n_ctx]
-        raise ContextOverflowError(f"Input {i} is {len(ids)} tokens, more than the {self.n_ctx} {self.name} reads; "
-                                   "shorten it, or ask for truncation.")
+            return np.concatenate([ids[: self.n_ctx - 1], ids[-1:]]) if closed else ids[: self.n_ctx]
+        raise ContextOverflowError(f"{what or f'Input {i}'} is {len(ids)} tokens, more than the {self.n_ctx} "
+                                   f"{self.name} reads; shorten it, or ask for truncation.")
 
     def close(self) -> None:
         """Free the model."""

@@ -62,6 +62,7 @@ def test_dimensions_keep_the_first_numbers_then_normalise(embedder):
     cut = embedder.embed(TEXTS[:2], dimensions=8)
     assert cut.shape == (2, 8)
     np.testing.assert_allclose(cut, full[:, :8] / np.linalg.norm(full[:, :8], axis=1, keepdims=True), atol=1e-6)
+    np.testing.assert_allclose(embedder.embed(TEXTS[:2], dimensions=8, normalize=False), full[:, :8], atol=1e-6)
 
 
 def test_more_inputs_than_one_decode_holds_come_back_in_order(embedder):
@@ -115,6 +116,21 @@ def test_a_reranker_scores_each_document_alone(models: Path, embedder):
             r.rank("", ["a"])
     with pytest.raises(ConfigError, match="not a reranker"):
         embedder.rank("q", ["a"])
+
+
+def test_a_long_document_loses_its_end_and_never_the_query(models: Path):
+    with load_embedding(models / "rerank.gguf", n_ctx=64) as r:
+        query, doc = "what do cats do?", "cats sleep a lot " * 40
+        pair = r.pairs(query, [doc])[0]
+        asked = r.model.tokenize(query, add_special=False, parse_special=False)
+        assert len(pair) == 64 and list(pair[: len(asked)]) == asked
+        assert r.rank(query, [doc]).shape == (1,)
+        with pytest.raises(ContextOverflowError, match="Document 0 with the query is .* more than the 64"):
+            r.rank(query, [doc], truncate=False)
+        with pytest.raises(ContextOverflowError, match="leaving no room for a document"):
+            r.rank("why " * 80, ["a"])
+        with pytest.raises(ConfigError, match="non-empty list of strings"):
+            r.rank(query, [])
 
 
 def test_a_generating_model_without_pooling_is_refused(tiny_dir: Path):

@@ -18,15 +18,17 @@ from .shared import friendly_errors
               help="Texts to embed, one a line (a JSON string, or an object with \"text\" and an optional \"id\").")
 @click.option("--query", default=None, help="With a reranker: score each text as a document for this query.")
 @click.option("--dimensions", type=click.IntRange(min=1), default=None,
-              help="Keep each vector's first N numbers (then scaled to length 1 again), for models trained for it.")
+              help="Keep each vector's first N numbers (then scaled to length 1 again, unless --raw), for models "
+                   "trained for it.")
 @click.option("--truncate", is_flag=True, help="Cut a text longer than the model reads instead of refusing it.")
 @click.option("--raw", is_flag=True, help="The vectors as the model gives them, not scaled to length 1.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: every core).")
 @friendly_errors
 def embed(model: str, texts: tuple[str, ...], input_file: Optional[Path], query: Optional[str],
           dimensions: Optional[int], truncate: bool, raw: bool, threads: Optional[int]) -> None:
-    """Embed TEXTS (or the lines of --input) with the embedding model MODEL (.gguf, or ollama:NAME), one JSON line
-    per text: {"index", "id", "embedding"}; with a reranker and --query, {"index", "id", "score"}."""
+    """Embed TEXTS (or the lines of --input) with the embedding model MODEL (a catalog name, a .gguf, or
+    ollama:NAME), one JSON line per text: {"index", "id", "embedding"}; with a reranker and --query,
+    {"index", "id", "score"}."""
     from ..embeddings import load_embedding
 
     items = [(None, t) for t in texts] + (_lines(input_file) if input_file is not None else [])

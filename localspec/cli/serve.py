@@ -39,10 +39,10 @@ from .shared import ModelArgs, friendly_errors, generation_options, model_option
               help="Serve GET /metrics: requests, tokens, prompt tokens the cache saved, acceptance by drafter and "
                    "the queue, in Prometheus' text format (behind --api-key like every route).")
 @click.option("--embedding-model", default=None, metavar="NAME_OR_PATH",
-              help="An embedding model (.gguf, or ollama:NAME such as ollama:nomic-embed-text) to load beside the "
-                   "pair: POST /v1/embeddings, /api/embed and /api/embeddings answer with it.")
+              help="An embedding model (a catalog name such as nomic-embed-text-v1.5, a .gguf, or ollama:NAME) to "
+                   "load beside the pair: POST /v1/embeddings, /api/embed and /api/embeddings answer with it.")
 @click.option("--rerank-model", default=None, metavar="NAME_OR_PATH",
-              help="A reranker (.gguf with rank pooling, such as bge-reranker-v2-m3) to load beside the pair: "
+              help="A reranker (a .gguf with rank pooling, such as bge-reranker-v2-m3) to load beside the pair: "
                    "POST /v1/rerank answers with it.")
 @click.option("--quiet", "-q", is_flag=True,
               help="No line per request (by default each request leaves one on stderr: its route, status, "
@@ -80,7 +80,13 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
         embedder, reranker = (None if spec is None else stack.enter_context(load_embedding(
             spec, n_threads=models.n_threads_batch or models.n_threads, n_gpu_layers=models.n_gpu_layers,
             verbose=models.verbose)) for spec in (embedding_model, rerank_model))  # first: fit sees their memory
+        for flag, loaded, reranks in (("--embedding-model", embedder, False), ("--rerank-model", reranker, True)):
+            if loaded is not None and loaded.is_reranker != reranks:
+                what, other = ("a reranker", "--rerank-model") if loaded.is_reranker else \
+                    ("an embedding model", "--embedding-model")
+                raise click.UsageError(f"{loaded.name} is {what}; give it with {other}, not {flag}.")
         beside = EmbeddingService(embedder, reranker)
+        stack.callback(beside.close)
         pair = stack.enter_context(models.open(fit=True, parallel=parallel or None))
         name = models.pair_name or pair.target.path.stem
         server = Server.for_pair(pair, name, options, max_queue=max_queue, max_tokens=max_tokens,

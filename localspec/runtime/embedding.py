@@ -17,13 +17,21 @@ from typing import Any, Optional, Sequence, Union
 import llama_cpp as ll
 import numpy as np
 
-from ..errors import BackendError, ModelFileError
+from ..errors import BackendError, ContextOverflowError, ModelFileError
 from .gguf_metadata import check_gguf
 from .process import LlamaLog, default_threads, gpu_offload_supported, load_weights
 from .vocabulary import ModelVocabulary
 
 #: The most inputs one decode holds (each its own sequence id).
 MAX_INPUTS = 64
+
+#: The longest input by default, in tokens, for a model trained on longer ones: every input is read whole in
+#: one pass, whose scratch memory grows with its square (set ``n_ctx`` for more).
+DEFAULT_MAX_CTX = 8192
+
+#: On the CPU, inputs up to this many tokens are read without flash attention, exactly as llama-cpp-python
+#: reads them by default; longer ones with it, which keeps the pass's memory linear in the input.
+EXACT_CTX = 2048
 
 #: llama.cpp's pooling types, by the name the docs and the API use.
 POOLING = {ll.LLAMA_POOLING_TYPE_NONE: "none", ll.LLAMA_POOLING_TYPE_MEAN: "mean",
@@ -36,7 +44,7 @@ class EmbeddingModel(ModelVocabulary):
 
     Args:
         path: the .gguf file.
-        n_ctx: the longest input in tokens (0: the model's training context).
+        n_ctx: the longest input in tokens (0: the model's training context, at most ``DEFAULT_MAX_CTX``).
         n_threads: CPU threads (default: all available cores).
         n_gpu_layers: layers to offload; -1 for all. Default: all on a GPU build, none on a CPU-only build.
         verbose: let llama.cpp print its log to stderr.
@@ -68,7 +76,7 @@ class EmbeddingModel(ModelVocabulary):
     def _open(self, n_ctx: int, n_threads: int) -> None:
         """The embedding context: every input whole in one decode (``n_ubatch`` = ``n_batch`` = ``n_ctx``)."""
         train = int(ll.llama_model_n_ctx_train(self._model))
-        n_ctx = min(n_ctx or train, train) if train else n_ctx or 2048
+        n_ctx = min(n_ctx or min(train, DEFAULT_MAX_CTX), train) if train else n_ctx or 2048
         cparams = ll.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = cparams.n_ubatch = n_ctx
@@ -77,8 +85,8 @@ class EmbeddingModel(ModelVocabulary):
         cparams.embeddings = True
         cparams.pooling_type = ll.LLAMA_POOLING_TYPE_UNSPECIFIED  # the model's own
         cparams.n_threads = cparams.n_threads_batch = n_threads
-        if not (self._gpu_layers != 0 and gpu_offload_supported()):
-            cparams.flash_attn_type = 0  # on the CPU its f16 rounding costs exactness for nothing at these lengths
+        if not (self._gpu_layers != 0 and gpu_offload_supported()) and n_ctx <= EXACT_CTX:
+            cparams.flash_attn_type = 0  # its f16 rounding would cost exactness for little at these lengths
         with self._log:
             self._ctx = ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -99,6 +107,13 @@ class EmbeddingModel(ModelVocabulary):
         self._batch = ll.llama_batch_init(int(ll.llama_n_ctx(self._ctx)), 0, 1)
         #: Seconds spent in llama.cpp's decodes.
         self.busy_seconds = 0.0
+
+    @property
+    def closes_input(self) -> bool:
+        """Whether the vocabulary ends a text with a special token (BERT's [SEP], an EOS): a text cut to fit
+        keeps it."""
+        vocab = self.vocab_pointer
+        return bool(ll.llama_vocab_get_add_eos(vocab) or ll.llama_vocab_get_add_sep(vocab))
 
     @property
     def is_reranker(self) -> bool:
@@ -147,30 +162,57 @@ class EmbeddingModel(ModelVocabulary):
                                f"(code {rc}).")
         for seq, i in enumerate(group):
             row = ll.llama_get_embeddings_seq(self._ctx, seq)
+            if not row:
+                raise BackendError(f"llama.cpp gave no pooled vector for input {i} with {self.path.name}.")
             out[i] = np.ctypeslib.as_array(ctypes.cast(row, ctypes.POINTER(ctypes.c_float)), shape=(self.dim,))
 
-    def pair_tokens(self, query: str, doc: str) -> np.ndarray:
+    def pair_tokens(self, query: str, doc: str, limit: Optional[int] = None) -> np.ndarray:
         """A query and a document as the reranker reads them: its own template where the GGUF has one, else
-        the query and the document between the special tokens its vocabulary adds (as llama.cpp's server)."""
+        the query and the document between the special tokens its vocabulary adds (as llama.cpp's server).
+        With ``limit``, a pair longer than that many tokens keeps its query and closing tokens and loses the
+        document's end.
+
+        Raises:
+            ContextOverflowError: the query and the pair's fixed tokens alone exceed ``limit``.
+        """
+        head, tail = self._pair_parts(query)
+        body = self.tokenize(doc, add_special=False, parse_special=False)
+        if isinstance(head, str) and isinstance(tail, str):  # a template's text, read whole as llama.cpp's server
+            whole = self.tokenize(head + doc + tail, add_special=False, parse_special=True)
+            if limit is None or len(whole) <= limit:
+                return np.array(whole, dtype=np.int32)
+            fixed = (self.tokenize(head, add_special=False, parse_special=True),
+                     self.tokenize(tail, add_special=False, parse_special=True))
+        else:
+            assert not isinstance(head, str) and not isinstance(tail, str)
+            fixed = (head, tail)
+            if limit is None or len(head) + len(body) + len(tail) <= limit:
+                return np.array(head + body + tail, dtype=np.int32)
+        room = limit - len(fixed[0]) - len(fixed[1])
+        if room < 1:
+            raise ContextOverflowError(f"The query is {len(fixed[0]) + len(fixed[1])} tokens with the reranker's own, "
+                                       f"leaving no room for a document in the {limit} {self.path.name} reads; "
+                                       "shorten the query.")
+        return np.array(fixed[0] + body[:room] + fixed[1], dtype=np.int32)
+
+    def _pair_parts(self, query: str) -> tuple[Union[str, list[int]], Union[str, list[int]]]:
+        """What comes before the document and after it: text of the GGUF's rerank template (the query put in),
+        or token ids (BOS, the query, EOS, SEP as the vocabulary adds them; EOS after the document)."""
         template = ll.llama_model_chat_template(self._model, b"rerank")
         if template:
-            text = template.decode("utf-8", "replace").replace("{query}", query).replace("{document}", doc)
-            return np.array(self.tokenize(text, add_special=False, parse_special=True), dtype=np.int32)
+            text = template.decode("utf-8", "replace")
+            before, _, after = text.partition("{document}")
+            return before.replace("{query}", query), after.replace("{query}", query)
         vocab = self.vocab_pointer
         eos = int(ll.llama_vocab_eos(vocab))
         eos = eos if eos >= 0 else int(ll.llama_vocab_sep(vocab))
-        ids: list[int] = []
-        if ll.llama_vocab_get_add_bos(vocab):
-            ids.append(int(ll.llama_vocab_bos(vocab)))
-        ids += self.tokenize(query, add_special=False, parse_special=False)
+        head: list[int] = [int(ll.llama_vocab_bos(vocab))] if ll.llama_vocab_get_add_bos(vocab) else []
+        head += self.tokenize(query, add_special=False, parse_special=False)
         if ll.llama_vocab_get_add_eos(vocab):
-            ids.append(eos)
+            head.append(eos)
         if ll.llama_vocab_get_add_sep(vocab):
-            ids.append(int(ll.llama_vocab_sep(vocab)))
-        ids += self.tokenize(doc, add_special=False, parse_special=False)
-        if ll.llama_vocab_get_add_eos(vocab):
-            ids.append(eos)
-        return np.array(ids, dtype=np.int32)
+            head.append(int(ll.llama_vocab_sep(vocab)))
+        return head, [eos] if ll.llama_vocab_get_add_eos(vocab) else []
 
     def close(self) -> None:
         """Free the context and the model; the object cannot be used afterwards."""

@@ -10,13 +10,14 @@ input, one too long, a bad ``dimensions``) become a 400 carrying the same senten
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Optional, TypeVar
 
 import numpy as np
 
 from ..embeddings import Embedder, EmbeddingInput
-from ..errors import ContextOverflowError, LocalspecError
+from ..errors import BackendError, ContextOverflowError, LocalspecError
 from .http import ApiError
 
 T = TypeVar("T")
@@ -41,6 +42,10 @@ class EmbeddingService:
 
     def __init__(self, embedder: Optional[Embedder] = None, reranker: Optional[Embedder] = None):
         self.embedder, self.reranker = embedder, reranker
+        # a thread each, of their own: a burst of embedding requests queues here, not in the event loop's
+        # default pool, where every request's body is read
+        self._threads = {id(m): ThreadPoolExecutor(1, thread_name_prefix=f"localspec-{m.name}")
+                         for m in (embedder, reranker) if m is not None}
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -71,27 +76,33 @@ class EmbeddingService:
 
     async def embed(self, model: Embedder, inputs: EmbeddingInput, *, normalize: bool = True,
                     truncate: bool = False, dimensions: Optional[int] = None) -> Vectors:
-        """``model.embed`` off the event loop, its refusals as a 400."""
+        """``model.embed`` on the model's thread, its refusals as a 400."""
         def run() -> Vectors:
             seqs = model.tokens(inputs, truncate=truncate)
             rows = model.embed_tokens(seqs, normalize=normalize, dimensions=dimensions)
             return Vectors(rows, sum(len(s) for s in seqs))
-        return await _off_loop(run)
+        return await self._run(model, run, "input")
 
     async def rank(self, model: Embedder, query: str, documents: list[str]) -> Vectors:
-        """``model.rank`` off the event loop (pairs too long are cut): a score per document, and the tokens the
-        pairs took; its refusals as a 400."""
+        """``model.rank`` on the model's thread (pairs too long lose their document's end): a score per
+        document, and the tokens the pairs took; its refusals as a 400."""
         def run() -> Vectors:
-            scores = model.rank(query, documents)
-            return Vectors(scores, sum(len(model.model.pair_tokens(query, d)) for d in documents))
-        return await _off_loop(run)
+            pairs = model.pairs(query, documents)
+            return Vectors(model.scores(pairs), sum(len(p) for p in pairs))
+        return await self._run(model, run, "documents")
 
+    async def _run(self, model: Embedder, fn: Callable[[], T], param: str) -> T:
+        """``fn()`` on ``model``'s thread; the library's refusals as a 400, llama.cpp's failures as a 500."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._threads[id(model)], fn)
+        except ContextOverflowError as exc:
+            raise ApiError(400, str(exc), param=param, code="context_length_exceeded") from None
+        except BackendError as exc:
+            raise ApiError(500, str(exc), type="server_error") from None
+        except LocalspecError as exc:
+            raise ApiError(400, str(exc), param=param) from None
 
-async def _off_loop(fn: Callable[[], T]) -> T:
-    """``fn()`` on a worker thread; the library's refusals as a 400 in the route's API."""
-    try:
-        return await asyncio.to_thread(fn)
-    except ContextOverflowError as exc:
-        raise ApiError(400, str(exc), param="input", code="context_length_exceeded") from None
-    except LocalspecError as exc:
-        raise ApiError(400, str(exc), param="input") from None
+    def close(self) -> None:
+        """Stop the models' threads (the models are their owner's to close)."""
+        for pool in self._threads.values():
+            pool.shutdown(wait=True)

@@ -89,7 +89,6 @@ def test_rerank_orders_the_documents_by_the_rerankers_scores(port, beside):
     ("/v1/embeddings", {"model": "nomic", "input": "x"}, 404, "'nomic' does not exist"),
     ("/v1/embeddings", {"model": "tiny-embed", "input": "x", "dimensions": 0}, 400, "dimensions must be 1 to 32"),
     ("/v1/embeddings", {"model": "tiny-embed", "input": "x", "encoding_format": "int8"}, 400, "encoding_format"),
-    ("/v1/embeddings", {"model": "tiny-embed", "input": "x", "colour": 1}, 400, "'colour' is not a field"),
     ("/v1/rerank", {"model": "tiny-embed", "query": "q", "documents": ["a"]}, 404, "reranker is 'tiny-rerank'"),
     ("/v1/rerank", {"query": "q", "documents": ["a", ""]}, 400, "Document 1 must be a non-empty string"),
     ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, 400, "'top_n' must be at least 1"),
@@ -97,6 +96,26 @@ def test_rerank_orders_the_documents_by_the_rerankers_scores(port, beside):
 def test_bad_input_is_a_sentence_in_openais_shape(port, path, body, status, words):
     r = requests.post(f"http://127.0.0.1:{port}{path}", json=body, timeout=60)
     assert r.status_code == status and words in r.json()["error"]["message"], r.text
+
+
+def test_other_servers_fields_are_ignored_and_a_null_format_is_floats(port):
+    """Clients written for other servers send fields of their own (NVIDIA's input_type, Jina's task, Cohere's
+    rank_fields); they change nothing, as OpenAI's own server ignores what it does not know."""
+    r = requests.post(f"http://127.0.0.1:{port}/v1/embeddings", timeout=60, json={
+        "model": "tiny-embed", "input": ["a"], "input_type": "query", "task": "retrieval", "encoding_format": None})
+    assert r.status_code == 200 and isinstance(r.json()["data"][0]["embedding"], list), r.text
+    r = requests.post(f"http://127.0.0.1:{port}/v1/rerank", timeout=60, json={
+        "query": "q", "documents": [{"text": "a", "title": "t"}], "rank_fields": ["text"], "max_tokens_per_doc": 9})
+    assert r.status_code == 200 and r.json()["results"][0]["index"] == 0, r.text
+
+
+def test_a_model_given_for_the_other_role_is_refused_at_start(tiny_dir: Path, tmp_path: Path):
+    from clirun import run_cli
+
+    write_tiny_bert(tmp_path / "r.gguf", seed=5, pooling="rank")
+    r = run_cli(["serve", "-t", str(tiny_dir / "target.gguf"), "-d", "none", "--threads", "1", "--no-history",
+                 "--embedding-model", str(tmp_path / "r.gguf"), "--port", "0"])
+    assert r.exit_code == 2 and "r is a reranker; give it with --rerank-model, not --embedding-model" in r.output
 
 
 def test_ollamas_routes_refuse_in_ollamas_shape(port):

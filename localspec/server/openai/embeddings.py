@@ -21,13 +21,14 @@ from ..request_log import note_error
 
 
 class EmbeddingsBody(BaseModel):
-    """The fields OpenAI's embeddings request has."""
+    """The fields OpenAI's embeddings request has. Other fields are ignored: clients of other servers send
+    their own (``input_type``, ``task``, ``normalized``), which change nothing here."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     input: Union[str, list[str], list[int], list[list[int]]]
     model: Optional[str] = None
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: Optional[Literal["float", "base64"]] = None
     dimensions: Optional[int] = None
     user: Optional[str] = None
 
@@ -43,7 +44,7 @@ def register(app: FastAPI, service: EmbeddingService) -> None:
             got = await service.embed(model, body.input, dimensions=body.dimensions)
         except ApiError as exc:
             return note_error(request.scope, exc).response()
-        data = [{"object": "embedding", "index": i, "embedding": _encoded(row, body.encoding_format)}
+        data = [{"object": "embedding", "index": i, "embedding": _encoded(row, body.encoding_format or "float")}
                 for i, row in enumerate(got.rows)]
         return {"object": "list", "data": data, "model": model.name,
                 "usage": {"prompt_tokens": got.tokens, "total_tokens": got.tokens}}

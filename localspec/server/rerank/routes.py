@@ -21,15 +21,16 @@ from ..request_log import note_error
 
 
 class Document(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     text: str
 
 
 class RerankBody(BaseModel):
-    """The fields a rerank request has."""
+    """The fields a rerank request has. Other fields are ignored: Jina's and Cohere's clients send their own
+    (``max_tokens_per_doc``, ``rank_fields``), which change nothing here."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     query: str
     documents: list[Union[str, Document]]
