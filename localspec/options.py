@@ -197,7 +197,8 @@ class GenerationOptions:
     seed: Optional[int] = _opt(None, "Sampling seed (default or -1: random).", "--seed")
     method: str = _opt(AUTO.name, "How to draft: auto picks prompt lookup, history, the draft model or plain "
                                "decoding (and K) each round from this machine's measured costs.", "--method", "-m")
-    k: Optional[int] = _opt(None, f"Tokens drafted per round, 0 to {K_LIMIT} (default: 4 for draft or the pair's "
+    k: Optional[int] = _opt(None, f"Tokens drafted per round (one pass of the model that checks them), 0 to {K_LIMIT} "
+                                  f"(default: 4 for draft or the pair's "
                                   f"suggestion, 8 for lookup; for auto the most, {AUTO_KMAX}).", "--k", "-k")
     ngram: tuple[int, int] = _opt(LOOKUP_NGRAM, "Lookup n-gram lengths (min, max).")
     stop: tuple[str, ...] = _opt((), "Stop where this text appears, without it (repeatable).", "--stop")

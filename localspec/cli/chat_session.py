@@ -55,7 +55,7 @@ commands:
   /reset                forget the conversation (keeps the system prompt)
   /stats                totals for this chat
   /method NAME          how to draft: {methods}
-  /k N                  tokens drafted per round, 0 to {k_limit} (for auto: the most)
+  /k N                  tokens drafted per round (one pass that checks them), 0 to {k_limit} (for auto: the most)
   /temperature T        0 for greedy, above 0 to sample
   /top-p P              nucleus sampling mass (1: off)
   /max-tokens N         the longest reply
