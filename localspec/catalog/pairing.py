@@ -157,10 +157,11 @@ def pair_models(found: Sequence[FoundModel], *, min_ratio: float = MIN_RATIO) ->
     Returns:
         Pairs grouped by target (largest target first), best draft first within each.
     """
-    targets = sorted(found, key=lambda m: (-(m.parameters or 0), -m.size, m.name))
+    generating = [m for m in found if m.role is None]  # an embedding model or reranker writes no text
+    targets = sorted(generating, key=lambda m: (-(m.parameters or 0), -m.size, m.name))
     pairs: list[FoundPair] = []
     for t in targets:
-        pairs.extend(_drafts_for(t, found, min_ratio))
+        pairs.extend(_drafts_for(t, generating, min_ratio))
     return pairs
 
 

@@ -78,7 +78,8 @@ def _scan(folders: tuple[str, ...], add_pairs: bool, as_json: bool) -> None:
         click.echo(json.dumps({
             "models": [{"name": m.name, "path": str(m.path), "store": m.store, "bytes": m.size,
                         "architecture": m.architecture, "parameters": m.parameters, "quantization": m.quantization,
-                        "vocab_fingerprint": m.fingerprint, "mtp_layers": m.mtp_layers, "aliases": m.aliases}
+                        "vocab_fingerprint": m.fingerprint, "mtp_layers": m.mtp_layers, "role": m.role,
+                        "aliases": m.aliases}
                        for m in found.models],
             "pairs": [{"target": p.target.name, "draft": p.draft.name, "reason": p.reason} for p in pairs],
             "skipped": [{"where": k.where, "why": k.why} for k in found.skipped]}, indent=1))
@@ -87,7 +88,9 @@ def _scan(folders: tuple[str, ...], add_pairs: bool, as_json: bool) -> None:
         for m in found.models:
             click.echo(f"  {m.name:<44} {m.label():>6} {m.quantization or '?':<7} {m.architecture or '?':<10} "
                        f"{m.size / 1e9:5.2f} GB  vocabulary {m.fingerprint or '-'}"
-                       + ("  MTP head" if m.mtp_layers else ""))
+                       + ("  MTP head" if m.mtp_layers else "")
+                       + (f"  {m.role} model (serve --{'rerank' if m.role == 'reranker' else 'embedding'}-model)"
+                          if m.role else ""))
         click.echo(f"\ntarget/draft pairs, best draft first ({len(pairs)}):" if pairs else "\nno target/draft pairs")
         names = {id(s.pair): s.name for s in best}
         for p in pairs:

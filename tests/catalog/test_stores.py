@@ -741,3 +741,20 @@ def test_pair_names_drop_the_quantization_tag_unless_another_pair_has_that_name(
     assert pairing.pair_name("x/model-Q8_0.gguf", ["model", "model-q8_0"]) == "model-q8_0-2"
     assert pairing.pair_name("same.gguf", ["same"]) == "same-2"
     assert pairing.pair_name("???.gguf") == "model"
+
+
+def test_an_embedding_model_found_is_marked_as_one_and_never_paired(stores_env: Path):
+    from tinyarch import write_tiny_bert
+
+    folder = stores_env / "folder"
+    write_tiny_bert(folder / "bert-embed.gguf", seed=3)
+    write_tiny_bert(folder / "bert-rank.gguf", seed=5, pooling="rank")
+    r = run_cli(["models", "--scan", "--folder", str(folder)])
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.stdout.splitlines() if "bert-embed.gguf" in x)
+    assert "embedding model (serve --embedding-model)" in line
+    assert "reranker model (serve --rerank-model)" in next(x for x in r.stdout.splitlines() if "bert-rank" in x)
+    assert "bert-" not in r.stdout.split("pairs")[1]
+    data = json.loads(run_cli(["models", "--scan", "--folder", str(folder), "--json"]).stdout)
+    roles = {Path(m["path"]).name: m["role"] for m in data["models"]}
+    assert roles["bert-embed.gguf"] == "embedding" and roles["bert-rank.gguf"] == "reranker"

@@ -81,6 +81,15 @@ class FoundModel:
         return self.header.mtp_layers
 
     @property
+    def role(self) -> Optional[str]:
+        """``"embedding"`` or ``"reranker"`` for a model whose header pools its tokens (it gives vectors or
+        scores, not text: ``localspec.load_embedding`` loads it), else None."""
+        pooling = self.header.metadata.get(f"{self.architecture}.pooling_type")
+        if not isinstance(pooling, int) or pooling <= 0:
+            return None
+        return "reranker" if pooling == 4 else "embedding"  # llama.cpp's LLAMA_POOLING_TYPE_RANK is 4
+
+    @property
     def fingerprint(self) -> Optional[str]:
         """The vocabulary fingerprint (``GGUFHeader.vocab_fingerprint``); None without a tokenizer."""
         return self.header.vocab_fingerprint()
