@@ -108,14 +108,7 @@ def parse(text: str, source: str) -> dict[str, PairSpec]:
     Raises:
         RegistryError: malformed TOML (with the line) or a missing/invalid field (with its key).
     """
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise RegistryError(f"{source} is not valid TOML: {exc}; fix that line.") from exc
-    pairs = data.get("pairs", {})
-    if not isinstance(pairs, dict):
-        raise RegistryError(f"{source}: 'pairs' must be a table of [pairs.NAME] entries.")
-    return {name: _pair(name, body, source) for name, body in pairs.items()}
+    return {name: _pair(name, body, source) for name, body in _tables(text, source, "pairs").items()}
 
 
 def parse_embeddings(text: str, source: str) -> dict[str, EmbeddingSpec]:
@@ -124,15 +117,8 @@ def parse_embeddings(text: str, source: str) -> dict[str, EmbeddingSpec]:
     Raises:
         RegistryError: malformed TOML or a missing or invalid field (with its key).
     """
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise RegistryError(f"{source} is not valid TOML: {exc}; fix that line.") from exc
-    tables = data.get("embeddings", {})
-    if not isinstance(tables, dict):
-        raise RegistryError(f"{source}: 'embeddings' must be a table of [embeddings.NAME] entries.")
     out = {}
-    for name, body in tables.items():
+    for name, body in _tables(text, source, "embeddings").items():
         where = f"{source}: embeddings.{name}"
         if not isinstance(body, dict) or "model" not in body:
             raise RegistryError(f"{where} needs model = {{ repo = ..., file = ... }} or {{ path = ... }}.")
@@ -147,11 +133,39 @@ def parse_embeddings(text: str, source: str) -> dict[str, EmbeddingSpec]:
 
 def load_embedding_registry() -> dict[str, EmbeddingSpec]:
     """Built-in embedding models and rerankers, overridden and extended by the user's models.toml."""
-    found = parse_embeddings(builtin_text(), "built-in models.toml")
+    found: dict[str, EmbeddingSpec] = {}
+    for text, source in _texts():
+        found.update(parse_embeddings(text, source))
+    return found
+
+
+def _tables(text: str, source: str, key: str) -> dict[str, Any]:
+    """The ``[KEY.NAME]`` tables of one models.toml text, by name.
+
+    Raises:
+        RegistryError: malformed TOML (with the line), or ``KEY`` that is not a table of tables.
+    """
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RegistryError(f"{source} is not valid TOML: {exc}; fix that line.") from exc
+    tables = data.get(key, {})
+    if not isinstance(tables, dict):
+        raise RegistryError(f"{source}: '{key}' must be a table of [{key}.NAME] entries.")
+    return tables
+
+
+def _texts() -> list[tuple[str, str]]:
+    """The built-in models.toml, then the user's where there is one, each with how errors name it.
+
+    Raises:
+        RegistryError: the user's file exists but cannot be read.
+    """
+    found = [(builtin_text(), "built-in models.toml")]
     path = user_file()
     if path.is_file():
         try:
-            found.update(parse_embeddings(path.read_text(encoding="utf-8"), str(path)))
+            found.append((path.read_text(encoding="utf-8"), str(path)))
         except OSError as exc:
             raise RegistryError(f"Cannot read {path}: {exc.strerror}.") from exc
     return found
@@ -202,14 +216,9 @@ def _ref(value: Any, where: str) -> ModelRef:
 
 def load_registry() -> dict[str, PairSpec]:
     """Built-in pairs, overridden and extended by the user's models.toml."""
-    pairs = parse(builtin_text(), "built-in models.toml")
-    path = user_file()
-    if path.is_file():
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise RegistryError(f"Cannot read {path}: {exc.strerror}.") from exc
-        pairs.update(parse(text, str(path)))
+    pairs: dict[str, PairSpec] = {}
+    for text, source in _texts():
+        pairs.update(parse(text, source))
     return pairs
 
 
