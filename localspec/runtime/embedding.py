@@ -176,16 +176,17 @@ class EmbeddingModel(ModelVocabulary):
             ContextOverflowError: the query and the pair's fixed tokens alone exceed ``limit``.
         """
         head, tail = self._pair_parts(query)
-        body = self.tokenize(doc, add_special=False, parse_special=False)
         if isinstance(head, str) and isinstance(tail, str):  # a template's text, read whole as llama.cpp's server
             whole = self.tokenize(head + doc + tail, add_special=False, parse_special=True)
             if limit is None or len(whole) <= limit:
                 return np.array(whole, dtype=np.int32)
             fixed = (self.tokenize(head, add_special=False, parse_special=True),
                      self.tokenize(tail, add_special=False, parse_special=True))
+            body = self.tokenize(doc, add_special=False, parse_special=False)
         else:
             assert not isinstance(head, str) and not isinstance(tail, str)
             fixed = (head, tail)
+            body = self.tokenize(doc, add_special=False, parse_special=False)
             if limit is None or len(head) + len(body) + len(tail) <= limit:
                 return np.array(head + body + tail, dtype=np.int32)
         room = limit - len(fixed[0]) - len(fixed[1])
