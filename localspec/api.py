@@ -32,6 +32,7 @@ from .drafting.costs import CostCorrection, CostProfile
 from .drafting.estimates import AcceptanceEstimate, history_estimates
 from .drafting.history import PROMPT_KEEP, HistoryStore, history_dir
 from .errors import ConfigError
+from .images import Fetch, image_messages, prompt_tokens
 from .lanes import Lanes, Prompt
 from .methods import AUTO_KMAX, HISTORY, get_method
 from .options import GenerationOptions, check_k
@@ -100,6 +101,8 @@ class Pair:
         #: The models' other sequences, for generations decoded together (``generate_many``).
         self.lanes = Lanes(self)
         self._recording = threading.Lock()  # lanes record into the one history store
+        #: Reads an ``http(s)`` image URL in a message (None: such URLs are refused; ``images.fetch_url`` fetches).
+        self.fetch: Optional[Fetch] = None
 
     @property
     def history(self) -> Optional[HistoryStore]:
@@ -400,11 +403,12 @@ class Pair:
         """
         asked = self.options(options, **changes)
         use = tool_use(tools, tool_choice, parallel_tool_calls)
+        messages, images = image_messages(self.target, messages, self.fetch)
         text, opts = chat_with_tools(self.target, messages, use, asked, template_vars)
         check_length(self.target, text)
-        tokens = self.target.tokenize(text, add_special=False)
-        marks = self._boundaries(messages, tokens, lambda m: chat_with_tools(self.target, m, use, asked,
-                                                                            template_vars)[0])
+        tokens = prompt_tokens(self.target, text, images)
+        marks = [] if images else self._boundaries(messages, tokens, lambda m: chat_with_tools(
+            self.target, m, use, asked, template_vars)[0])
         return self._start(tokens, text, opts, calls=offered(use) if may_call(use) else None, boundaries=marks)
 
     def _boundaries(self, messages: Sequence[Mapping[str, Any]], tokens: list[int],

@@ -9,6 +9,7 @@ from typing import Callable, Optional, Union
 
 from .api import Pair, notice_to_stderr
 from .catalog.naming import resolve_models
+from .errors import ModelFileError
 from .methods import AUTO_KMAX
 from .options import GenerationOptions
 from .paths import cache_dir
@@ -17,6 +18,7 @@ from .prompt_cache.cache import PromptCache
 from .runtime.gguf_metadata import read_local
 from .runtime.model import Model
 from .runtime.process import read_vocab
+from .runtime.vision import Projector, find_projector
 from .runtime.vocab_match import check_vocab
 from .sizes import human_bytes
 
@@ -122,6 +124,7 @@ def load(
     cache_disk: Optional[int] = None,
     fit: bool = False,
     parallel: Optional[int] = 1,
+    mmproj: Union[PathLike, bool, None] = None,
 ) -> Pair:
     """Load a target model and, optionally, a draft model of the same family.
 
@@ -162,12 +165,15 @@ def load(
             sequences in each model's context, sharing its ``n_ctx`` cells (one unified cache, so one long
             prompt may use them all). Default 1: one generation at a time (``generate_many`` then runs its
             prompts one after another, and says so once). None: ``AUTO_PARALLEL`` (4), as ``serve`` takes.
+        mmproj: the target's vision projector (an ``mmproj`` GGUF), so prompts may hold images. Default: the
+            one beside the target file, if there is one (the Hub's and LM Studio's layouts keep it there; said
+            through ``notify``); False for none.
 
     Returns:
         The loaded ``Pair``; ``close()`` it, or use it in a ``with`` block, to free the models.
 
     Raises:
-        ModelFileError: a file is missing, not a GGUF, or fails to load.
+        ModelFileError: a file is missing, not a GGUF, or fails to load (a projector not made for the target).
         RegistryError: an unknown pair name, or a pair not downloaded yet (the message says how).
         VocabMismatchError: the draft's vocabulary differs from the target's.
     """
@@ -192,11 +198,14 @@ def load(
               n_seq=parallel)
     d = None
     try:
+        projector = _projector(t, mmproj, say)
         if draft is not None:
             check_vocab(t.vocab_info(), read_vocab(draft))  # before the draft's weights are loaded
             d = Model(draft, n_ctx=t.n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch,
                       n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, huge_pages=huge_pages, rollback_tokens=0,
                       verbose=verbose, n_seq=parallel)
+            if projector is not None:  # the draft reads a stand-in where the target sees an image
+                d.stand_in = projector.stand_in
         if history is None:
             history = history_enabled()
         cache = open_prompt_cache(prompt_cache, cache_ram, cache_disk, say)
@@ -206,3 +215,19 @@ def load(
         if d is not None:
             d.close()
         raise
+
+
+def _projector(target: Model, mmproj: Union[PathLike, bool, None], say: Callable[[str], None]) -> Optional[Projector]:
+    """The vision projector ``load`` gives ``target`` (attached to it, so that its sequences share it)."""
+    if mmproj is False:
+        return None
+    path = find_projector(target.path) if mmproj is None or mmproj is True else Path(mmproj)
+    if path is None:
+        if mmproj is True:
+            raise ModelFileError(f"No mmproj GGUF lies beside {target.path}; give its path (mmproj=..., --mmproj).")
+        return None
+    projector = Projector(path, target, verbose=target.verbose)
+    if mmproj is None:
+        say(f"localspec: images through {path.name}, found beside {target.path.name} (--no-mmproj to skip it).")
+    target.projector = projector
+    return projector

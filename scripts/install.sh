@@ -34,7 +34,7 @@ if [[ -z "${CMAKE_ARGS:-}" ]] && command -v nvidia-smi >/dev/null 2>&1 && nvidia
   echo "  CMAKE_ARGS=\"-DGGML_CUDA=on\" bash scripts/install.sh $*" >&2
 fi
 if [[ -z "${CMAKE_ARGS:-}" && "$(uname -s)" == Linux && "$(uname -m)" == x86_64 ]]; then
-  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAVA_BUILD=OFF"
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
 fi
 export CMAKE_ARGS="${CMAKE_ARGS:-}"
 # Skip llama.cpp's "common" library, which the Python package never loads (see the file); the cache key

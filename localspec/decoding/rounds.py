@@ -131,6 +131,10 @@ def draft_round(target: Model, drafter: Optional[Drafter], context: np.ndarray, 
     # tokens the grammar forces cost nothing to guess; the drafter guesses after them
     draft = propose(drafter, context, k, rng, matcher, target.is_eog)
     drafting = sum(m.busy_seconds for m in helpers) - drafting_started
+    if target.sees_images:  # an image's placeholders are never guessed (lookup could copy them): cut before one
+        image = next((i for i, t in enumerate(draft.tokens) if t < 0), None)
+        if image is not None:
+            draft = draft.cut(image)
     if matcher is not None:  # nothing after an end token is ever emitted, nor known to the grammar
         end = next((i for i, t in enumerate(draft.tokens) if target.is_eog(t)), None)
         if end is not None:

@@ -151,7 +151,10 @@ class MtpHead:
         for start in range(same, n, self.n_batch):
             end = min(n, start + self.n_batch)
             pos = np.arange(start, end)
-            self._decode(np.asarray(held[start:end]), start, self._hidden_before(pos), False)
+            ids = np.asarray(held[start:end])
+            if self.target.projector is not None:  # an image's positions: its stand-in token (the draft model's too)
+                ids = np.where(ids < 0, self.target.projector.stand_in, ids)
+            self._decode(ids, start, self._hidden_before(pos), False)
 
     def draft(self, last: int, k: int,
               choose: Callable[[np.ndarray], tuple[int, Optional[np.ndarray]]]) -> tuple[list[int], list[np.ndarray]]:

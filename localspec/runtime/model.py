@@ -30,6 +30,7 @@ from .cache_control import CacheControl
 from .gguf_metadata import check_gguf
 from .hidden_rows import HiddenRows
 from .hugepages import HugePages
+from .image_runs import ImageRuns
 from .process import (
     CACHE_TYPES,
     POSITIONS,
@@ -54,7 +55,7 @@ LogitsWanted = Literal["last", "all", "none"]
 FLASH_ATTN_CONTEXT = 16384
 
 
-class Model(CacheControl, HiddenRows, ModelVocabulary):
+class Model(CacheControl, HiddenRows, ImageRuns, ModelVocabulary):
     """A GGUF model with one context and one sequence, and a record of its cache.
 
     Args:
@@ -265,6 +266,9 @@ class Model(CacheControl, HiddenRows, ModelVocabulary):
             self._batch = None
         if not self._owner:
             return
+        if self.projector is not None:  # before the weights it was made over
+            self.projector.close()
+            self.projector = None
         if self._ctx:
             ll.llama_free(self._ctx)
             self._ctx = None
@@ -352,7 +356,9 @@ class Model(CacheControl, HiddenRows, ModelVocabulary):
                 "shorten the input or raise the context length."
             )
         hooked = abort is not None and (abort.is_set() or (n > 1 and self._batcher is None))
-        if n <= self.n_batch and not hooked:
+        if self.sees_images and arr.min() < 0:  # ids of images: placeholders, decoded as images or stand-ins
+            out = self._eval_images(arr, logits, abort)
+        elif n <= self.n_batch and not hooked:
             out = self._decode(arr, logits, True, abort)  # one call and no hook to set: a round's few tokens
         else:
             out = self._eval_chunks(arr, logits, abort)
@@ -450,7 +456,8 @@ class Model(CacheControl, HiddenRows, ModelVocabulary):
 
     def common_prefix(self, tokens: np.ndarray) -> int:
         """Length of the longest common prefix of the cache and ``tokens``."""
-        return prefix_length(self._tokens[: self._n], tokens)
+        n = prefix_length(self._tokens[: self._n], tokens)
+        return self.image_start(tokens, n) if self.projector is not None else n
 
     def sync(self, tokens: Tokens, abort: Optional[threading.Event] = None) -> np.ndarray:
         """Make the cache hold exactly ``tokens`` and return the last token's logits.

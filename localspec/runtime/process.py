@@ -57,15 +57,15 @@ class LlamaLog:
         return next((m for m in reversed(self.tail) if "error" in m.lower()), "")
 
     def __enter__(self) -> LlamaLog:
-        ll.llama_log_set(_log_callback, ctypes.c_void_p(id(self)))
+        ll.llama_log_set(log_callback, ctypes.c_void_p(id(self)))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        ll.llama_log_set(_log_callback, ctypes.c_void_p(0))  # nothing logs into a freed object
+        ll.llama_log_set(log_callback, ctypes.c_void_p(0))  # nothing logs into a freed object
 
 
 @ll.llama_log_callback
-def _log_callback(level: int, text: bytes, user_data: Optional[int]) -> None:
+def log_callback(level: int, text: bytes, user_data: Optional[int]) -> None:
     # llama-cpp-python's own callback maps these levels off by one and prints
     # warnings even when asked to be quiet; this one routes each line to the
     # LlamaLog of the model that is calling llama.cpp (none: dropped).

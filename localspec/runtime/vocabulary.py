@@ -62,9 +62,15 @@ class ModelVocabulary:
             return ids.astype(np.int32)
         if ids.dtype.kind not in "iu":  # floats, bools, strings or huge Python ints: judged one by one
             ids = np.asarray([self._bad_token(t) for t in tokens], dtype=np.int64)
-        if ids.min() < 0 or ids.max() >= self.n_vocab:
-            self._bad_token(int(ids[(ids < 0) | (ids >= self.n_vocab)][0]))
+        if ids.max() >= self.n_vocab:
+            self._bad_token(int(ids[ids >= self.n_vocab][0]))
+        if ids.min() < 0 and not self.accepts_images(ids):  # negative ids are images' placeholders, if known
+            self._bad_token(int(ids[ids < 0][0]))
         return ids.astype(np.int32)
+
+    def accepts_images(self, ids: np.ndarray) -> bool:
+        """Whether the negative ids in ``ids`` are images' placeholders this model reads (see ``runtime.vision``)."""
+        return False
 
     def check_token(self, token: int) -> None:
         """Raise TokenIdError unless ``token`` is an id in this model's vocabulary."""

@@ -1,0 +1,132 @@
+"""``Model``'s evaluation of prompts that hold images' placeholder ids (see ``runtime.vision``).
+
+A target with a projector decodes each image's placeholders as the image's embeddings, in a decode of its own
+on the thread that runs the model's calls (between a step loop's joint steps, where sequences decode together);
+a model without one (the draft model beside such a target) reads its ``stand_in`` token in their place, so
+that its positions keep matching the target's. The record (``tokens``) holds the placeholders either way.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
+
+from ..errors import BackendError, ConfigError, ContextOverflowError
+from . import memory
+
+if TYPE_CHECKING:  # defined by ``Model``
+    from pathlib import Path
+
+    from .vision import Projector
+
+
+class ImageRuns:
+    """Mixin of ``Model``: images' placeholders in ``eval``, and cuts that never land inside an image."""
+
+    #: The projector that decodes images into this model's memory (None: this model sees no images).
+    projector: Optional[Projector] = None
+    #: For a model without a projector beside one that has it: the token read where an image lies.
+    stand_in: Optional[int] = None
+
+    if TYPE_CHECKING:
+        path: Path
+        n_ctx: int
+        n_seq: int
+        seq: int
+        n_vocab: int
+        n_batch: int
+        _n: int
+        _tokens: np.ndarray
+        _dirty: bool
+        _inflight: Optional[np.ndarray]
+        _ctx: Any
+        memory: memory.MemoryInfo
+        writes: int
+        decode_calls: int
+        busy_seconds: float
+
+        def _eval_chunks(self, arr: np.ndarray, logits: Any, abort: Optional[threading.Event]
+                         ) -> Optional[np.ndarray]: ...
+
+        def _llama(self, fn: Any, *args: Any) -> Any: ...
+
+        def _repair(self, failed: bool = False) -> None: ...
+
+        def _after_decode(self, m: int) -> None: ...
+
+    @property
+    def sees_images(self) -> bool:
+        """Whether ids of images may reach this model (it has a projector, or reads a stand-in for them)."""
+        return self.projector is not None or self.stand_in is not None
+
+    def accepts_images(self, ids: np.ndarray) -> bool:
+        """Whether the negative ids in ``ids`` are placeholders this model can read."""
+        if self.projector is not None:
+            return self.projector.accepts(ids)
+        return self.stand_in is not None
+
+    def image_start(self, tokens: np.ndarray, n: int) -> int:
+        """``n``, or where the image starts that position ``n`` of ``tokens`` lies inside: a cut is never made
+        inside an image (its positions are read whole)."""
+        if self.projector is None or n <= 0 or n >= len(tokens) or tokens[n] >= 0:
+            return n
+        return n - self.projector.offset(int(tokens[n]))
+
+    def _eval_images(self, arr: np.ndarray, logits: Any, abort: Optional[threading.Event]) -> Optional[np.ndarray]:
+        """``eval`` of ids that hold placeholders: runs of text and runs of images, in order."""
+        bounds = np.flatnonzero(np.diff((arr < 0).astype(np.int8))) + 1
+        rows: list[np.ndarray] = []
+        out: Optional[np.ndarray] = None
+        runs = np.split(arr, bounds)
+        for i, run in enumerate(runs):
+            last = i == len(runs) - 1
+            if run[0] >= 0:
+                out = self._eval_chunks(run, logits if last or logits == "all" else "none", abort)
+            elif self.projector is None:  # a draft model: the stand-in token at each position, the record as given
+                start = self._n
+                out = self._eval_chunks(np.full(len(run), self.stand_in, dtype=np.int32),
+                                        logits if last or logits == "all" else "none", abort)
+                self._tokens[start:start + len(run)] = run
+            else:
+                if last and logits == "last":
+                    raise ConfigError("A prompt cannot end with an image: the model answers after text "
+                                      "(a chat template adds the reply's opening).")
+                self._decode_images(run)
+                out = np.zeros((len(run), self.n_vocab), dtype=np.float32) if logits == "all" else None
+            if logits == "all" and out is not None:
+                rows.append(np.array(out) if not last else out)
+        if logits == "all":
+            return np.concatenate(rows) if rows else None
+        return out
+
+    def _decode_images(self, run: np.ndarray) -> None:
+        """Decode the whole images of ``run`` (placeholders) at the next positions, one decode call each."""
+        projector = self.projector
+        assert projector is not None
+        for chunk, embd in projector.chunks(run):
+            n = len(chunk.ids)
+            if self._n + n > self.n_ctx:
+                raise ContextOverflowError(
+                    f"An image of {n} positions does not fit after {self._n} in the {self.n_ctx}-token context of "
+                    f"{self.path.name}; shorten the input or raise the context length.")
+            t0 = time.perf_counter()
+            self._inflight, self._dirty = None, True  # a failure leaves nothing of the image (see ``_repair``)
+            rc = self._llama(projector.decode_chunk, self._ctx, chunk, embd, self._n, self.seq, self.n_batch)
+            if rc != 0:
+                self._repair(failed=True)
+                if rc == 1:
+                    raise ContextOverflowError(
+                        f"The {self.n_ctx}-token context of {self.path.name} has no room for an image of {n} "
+                        "positions; shorten the input or raise the context length.")
+                raise BackendError(f"llama.cpp failed to decode an image into {self.path.name} (code {rc}).")
+            self._tokens[self._n:self._n + n] = chunk.ids
+            self._n += n
+            self.writes += 1
+            self._dirty = False
+            if self.memory.kind != memory.FULL:
+                self._after_decode(n)
+            self.busy_seconds += time.perf_counter() - t0
+            self.decode_calls += 1

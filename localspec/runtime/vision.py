@@ -1,0 +1,337 @@
+"""Images in a target's memory: a vision projector (an ``mmproj`` GGUF) through llama.cpp's ``libmtmd``.
+
+A prompt with images is still a list of ids. Each image becomes as many *placeholder ids* as the positions it
+takes in the target's memory: negative numbers derived from the image's content (and the projector's file), so
+the same image gives the same ids in any prompt and any process. Everything that reasons about prompts as ids
+keeps working: a prompt cache finds a follow-up about the same screenshot by its prefix and restores it without
+encoding the image again, and two requests about one image share its cells. What reads ids knows the few things
+that differ: llama.cpp decodes an image's placeholders as its projected embeddings (``decode_chunk``, called by
+``image_runs.ImageRuns``), a draft model without a projector reads a stand-in token in their place, a drafter
+never proposes them, and a cut never lands inside an image.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import hashlib
+import os
+import secrets
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+import llama_cpp as ll
+import numpy as np
+
+from ..errors import ConfigError, ModelFileError, NotInstalledError
+from .gguf_metadata import check_gguf
+from .process import LlamaLog, log_callback
+
+#: The most bytes one image may have (encoded, as sent).
+MAX_IMAGE_BYTES = 20 << 20
+#: The most images one prompt may hold.
+MAX_IMAGES = 16
+#: Image chunks held for decoding (their preprocessed pixels); the oldest go first.
+HELD_CHUNKS = 64
+#: Bytes of encoded image embeddings kept, so that an image read again (after its cells were given to another
+#: request) is not encoded again; the oldest go first.
+HELD_EMBEDDING_BYTES = 512 << 20
+
+_TEXT_CHUNK = 0  # mtmd_input_chunk_type values
+_ID_RANGE = (2, (1 << 31) - 1)  # placeholder ids are minus a number in this range
+
+
+class ImageError(ConfigError):
+    """An image that cannot be read, or one too many, too large, or sent to a model that cannot see."""
+
+
+def _mtmd() -> Any:
+    """llama-cpp-python's ``mtmd`` binding, or a clear error where this build has no ``libmtmd``."""
+    try:
+        from llama_cpp import mtmd_cpp
+    except (ImportError, OSError, FileNotFoundError) as exc:
+        raise NotInstalledError(
+            "This llama-cpp-python was built without libmtmd, which images need; reinstall it with "
+            "scripts/install.sh (it builds libmtmd), or with CMAKE_ARGS including -DLLAVA_BUILD=ON.") from exc
+    return mtmd_cpp
+
+
+@dataclass(eq=False)
+class _Chunk:
+    """One image chunk of a prompt: an image, or one tile of one."""
+
+    key: bytes  # the image's digest, the projector's and the tile's index: what its ids derive from
+    ptr: Any  # the mtmd chunk, owned here
+    ids: np.ndarray  # its placeholder ids, one per position it takes
+    n_tokens: int  # embeddings it decodes to (positions can be fewer, under M-RoPE)
+    embd: Optional[np.ndarray] = None  # its encoded embeddings, while kept
+
+
+class Projector:
+    """A vision projector loaded beside a target model.
+
+    Args:
+        path: the ``mmproj`` GGUF made for the target's family.
+        model: the target (a ``runtime.model.Model``); the projector's output width must be its input width.
+        n_threads: CPU threads for encoding images (default: the target's batch threads).
+        verbose: let libmtmd print its log.
+
+    Raises:
+        ModelFileError: the file is missing, not a GGUF, not a vision projector, or not made for this model.
+        NotInstalledError: llama-cpp-python was built without libmtmd.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike], model: Any, *, n_threads: Optional[int] = None,
+                 verbose: bool = False):
+        mt = _mtmd()
+        self.path = check_gguf(path)
+        self._mt = mt
+        self._log = LlamaLog(verbose)
+        #: Text that stands for an image in a prompt given to ``tokenize``; random, so no user text holds it.
+        self.marker = f"<__localspec_image_{secrets.token_hex(6)}__>"
+        params = mt.mtmd_context_params_default()
+        params.n_threads = n_threads or model.n_threads_batch
+        params.print_timings = verbose
+        params.warmup = False  # the first image pays its own graph, as llama-server's do by default
+        params.media_marker = self.marker.encode()
+        with self._logging():
+            self._ctx = mt.mtmd_init_from_file(str(self.path).encode(), model._model, params)
+        if not self._ctx:
+            detail = self._log.last_error()
+            raise ModelFileError(f"{self.path.name} could not be loaded as a vision projector for "
+                                 f"{model.path.name}{': ' + detail if detail else ''}; give the mmproj file made "
+                                 "for this model (from the same repository).")
+        if not mt.mtmd_support_vision(self._ctx):
+            self.close()
+            raise ModelFileError(f"{self.path.name} is a projector without vision (audio only); localspec reads "
+                                 "images only.")
+        st = self.path.stat()
+        # a file's identity, as its ids carry it: another projector's embeddings must never be restored
+        self._identity = hashlib.sha256(f"{self.path.name}|{st.st_size}|{st.st_mtime_ns}".encode()).digest()
+        #: Width of an image embedding: the target's input width.
+        self.n_embd = int(ll.llama_model_n_embd_inp(model._model))
+        #: The token a model without a projector (the draft model, an MTP head) reads where an image lies.
+        self.stand_in = (model.tokenize("\n", add_special=False, parse_special=False) or [model.eos])[0]
+        #: Whether positions follow M-RoPE (an image takes fewer positions than embeddings).
+        self.mrope = bool(mt.mtmd_decode_use_mrope(self._ctx))
+        #: Images encoded so far (a cached prompt's images are not encoded again).
+        self.encodes = 0
+        self._chunks: collections.OrderedDict[bytes, _Chunk] = collections.OrderedDict()
+        self._where: dict[int, tuple[_Chunk, int]] = {}  # placeholder id: its chunk and position in it
+        self._embd_bytes = 0
+        self._lock = threading.Lock()  # requests tokenize on their threads while the loop decodes
+
+    def _logging(self) -> Any:
+        """Route libmtmd's log (and llama.cpp's) to this projector's ``LlamaLog`` for one call."""
+        self._mt.mtmd_helper_log_set(log_callback, ctypes.c_void_p(id(self._log)))
+        return self._log
+
+    def close(self) -> None:
+        """Free the projector and the chunks it holds."""
+        with self._lock:
+            for chunk in self._chunks.values():
+                self._mt.mtmd_input_chunk_free(chunk.ptr)
+            self._chunks.clear()
+            self._where.clear()
+            if getattr(self, "_ctx", None):
+                self._mt.mtmd_free(self._ctx)
+                self._ctx = None
+            self._mt.mtmd_helper_log_set(log_callback, ctypes.c_void_p(0))
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- prompts ----------------------------------------------------------------------
+
+    def tokenize(self, text: str, images: Sequence[bytes], *, add_special: bool = False,
+                 parse_special: bool = True) -> list[int]:
+        """``text`` with ``marker`` where each of ``images`` goes, as ids: text tokens, and each image's
+        placeholder ids where the projector wraps it (with the model's own image tokens around it, and tiles).
+
+        Raises:
+            ImageError: too many images, one too large or unreadable, or markers and images that do not match.
+        """
+        if len(images) > MAX_IMAGES:
+            raise ImageError(f"A prompt may hold at most {MAX_IMAGES} images; this one has {len(images)}.")
+        if text.count(self.marker) != len(images):
+            raise ImageError(f"The prompt marks {text.count(self.marker)} image place(s) for {len(images)} image(s).")
+        mt = self._mt
+        bitmaps = [self._bitmap(i, data) for i, data in enumerate(images)]
+        chunks = mt.mtmd_input_chunks_init()
+        try:
+            raw = text.encode()
+            inp = mt.mtmd_input_text(raw, len(raw), add_special, parse_special)
+            array = (mt.mtmd_bitmap_p_ctypes * max(1, len(bitmaps)))(*bitmaps)
+            with self._lock, self._logging():
+                rc = mt.mtmd_tokenize(self._ctx, chunks, ctypes.byref(inp), array, len(bitmaps))
+                if rc != 0:
+                    raise ImageError(f"The images could not be prepared for {self.path.name} (libmtmd code {rc}"
+                                     f"{': ' + self._log.last_error() if self._log.last_error() else ''}).")
+                return self._ids(chunks, images)
+        finally:
+            mt.mtmd_input_chunks_free(chunks)
+            for b in bitmaps:
+                mt.mtmd_bitmap_free(b)
+
+    def _bitmap(self, i: int, data: bytes) -> Any:
+        """Image ``i`` decoded (by stb_image: PNG, JPEG, GIF, BMP, TGA, PSD, HDR, PNM) into a bitmap."""
+        if not isinstance(data, (bytes, bytearray)) or not data:
+            raise ImageError(f"Image {i + 1} is empty.")
+        if len(data) > MAX_IMAGE_BYTES:
+            raise ImageError(f"Image {i + 1} is {len(data) / 1e6:.1f} MB; the limit is {MAX_IMAGE_BYTES >> 20} MiB.")
+        mt = self._mt
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        with self._logging():
+            bitmap = mt.mtmd_helper_bitmap_init_from_buf(self._ctx, buf, len(data), False, None)
+        if not bitmap:
+            if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+                raise ImageError(f"Image {i + 1} is WebP, which localspec cannot read; send PNG or JPEG.")
+            raise ImageError(f"Image {i + 1} could not be read as PNG, JPEG, GIF or BMP (corrupt or another "
+                             "format); send PNG or JPEG.")
+        mt.mtmd_bitmap_set_id(bitmap, hashlib.sha256(data).hexdigest().encode())
+        return bitmap
+
+    def _ids(self, chunks: Any, images: Sequence[bytes]) -> list[int]:
+        """The ids of tokenized ``chunks``: text chunks' tokens, image chunks' placeholders (registered)."""
+        mt = self._mt
+        out: list[int] = []
+        tiles: collections.Counter[bytes] = collections.Counter()
+        for c in range(mt.mtmd_input_chunks_size(chunks)):
+            ptr = mt.mtmd_input_chunks_get(chunks, c)
+            if mt.mtmd_input_chunk_get_type(ptr) == _TEXT_CHUNK:
+                n = ctypes.c_size_t()
+                toks = mt.mtmd_input_chunk_get_tokens_text(ptr, ctypes.byref(n))
+                out.extend(toks[i] for i in range(n.value))
+                continue
+            digest = mt.mtmd_input_chunk_get_id(ptr) or b""
+            key = hashlib.sha256(self._identity + digest + tiles[digest].to_bytes(4, "little")).digest()
+            tiles[digest] += 1  # an image in tiles: one chunk per tile, each with ids of its own
+            out.extend(self._register(key, ptr).ids.tolist())
+        return out
+
+    def _register(self, key: bytes, ptr: Any) -> _Chunk:
+        """The held chunk for ``key`` (a copy of ``ptr`` the first time), newest in the order of eviction."""
+        mt = self._mt
+        chunk = self._chunks.get(key)
+        if chunk is not None:
+            self._chunks.move_to_end(key)
+            return chunk
+        n_pos = int(mt.mtmd_input_chunk_get_n_pos(ptr))
+        rng = np.random.default_rng(int.from_bytes(key[:16], "little"))
+        ids = -rng.integers(*_ID_RANGE, size=n_pos, dtype=np.int64).astype(np.int32)
+        chunk = _Chunk(key, mt.mtmd_input_chunk_copy(ptr), ids, int(mt.mtmd_input_chunk_get_n_tokens(ptr)))
+        self._chunks[key] = chunk
+        for j, t in enumerate(ids.tolist()):
+            self._where[t] = (chunk, j)
+        while len(self._chunks) > HELD_CHUNKS:
+            self._forget(next(iter(self._chunks)))
+        return chunk
+
+    def _forget(self, key: bytes) -> None:
+        chunk = self._chunks.pop(key)
+        for t in chunk.ids.tolist():
+            if self._where.get(t, (None,))[0] is chunk:
+                del self._where[t]
+        if chunk.embd is not None:
+            self._embd_bytes -= chunk.embd.nbytes
+        self._mt.mtmd_input_chunk_free(chunk.ptr)
+
+    # -- what reads ids ---------------------------------------------------------------
+
+    def accepts(self, ids: np.ndarray) -> bool:
+        """Whether every negative id of ``ids`` is a placeholder this projector holds."""
+        with self._lock:
+            return all(int(t) in self._where for t in ids[ids < 0])
+
+    def offset(self, token: int) -> int:
+        """Where in its image a placeholder id lies (0: the image's first position); 0 for any other id."""
+        with self._lock:
+            where = self._where.get(int(token))
+        return where[1] if where is not None else 0
+
+    def chunks(self, run: np.ndarray) -> list[tuple[_Chunk, np.ndarray]]:
+        """The whole images a run of placeholder ids holds, in order, each with its encoded embeddings.
+
+        Raises:
+            ImageError: the run starts or ends inside an image, or holds an image no longer held.
+        """
+        out = []
+        at = 0
+        while at < len(run):
+            with self._lock:
+                where = self._where.get(int(run[at]))
+            if where is None:
+                raise ImageError("An image of this prompt is no longer held (more than "
+                                 f"{HELD_CHUNKS} images came since); send the request again.")
+            chunk, j = where
+            n = len(chunk.ids)
+            if j != 0 or not np.array_equal(run[at:at + n], chunk.ids):
+                raise ImageError("Part of an image cannot be read into the memory alone; an image is read whole.")
+            out.append((chunk, self._embedding(chunk)))
+            at += n
+        return out
+
+    def _embedding(self, chunk: _Chunk) -> np.ndarray:
+        """``chunk``'s embeddings, encoded now unless still kept."""
+        with self._lock:
+            if chunk.embd is not None:
+                return chunk.embd
+        with self._logging():
+            rc = self._mt.mtmd_encode_chunk(self._ctx, chunk.ptr)
+            if rc != 0:
+                raise ImageError(f"{self.path.name} failed to encode an image (libmtmd code {rc}"
+                                 f"{': ' + self._log.last_error() if self._log.last_error() else ''}).")
+            out = self._mt.mtmd_get_output_embd(self._ctx)
+            n_embd = self.n_embd
+            embd = np.ctypeslib.as_array(out, shape=(chunk.n_tokens * n_embd,)).reshape(chunk.n_tokens, n_embd).copy()
+        self.encodes += 1
+        with self._lock:
+            chunk.embd = embd
+            self._embd_bytes += embd.nbytes
+            for other in list(self._chunks.values()):  # oldest first
+                if self._embd_bytes <= HELD_EMBEDDING_BYTES:
+                    break
+                if other.embd is not None and other is not chunk:
+                    self._embd_bytes -= other.embd.nbytes
+                    other.embd = None
+        return embd
+
+    def decode_chunk(self, ctx: Any, chunk: _Chunk, embd: np.ndarray, n_past: int, seq: int, n_batch: int) -> int:
+        """Decode ``chunk``'s embeddings into sequence ``seq`` of llama.cpp context ``ctx`` at ``n_past`` (llama.cpp's
+        return code: 0 decoded, 1 no room). Positions, M-RoPE and non-causal attention are libmtmd's.
+
+        Raises:
+            ImageError: the image needs non-causal attention over more embeddings than one decode takes.
+        """
+        mt = self._mt
+        if chunk.n_tokens > n_batch and mt.mtmd_decode_use_non_causal(self._ctx, chunk.ptr):
+            raise ImageError(f"An image of {chunk.n_tokens} embeddings must be decoded in one batch, larger than "
+                             f"this model's {n_batch}; load it with a larger batch (n_batch).")
+        new_past = ctypes.c_int32(0)
+        ptr = embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        with self._logging():
+            return int(mt.mtmd_helper_decode_image_chunk(self._ctx, ctx, chunk.ptr, ptr, n_past, seq, n_batch,
+                                                         ctypes.byref(new_past), mt.mtmd_helper_post_decode_callback(),
+                                                         None))
+
+
+def find_projector(model_path: Union[str, os.PathLike]) -> Optional[Path]:
+    """The ``mmproj`` GGUF beside a model file, where one is (the Hub's and LM Studio's layouts keep it there):
+    a file whose name starts with ``mmproj`` in the same folder; among several, the one whose name shares most
+    with the model's, F16 before others."""
+    folder = Path(model_path).parent
+    found = sorted(p for p in folder.glob("*.gguf") if p.name.lower().startswith("mmproj"))
+    if not found:
+        return None
+    stem = Path(model_path).stem.lower()
+
+    def score(p: Path) -> tuple[int, bool]:  # the model's name shared after "mmproj-", then F16 first
+        name = p.stem.lower().removeprefix("mmproj").lstrip("-_.")
+        return len(os.path.commonprefix([name, stem])), "f16" in name
+
+    return max(found, key=score)
