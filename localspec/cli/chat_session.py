@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sys
 import textwrap
@@ -62,6 +63,8 @@ commands:
   /think [on|off|auto]  let a reasoning model think first, or not (alone: toggle; auto: as its template has it)
   /think-budget N|off   the most tokens it thinks for before it must answer
   /save FILE            write the conversation as JSON
+  /image FILE           attach an image to your next message (a model with a vision projector;
+                        an image file's path dropped into a message attaches it too)
   /exit                 leave (Ctrl-D works too)
 Several lines as one message: paste them (on a terminal), or type \"\"\" on a
 line of its own, then the lines, then \"\"\" again.
@@ -99,13 +102,16 @@ class ChatSession:
         self.pair = pair
         self.system = system
         self.options = options if options is not None else pair.defaults
-        self.messages: list[dict[str, str]] = []
+        self.messages: list[dict[str, Any]] = []
+        #: Image files attached to the next message (``/image``, or paths dropped into it).
+        self.attached: list[Path] = []
         self.totals = Totals()
         self.reset()
 
     def reset(self) -> None:
         """Forget the conversation, keeping the system prompt."""
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.attached = []
 
     def command(self, line: str) -> tuple[str, bool]:
         """Run a slash command. Returns (text to show, whether to exit).
@@ -149,6 +155,8 @@ class ChatSession:
                 raise ConfigError(f"/think-budget takes a whole number of tokens or off, got {arg!r}.") from None
             self.options = self.options.replace(think_budget=budget)
             return f"think budget: {arg}", False
+        if name == "/image":
+            return self._attach(Path(arg.strip("'\"")).expanduser() if arg else None), False
         if name == "/save":
             if not arg:
                 raise ConfigError("/save needs a file name.")
@@ -160,6 +168,33 @@ class ChatSession:
                 raise ConfigError(f"Cannot write {path}: {exc.strerror}.") from exc
             return f"saved {len(self.messages)} messages to {path}", False
         raise ConfigError(f"Unknown command {name}; /help lists them.")
+
+    def _attach(self, path: Optional[Path]) -> str:
+        """Attach an image file to the next message."""
+        if path is None:
+            raise ConfigError("/image needs an image file's path.")
+        if self.pair.target.projector is None:
+            raise ConfigError(f"{self.pair.target.path.name} was loaded without a vision projector, so it cannot "
+                              "read images; start chat with --mmproj FILE.")
+        if not path.is_file():
+            raise ConfigError(f"No image file at {path}.")
+        self.attached.append(path)
+        return f"image {len(self.attached)} attached: {path.name} (it goes with your next message)"
+
+    def dropped(self, text: str) -> str:
+        """``text`` without the image files' paths a terminal pasted into it (a file dropped on the window),
+        each attached instead; unchanged for a model without a projector."""
+        if self.pair.target.projector is None:
+            return text
+        for word in _words(text):
+            path = Path(word).expanduser()
+            if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file():
+                self.attached.append(path)
+                # the path as the terminal wrote it: quoted, its spaces escaped, or bare
+                forms = (f"'{word}'", f'"{word}"', word.replace(" ", "\\ "), word)
+                written = next((w for w in forms if w in text), "")
+                text = text.replace(written, "", 1)
+        return text.strip() if self.attached else text
 
     def _think(self, arg: str) -> str:
         """Set thinking on, off, or back to the template's default; without ``arg``, toggle it."""
@@ -177,7 +212,13 @@ class ChatSession:
             (the result, whether Ctrl-C stopped it). Either way the reply shown
             so far joins the conversation, and both caches stay consistent.
         """
-        self.messages.append({"role": "user", "content": user_text})
+        user_text = self.dropped(user_text)
+        content: Any = user_text
+        if self.attached:  # the images as files: the conversation stays JSON for /save, each turn reads them again
+            content = [{"type": "image", "image": str(p)} for p in self.attached]
+            content += [{"type": "text", "text": user_text}] if user_text else []
+            self.attached = []
+        self.messages.append({"role": "user", "content": content})
         interrupted = False
         stream: Optional[Stream] = None
         try:
@@ -187,7 +228,9 @@ class ChatSession:
         except KeyboardInterrupt:
             interrupted = True  # leaving the loop closed the stream: caches are consistent
         except LocalspecError:
-            self.messages.pop()  # e.g. the conversation no longer fits the context
+            failed = self.messages.pop()  # e.g. the conversation no longer fits the context, an unreadable image
+            self.attached = [Path(p["image"]) for p in failed["content"] if p.get("type") == "image"] \
+                if isinstance(failed["content"], list) else []  # attached still, for the next try
             raise
         if interrupted and (stream is None or not stream.result.tokens):
             # Ctrl-C before the first token (while the prompt was processed): the turn never happened.
@@ -220,6 +263,18 @@ class ChatSession:
                 f"method {o.method}, k {'default' if o.k is None else o.k}, "
                 f"temperature {o.temperature:g}, top-p {o.top_p:g}, max tokens {o.max_tokens}\n"
                 f"context: {self.pair.target.n_past} of {self.pair.target.n_ctx} tokens")
+
+
+#: The file suffixes of images a message may hold by their path.
+IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".gif", ".bmp"})
+
+
+def _words(text: str) -> list[str]:
+    """``text`` split as a shell would (a dropped path may be quoted or escape its spaces), or on spaces."""
+    try:
+        return shlex.split(text)
+    except ValueError:  # an unmatched quote: an apostrophe in prose
+        return text.split()
 
 
 class Reader:

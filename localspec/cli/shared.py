@@ -74,6 +74,7 @@ class ModelArgs:
     verbose: bool
     cache_ram: Optional[int] = None
     cache_disk: Optional[int] = None
+    mmproj: Optional[str] = None
 
     def open(self, method: Optional[str] = None, prompt_cache: Optional[bool] = None, fit: bool = False,
              parallel: Optional[int] = 1) -> Pair:
@@ -90,7 +91,13 @@ class ModelArgs:
         return load(model, draft, n_ctx=self.n_ctx, n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
                     n_gpu_layers=self.n_gpu_layers, verbose=self.verbose, flash_attn=FLASH_ATTN[self.flash_attn],
                     huge_pages=self.huge_pages, notify=say, prompt_cache=prompt_cache, cache_ram=_mib(self.cache_ram),
-                    cache_disk=_mib(self.cache_disk), fit=fit, parallel=parallel)
+                    cache_disk=_mib(self.cache_disk), fit=fit, parallel=parallel, mmproj=self.projector())
+
+    def projector(self) -> Union[Path, bool, None]:
+        """What ``load`` is given for --mmproj: a file, False for "none", None to find one beside the target."""
+        if self.mmproj is None:
+            return None
+        return False if self.mmproj.lower() == "none" else Path(self.mmproj).expanduser()
 
     def files(self, method: Optional[str] = None) -> Resolved:
         """The target and draft files ``open`` would load (a found draft said on stderr), without loading them."""
@@ -167,6 +174,9 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--cache-disk", type=click.IntRange(min=0), default=None, metavar="MIB",
                      help="MiB of disk for the prompt cache, kept across runs (default: a tenth of the free space, "
                           "at most 16 GiB; 0: none). `localspec cache` shows it."),
+        click.option("--mmproj", default=None, metavar="PATH",
+                     help="The target's vision projector (an mmproj .gguf from the model's repository), so prompts "
+                          "may hold images; default: the mmproj file beside the target, if any; none: no images."),
     ]):
         wrapper = opt(wrapper)
     return wrapper

@@ -1,0 +1,211 @@
+"""Images in prompts: a tiny target with a tiny random vision projector (``tinyvision``).
+
+What plain decoding of an image prompt gives is llama-cpp-python's own mtmd path on the same files; every drafting
+method gives the same tokens; an image is encoded once however often it is read; several image requests decoded
+together are each exact; bad images and a model without a projector get one clear sentence.
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import localspec
+from localspec.errors import ConfigError, TokenIdError
+from localspec.runtime.vision import ImageError, find_projector
+from tinymodel import write_tiny_model
+from tinyvision import png_bytes, write_tiny_mmproj
+
+pytest.importorskip("llama_cpp.mtmd_cpp")
+
+#: The tiny template, reading a content list's text parts as llama-cpp-python's chat handler passes them.
+PARTS_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+    "{% for p in m['content'] %}{% if p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def vision_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("vision")
+    write_tiny_model(d / "target.gguf", seed=0, chat_template=PARTS_TEMPLATE)
+    write_tiny_model(d / "draft.gguf", seed=0, noise=0.35, chat_template=PARTS_TEMPLATE)
+    write_tiny_mmproj(d / "mmproj-target-f16.gguf")
+    return d
+
+
+@pytest.fixture(scope="module")
+def pair(vision_dir: Path):
+    with localspec.load(vision_dir / "target.gguf", vision_dir / "draft.gguf", history=False, prompt_cache=False,
+                        n_threads=2, notify=lambda _: None) as p:
+        yield p
+
+
+def data_url(image: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(image).decode()
+
+
+def ask(image: bytes, question: str = "Describe this picture:", after: str = "in detail.") -> list[dict]:
+    return [{"role": "user", "content": [{"type": "text", "text": question},
+                                         {"type": "image_url", "image_url": {"url": data_url(image)}},
+                                         {"type": "text", "text": after}]}]
+
+
+def test_the_projector_beside_the_target_is_found(vision_dir: Path, pair) -> None:
+    assert find_projector(vision_dir / "target.gguf") == vision_dir / "mmproj-target-f16.gguf"
+    assert pair.target.projector is not None and pair.target.projector.path.name == "mmproj-target-f16.gguf"
+    assert pair.draft.projector is None and pair.draft.stand_in is not None
+
+
+def test_greedy_tokens_equal_llama_cpp_pythons_mtmd_chat_handler(vision_dir: Path, pair) -> None:
+    import llama_cpp
+    from llama_cpp.llama_chat_format import MTMDChatHandler
+
+    image = png_bytes(40, 30, seed=3)
+    ours = pair.chat(ask(image), max_tokens=24, method="plain", temperature=0)
+    handler = MTMDChatHandler(str(vision_dir / "mmproj-target-f16.gguf"), verbose=False)
+    llm = llama_cpp.Llama(str(vision_dir / "target.gguf"), chat_handler=handler, n_ctx=512, verbose=False)
+    try:
+        llm.create_chat_completion(messages=ask(image), max_tokens=24, temperature=0, repeat_penalty=1.0)
+        # the handler's prompt positions, then what it generated (its last token is sampled, not evaluated)
+        theirs = llm.input_ids[ours.stats.prompt_tokens: llm.n_tokens].tolist()
+    finally:
+        llm.close()
+    assert len(theirs) >= 20
+    assert ours.tokens[: len(theirs)] == theirs
+
+
+@pytest.mark.parametrize("method", ["draft", "lookup", "auto"])
+def test_every_method_gives_plain_decodings_tokens(pair, method: str) -> None:
+    image = png_bytes(32, 32, seed=5)
+    plain = pair.chat(ask(image), max_tokens=40, method="plain", temperature=0)
+    assert pair.chat(ask(image), max_tokens=40, method=method, temperature=0).tokens == plain.tokens
+
+
+def test_the_image_matters_and_a_later_turn_reads_it_from_the_cache(pair) -> None:
+    a, b = png_bytes(32, 32, seed=11), png_bytes(32, 32, seed=12)
+    ra = pair.chat(ask(a), max_tokens=16, method="plain", temperature=0)
+    rb = pair.chat(ask(b), max_tokens=16, method="plain", temperature=0)
+    assert ra.tokens != rb.tokens
+    encodes = pair.target.projector.encodes
+    follow = ask(a) + [{"role": "assistant", "content": ra.text}, {"role": "user", "content": "And the colours?"}]
+    r = pair.chat(follow, max_tokens=8, method="plain", temperature=0)
+    assert pair.target.projector.encodes == encodes  # a's cells went to b; its embeddings were kept
+    again = pair.chat(follow, max_tokens=8, method="plain", temperature=0)
+    assert again.tokens == r.tokens and pair.target.projector.encodes == encodes
+    assert again.stats.cached_prompt_tokens >= again.stats.prompt_tokens - 1  # the image's cells were reused
+
+
+def test_a_follow_up_restores_the_image_from_the_disk_prompt_cache(vision_dir: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    image = png_bytes(36, 36, seed=21)
+    first = None
+    for _ in range(2):  # a second process's load: the projector is new, its embeddings are not held
+        with localspec.load(vision_dir / "target.gguf", history=False, n_threads=2, cache_disk=64 << 20,
+                            notify=lambda _: None) as p:
+            r = p.chat(ask(image), max_tokens=12, method="plain", temperature=0)
+            if first is None:
+                first = r
+                assert p.target.projector.encodes == 1
+            else:
+                assert r.tokens == first.tokens
+                assert p.target.projector.encodes == 0, "the image was encoded again instead of restored"
+                assert r.stats.cached_prompt_tokens > 16
+
+
+def test_image_requests_decoded_together_are_each_exact(vision_dir: Path) -> None:
+    prompts = [ask(png_bytes(32, 32, seed=s), q) for s, q in [(1, "What is this?"), (2, "Describe it."),
+                                                             (1, "Colours?"), (3, "Count the dots.")]]
+    with localspec.load(vision_dir / "target.gguf", vision_dir / "draft.gguf", history=False, prompt_cache=False,
+                        n_threads=2, parallel=3, notify=lambda _: None) as p:
+        alone = [p.chat(m, max_tokens=24, method="plain", temperature=0).tokens for m in prompts]
+        together = p.generate_many(prompts, max_tokens=24, method="auto", temperature=0)
+    assert [r.tokens for r in together] == alone
+
+
+def test_image_parts_in_every_python_shape_read_the_same(pair, tmp_path: Path) -> None:
+    image = png_bytes(30, 30, seed=9)
+    (tmp_path / "pic.png").write_bytes(image)
+    expected = pair.chat(ask(image), max_tokens=10, method="plain", temperature=0).tokens
+    for value in (image, str(tmp_path / "pic.png"), tmp_path / "pic.png", data_url(image)):
+        messages = ask(image)
+        messages[0]["content"][1] = {"type": "image", "image": value}
+        assert pair.chat(messages, max_tokens=10, method="plain", temperature=0).tokens == expected
+    messages = ask(image)
+    messages[0]["content"][1] = {"type": "image_url", "image_url": data_url(image)}  # the URL without its object
+    assert pair.chat(messages, max_tokens=10, method="plain", temperature=0).tokens == expected
+
+
+@pytest.mark.parametrize("image, words", [
+    (b"\x89PNG\r\n\x1a\n" + b"\0" * 40, "could not be read"),
+    (b"RIFF\0\0\0\0WEBPVP8 " + b"\0" * 30, "WebP"),
+    (b"", "empty"),
+])
+def test_a_bad_image_is_one_sentence_and_loses_nothing(pair, image: bytes, words: str) -> None:
+    good = pair.chat(ask(png_bytes(32, 32, seed=4)), max_tokens=8, method="plain", temperature=0)
+    messages = ask(png_bytes(32, 32, seed=4))
+    messages[0]["content"][1] = {"type": "image", "image": image}
+    with pytest.raises(ImageError, match=words):
+        pair.chat(messages, max_tokens=8)
+    again = pair.chat(ask(png_bytes(32, 32, seed=4)), max_tokens=8, method="plain", temperature=0)
+    assert again.tokens == good.tokens
+
+
+@pytest.mark.parametrize("part, words", [
+    ({"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}, "not fetched"),
+    ({"type": "image_url", "image_url": {"url": "data:text/plain;base64,aGVsbG8="}}, "not an image"),
+    ({"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}, "base64"),
+    ({"type": "image_url", "image_url": {}}, "image_url"),
+    ({"type": "image", "image": "/no/such/file.png"}, "no image file"),
+    ({"type": "image", "image": 7}, "bytes, a file path"),
+])
+def test_malformed_image_parts_are_named(pair, part: dict, words: str) -> None:
+    messages = ask(png_bytes(8, 8))
+    messages[0]["content"][1] = part
+    with pytest.raises(ImageError, match=words):
+        pair.chat(messages, max_tokens=4)
+
+
+def test_too_many_images_are_refused(pair) -> None:
+    image = {"type": "image", "image": png_bytes(8, 8)}
+    with pytest.raises(ImageError, match="at most 16 images"):
+        pair.chat([{"role": "user", "content": [image] * 17 + [{"type": "text", "text": "?"}]}], max_tokens=4)
+
+
+def test_a_model_without_a_projector_refuses_an_image(tiny_pair) -> None:
+    with pytest.raises(ImageError, match="without a vision projector"):
+        tiny_pair.chat(ask(png_bytes(8, 8)), max_tokens=4)
+
+
+def test_placeholders_are_not_token_ids_a_caller_may_send(pair) -> None:
+    with pytest.raises(TokenIdError, match="outside the vocabulary"):
+        pair.generate([1, 2, -5, 3], max_tokens=2)
+
+
+def test_a_projector_made_for_another_width_is_refused(vision_dir: Path, tmp_path: Path) -> None:
+    write_tiny_mmproj(tmp_path / "mmproj-32.gguf", n_embd_target=32)
+    with pytest.raises(localspec.ModelFileError, match="could not be loaded as a vision projector"):
+        localspec.load(vision_dir / "target.gguf", mmproj=tmp_path / "mmproj-32.gguf", notify=lambda _: None)
+
+
+def test_mmproj_false_loads_none_and_a_missing_one_is_named(vision_dir: Path) -> None:
+    with localspec.load(vision_dir / "target.gguf", mmproj=False, prompt_cache=False, notify=lambda _: None) as p:
+        assert p.target.projector is None
+    with pytest.raises((localspec.ModelFileError, ConfigError), match="nope.gguf"):
+        localspec.load(vision_dir / "target.gguf", mmproj=vision_dir / "nope.gguf", notify=lambda _: None)
+
+
+def test_placeholder_ids_follow_the_image_not_the_prompt(pair) -> None:
+    projector = pair.target.projector
+    image = png_bytes(32, 32, seed=31)
+    one = np.array(projector.tokenize(f"a {projector.marker} b", [image]))
+    two = np.array(projector.tokenize(f"other words {projector.marker}", [image]))
+    assert sorted(one[one < 0]) == sorted(two[two < 0]) and (one < 0).sum() == 16
+    other = np.array(projector.tokenize(f"a {projector.marker} b", [png_bytes(32, 32, seed=32)]))
+    assert not set(other[other < 0]) & set(one[one < 0])
