@@ -57,3 +57,44 @@ def test_pasted_and_quoted_blocks_are_one_message_each_and_history_persists(tiny
     finally:
         child.close(force=True)
     assert oct(history.stat().st_mode & 0o777) == oct(0o600)
+
+
+def test_an_image_attached_or_dropped_goes_with_the_next_message(tmp_path):
+    pytest.importorskip("llama_cpp.mtmd_cpp")
+    from tinymodel import write_tiny_model
+    from tinyvision import png_bytes, write_tiny_mmproj
+
+    write_tiny_model(tmp_path / "target.gguf", seed=0)
+    write_tiny_mmproj(tmp_path / "mmproj-target.gguf")
+    (tmp_path / "my shot.png").write_bytes(png_bytes(32, 32, seed=1))
+    (tmp_path / "bad.png").write_bytes(b"not a png")
+    saved = tmp_path / "conv.json"
+    child = spawn_localspec(["chat", "-t", str(tmp_path / "target.gguf"), "-n", "4", "--method", "plain"],
+                            tmp_path / "home")
+    try:
+        child.expect("images through mmproj-target.gguf")
+        child.expect(">>>")
+        child.send(f"/image {tmp_path / 'my shot.png'}\r")
+        child.expect("image 1 attached: my shot.png")
+        child.expect(">>>")
+        child.send("What is this?\r")
+        child.expect(r"\[\d+ tokens")
+        child.expect(">>>")
+        child.send(f"And this one? '{tmp_path / 'my shot.png'}'\r")  # a file dropped on the terminal, quoted
+        child.expect(r"\[\d+ tokens")
+        child.expect(">>>")
+        child.send(f"/image {tmp_path / 'bad.png'}\r")
+        child.expect(">>>")
+        child.send("Broken?\r")
+        child.expect("could not be read")
+        child.expect(">>>")
+        child.send(f"/save {saved}\r")
+        child.expect("saved 4 messages")
+        child.send("/exit\r")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    users = [m["content"] for m in json.loads(saved.read_text())["messages"] if m["role"] == "user"]
+    shot = str(tmp_path / "my shot.png")
+    assert users == [[{"type": "image", "image": shot}, {"type": "text", "text": "What is this?"}],
+                     [{"type": "image", "image": shot}, {"type": "text", "text": "And this one?"}]]
