@@ -228,6 +228,6 @@ def _projector(target: Model, mmproj: Union[PathLike, bool, None], say: Callable
         return None
     projector = Projector(path, target, verbose=target.verbose)
     if mmproj is None:
-        say(f"localspec: images through {path.name}, found beside {target.path.name} (--no-mmproj to skip it).")
+        say(f"localspec: images through {path.name}, found beside {target.path.name} (--mmproj none to skip it).")
     target.projector = projector
     return projector

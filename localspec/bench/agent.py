@@ -22,6 +22,7 @@ and llama.cpp's ``llama-server`` where one is given or on the PATH.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import json
@@ -62,6 +63,7 @@ class Conversation:
     system: str
     first: str
     follow_ups: tuple[str, ...]
+    image: Optional[bytes] = None  # sent with the first user turn, as an OpenAI image_url part
 
 
 def _package_text(*names: str) -> str:
@@ -96,6 +98,14 @@ def conversations(scale: float = 1.0) -> list[Conversation]:
     ]
 
 
+def image_conversations(image: bytes) -> list[Conversation]:
+    """The image workload: an image described, then two follow-up questions about it (the image resent with each,
+    as clients resend it: where a prompt cache holds the image, the follow-ups read only the new turns)."""
+    return [Conversation("A", "You are a helpful assistant that describes images precisely.",
+                         "Describe this image in detail.",
+                         ("What colours dominate it?", "Is there any text in it? Quote it."), image)]
+
+
 @dataclass(frozen=True)
 class ServerSpec:
     """How to start one server: its row name, its command (``{port}`` filled in) and what to note about it."""
@@ -106,11 +116,13 @@ class ServerSpec:
 
 
 def localspec_spec(target: str, draft: Optional[str], threads: int, threads_batch: int, ctx: int,
-                   gpu_layers: int, cache_ram: Optional[int], cache_disk: int) -> ServerSpec:
-    """``localspec serve`` on the files, with its prompt cache (``cache_*`` in MiB; None: its default)."""
+                   gpu_layers: int, cache_ram: Optional[int], cache_disk: int, mmproj: Optional[str] = None
+                   ) -> ServerSpec:
+    """``localspec serve`` on the files, with its prompt cache (``cache_*`` in MiB; None: its default) and the
+    target's vision projector where one is given (else none, found beside it or not)."""
     argv = [sys.executable, "-m", "localspec", "serve", "-t", target, "-d", draft or "none", "--ctx", str(ctx),
             "--threads", str(threads), "--threads-batch", str(threads_batch), "--port", "{port}", "--no-history",
-            "--cache-disk", str(cache_disk)]
+            "--cache-disk", str(cache_disk), "--mmproj", mmproj or "none"]
     argv += ["--gpu-layers", str(gpu_layers)]
     if cache_ram is not None:
         argv += ["--cache-ram", str(cache_ram)]
@@ -134,10 +146,12 @@ def llama_cpp_python_specs(target: str, threads: int, threads_batch: int, ctx: i
 
 
 def llama_server_spec(program: str, target: str, threads: int, threads_batch: int, ctx: int,
-                      gpu_layers: int) -> ServerSpec:
-    """llama.cpp's llama-server on the target, its host-RAM prompt cache at its default, no draft."""
+                      gpu_layers: int, mmproj: Optional[str] = None) -> ServerSpec:
+    """llama.cpp's llama-server on the target, its host-RAM prompt cache at its default, no draft; with the same
+    vision projector as localspec's where one is given."""
     argv = [program, "-m", target, "-c", str(ctx), "-t", str(threads), "-tb", str(threads_batch),
             "--host", "127.0.0.1", "--port", "{port}", "-ngl", str(gpu_layers)]
+    argv += ["--mmproj", mmproj] if mmproj else ["--no-mmproj"]
     return ServerSpec("llama-server", tuple(argv),
                       "its defaults: host-RAM prompt cache, flash attention auto, no draft")
 
@@ -217,12 +231,13 @@ class AgentReport:
     machine: dict[str, Any]
     max_tokens: int
     scale: float
+    image: bool = False  # the image workload (``image_conversations``) rather than the agent's
 
     def of(self, server: str) -> list[ServerRun]:
         return [r for r in self.runs if r.server == server]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"workload": {"max_tokens": self.max_tokens, "scale": self.scale},
+        return {"workload": {"max_tokens": self.max_tokens, "scale": self.scale, "image": self.image},
                 "machine": self.machine, "servers": [asdict(s) for s in self.specs],
                 "runs": [{"server": r.server, "requests": [asdict(q) for q in r.requests]} for r in self.runs]}
 
@@ -349,6 +364,14 @@ def _sse_events(resp: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
             yield json.loads(data)
 
 
+def _first(conv: Conversation) -> Any:
+    """A conversation's first user turn: its text, after its image where it has one."""
+    if conv.image is None:
+        return conv.first
+    url = "data:image/png;base64," + base64.b64encode(conv.image).decode()
+    return [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": conv.first}]
+
+
 def _rotated(items: Sequence[Any], by: int) -> list[Any]:
     by %= len(items)
     return [*items[by:], *items[:by]]
@@ -357,7 +380,7 @@ def _rotated(items: Sequence[Any], by: int) -> list[Any]:
 def run_once(servers: Sequence[Endpoint], convs: Sequence[Conversation], max_tokens: int,
              progress: Callable[[str], None] = lambda _: None) -> list[ServerRun]:
     """The workload once on every server, request by request, each request on every server in turn."""
-    history = {(s.name, c.name): [{"role": "system", "content": c.system}, {"role": "user", "content": c.first}]
+    history = {(s.name, c.name): [{"role": "system", "content": c.system}, {"role": "user", "content": _first(c)}]
                for s in servers for c in convs}
     runs = {s.name: ServerRun(s.name) for s in servers}
     turns = 1 + min(len(c.follow_ups) for c in convs)
@@ -381,14 +404,15 @@ def run_once(servers: Sequence[Endpoint], convs: Sequence[Conversation], max_tok
 
 def run_agent_bench(specs: Sequence[ServerSpec], max_tokens: int = 32, scale: float = 1.0, reps: int = 1,
                     machine: Optional[dict[str, Any]] = None,
-                    progress: Callable[[str], None] = lambda _: None) -> AgentReport:
+                    progress: Callable[[str], None] = lambda _: None, image: Optional[bytes] = None) -> AgentReport:
     """Start every server, run the workload ``reps`` times (the servers started afresh each time), stop them.
+    With ``image``, the workload is ``image_conversations``'s instead of the agent's.
 
     Raises:
         ConfigError: a server did not start, or answered a request with an error (its log's end is said).
     """
-    convs = conversations(scale)
-    report = AgentReport(list(specs), [], machine or {}, max_tokens, scale)
+    convs = conversations(scale) if image is None else image_conversations(image)
+    report = AgentReport(list(specs), [], machine or {}, max_tokens, scale, image is not None)
     env = {**os.environ, "LOCALSPEC_PROMPT_CACHE": "on"}
     for rep in range(reps):
         with contextlib.ExitStack() as stack:
@@ -421,7 +445,9 @@ def render_agent(report: AgentReport) -> str:
     ours = _median([r.follow_up_seconds for r in report.of(names[0])]) or float("nan")
     head = (f"{'server':<36} {'whole run':>9} {'follow-ups':>10} {'vs localspec':>12} {'follow-up first token':>22} "
             f"{'prompt tok/s':>12}")
-    out = [f"Agent workload: conversations A and B taking turns (A1 B1 A2 B2 A3 B3), each request resending its "
+    what = "Image workload: an image described (A1), then two follow-up questions (A2, A3)" if report.image else \
+        "Agent workload: conversations A and B taking turns (A1 B1 A2 B2 A3 B3)"
+    out = [f"{what}, each request resending its "
            f"conversation, greedy, {report.max_tokens} tokens a reply; medians of {len(report.of(names[0]))} "
            "repetition(s). 'vs localspec': that server's follow-up seconds over localspec's (above 1: localspec "
            "is faster). 'prompt tok/s': each conversation's first request, prompt tokens over time to first token "

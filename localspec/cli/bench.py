@@ -68,6 +68,10 @@ from .shared import ModelArgs, friendly_errors, model_options, say
 @click.option("--scale", type=click.FloatRange(min=0.01, max=20.0), default=1.0, show_default=True,
               help="With --agent: the prompts' size (1: system prompts of about 1.4k and 0.6k tokens, files of "
                    "1.2k).")
+@click.option("--image", "image", type=click.Path(dir_okay=False, exists=True), default=None, metavar="FILE",
+              help="With --agent: the image workload instead, on this image (PNG or JPEG): described, then two "
+                   "follow-up questions, through `localspec serve` and llama-server with the target's projector "
+                   "(--mmproj, or the mmproj file beside the target).")
 @click.option("--structured", is_flag=True,
               help="Run the structured suite instead: extraction into a JSON Schema, tool calls and fill-in-the-"
                    "middle, every row under the prompt's constraint (llama-cpp-python's under its own grammar).")
@@ -83,7 +87,7 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
           width: Optional[float], budget_minutes: Optional[float], lockstep: bool, max_tokens: Optional[int],
           k_lookup: Optional[str], k_draft: Optional[str], k_lcp_lookup: Optional[str], no_auto: bool, no_peers: bool,
           history_check: bool, related: bool, agent: bool, together: bool, workloads: tuple[str, ...],
-          llama_server: Optional[str], scale: float,
+          llama_server: Optional[str], scale: float, image: Optional[str],
           structured: bool, sampled: bool, sampled_temperature: float,
           sampled_top_p: float,
           json_path: Optional[str], plot_path: Optional[str]) -> None:
@@ -126,6 +130,8 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
     if not agent and (models.cache_ram is not None or models.cache_disk is not None):
         raise click.UsageError("--cache-ram and --cache-disk size the prompt cache of --agent's server; the other "
                                "workloads run without the prompt cache, so that every run processes its prompt.")
+    if not agent and image is not None:
+        raise click.UsageError("--image runs the image workload of --agent; add --agent.")
     if not agent and scale != 1.0:
         raise click.UsageError("--scale belongs to --agent's workload; add --agent.")
     if not agent and llama_server is not None:
@@ -141,7 +147,7 @@ def bench(models: ModelArgs, suite: Optional[str], categories: tuple[str, ...], 
         if ignored:
             raise click.UsageError(f"--agent runs each server as it serves, greedy and drafting as it chooses; "
                                    f"{', '.join(ignored)} belong to the suites.")
-        _bench_agent(models, reps or 1, max_tokens or 32, scale, llama_server, no_peers, json_path)
+        _bench_agent(models, reps or 1, max_tokens or 32, scale, llama_server, no_peers, json_path, image)
         return
     if structured and suite:
         raise click.UsageError("--structured runs the built-in structured suite; a --suite file may hold the same "
@@ -211,11 +217,12 @@ def _bench_related(models: ModelArgs, suite: Optional[str], reps: Optional[int],
         sys.exit(1)
 
 
-def _servers(models: ModelArgs, llama_server: Optional[str], no_peers: bool,
-             cache_row: bool) -> tuple[list[Any], dict[str, Any], str]:
+def _servers(models: ModelArgs, llama_server: Optional[str], no_peers: bool, cache_row: bool,
+             image: bool = False) -> tuple[list[Any], dict[str, Any], str]:
     """The servers to compare, all on the same files, threads, context and device (localspec's first;
     llama-cpp-python's at its defaults, and with its RAM cache where ``cache_row``), the machine, and a line
-    describing them."""
+    describing them. With ``image``, both servers load the target's projector, and llama-cpp-python's server,
+    which reads images only through a family's own chat handler, is left out."""
     from ..bench import agent as workload
     from ..bench.machine import host_info
     from ..loading import AUTO_PARALLEL, fit_context
@@ -230,10 +237,13 @@ def _servers(models: ModelArgs, llama_server: Optional[str], no_peers: bool,
                                                                          parallel=AUTO_PARALLEL).n_ctx
     # every server on the same device: all layers on a GPU build, none on a CPU one, unless told
     gpu = models.n_gpu_layers if models.n_gpu_layers is not None else (-1 if gpu_offload_supported() else 0)
+    mmproj = _projector_file(models, files.target) if image else None
     specs = [workload.localspec_spec(target, draft, threads, threads_batch, ctx, gpu, models.cache_ram,
-                                     models.cache_disk or 0)]
+                                     models.cache_disk or 0, mmproj)]
     if not no_peers:
-        if workload.llama_cpp_server_installed():
+        if image:
+            pass
+        elif workload.llama_cpp_server_installed():
             specs += workload.llama_cpp_python_specs(target, threads, threads_batch, ctx, gpu)[:None if cache_row
                                                                                                  else 1]
         else:
@@ -241,23 +251,37 @@ def _servers(models: ModelArgs, llama_server: Optional[str], no_peers: bool,
                 "(pip install 'llama-cpp-python[server]' adds them).")
         program = workload.find_llama_server(llama_server)
         if program:
-            specs.append(workload.llama_server_spec(program, target, threads, threads_batch, ctx, gpu))
+            specs.append(workload.llama_server_spec(program, target, threads, threads_batch, ctx, gpu, mmproj))
     machine = {**host_info(), "threads": threads, "threads_batch": threads_batch, "n_ctx": ctx,
                "target": target, "draft": draft}
     return specs, machine, f"{threads} threads ({threads_batch} for batches) each, context {ctx}"
 
 
 def _bench_agent(models: ModelArgs, reps: int, max_tokens: int, scale: float, llama_server: Optional[str],
-                 no_peers: bool, json_path: Optional[str]) -> None:
+                 no_peers: bool, json_path: Optional[str], image: Optional[str] = None) -> None:
     from ..bench import agent as workload
 
-    specs, machine, setup = _servers(models, llama_server, no_peers, cache_row=True)
-    say(f"bench: agent workload x {len(specs)} servers x {reps} rep(s), {setup}, {max_tokens} tokens a reply")
-    report = workload.run_agent_bench(specs, max_tokens, scale, reps, machine, progress=say)
+    specs, machine, setup = _servers(models, llama_server, no_peers, cache_row=True, image=image is not None)
+    say(f"bench: {'image' if image else 'agent'} workload x {len(specs)} servers x {reps} rep(s), {setup}, "
+        f"{max_tokens} tokens a reply")
+    report = workload.run_agent_bench(specs, max_tokens, scale, reps, machine, progress=say,
+                                      image=Path(image).read_bytes() if image else None)
     click.echo(workload.render_agent(report))
     if json_path:
         workload.write_agent_json(report, Path(json_path))
         say(f"wrote {json_path}")
+
+
+def _projector_file(models: ModelArgs, target: Path) -> str:
+    """The projector the image workload's servers load: --mmproj, else the one beside the target."""
+    from ..runtime.vision import find_projector
+
+    given = models.projector()
+    found = given if isinstance(given, Path) else find_projector(target) if given is None else None
+    if found is None:
+        raise click.UsageError(f"--image needs the target's vision projector; none lies beside {target.name}: "
+                               "give it with --mmproj FILE.")
+    return str(found)
 
 
 def _bench_together(models: ModelArgs, reps: int, names: Sequence[str], llama_server: Optional[str],

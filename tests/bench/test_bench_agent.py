@@ -124,3 +124,41 @@ def test_an_error_in_the_stream_is_an_error_not_a_short_reply() -> None:
             agent.ask(httpd.server_address[1], "m", [{"role": "user", "content": "Hi"}], 4)
     finally:
         httpd.shutdown()
+
+
+def test_the_image_workload_runs_beside_llama_server_with_the_same_projector(tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp.mtmd_cpp")
+    from tinyvision import write_png, write_tiny_mmproj
+
+    write_tiny_model(tmp_path / "target.gguf", seed=0, n_ctx=4096)
+    write_tiny_mmproj(tmp_path / "mmproj-target.gguf")
+    write_png(tmp_path / "shot.png", 48, 32, seed=2)
+    binary = built_binary()
+    extra = ["--llama-server", str(binary)] if binary is not None and os.access(binary, os.X_OK) else []
+    out = tmp_path / "image.json"
+    r = run_cli(["bench", "--agent", "--image", str(tmp_path / "shot.png"), "-t", str(tmp_path / "target.gguf"),
+                 "-d", "none", "--max-tokens", "6", "--ctx", "4096", "--threads", "1", "--json", str(out), *extra])
+    assert r.exit_code == 0, r.output
+    report = json.loads(out.read_text())
+    assert report["workload"]["image"] is True
+    names = [s["name"] for s in report["servers"]]
+    assert names == ["localspec serve"] + (["llama-server"] if extra else [])
+    assert all("--mmproj" in s["argv"] and str(tmp_path / "mmproj-target.gguf") in s["argv"]
+               for s in report["servers"])
+    for run in report["runs"]:
+        assert [q["request"] for q in run["requests"]] == ["A1", "A2", "A3"], run["server"]
+    ours = {q["request"]: q for q in report["runs"][0]["requests"]}
+    assert ours["A1"]["prompt_tokens"] > 16  # the image's 16 positions and the text
+    assert ours["A2"]["cached_tokens"] >= ours["A1"]["prompt_tokens"] - 1  # the image came from the cache
+    assert "Image workload" in r.stdout
+
+
+def test_the_image_workload_needs_a_projector(tiny_dir: Path, tmp_path: Path) -> None:
+    from tinyvision import write_png
+
+    write_png(tmp_path / "shot.png", 8, 8)
+    r = run_cli(["bench", "--agent", "--image", str(tmp_path / "shot.png"), "-t", str(tiny_dir / "target.gguf"),
+                 "-d", "none"])
+    assert r.exit_code != 0 and "--image needs the target's vision projector" in r.output
+    r = run_cli(["bench", "--image", str(tmp_path / "shot.png"), "-t", str(tiny_dir / "target.gguf")])
+    assert r.exit_code != 0 and "add --agent" in r.output
