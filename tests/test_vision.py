@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tinymodel import write_tiny_model
+from tinyvision import png_bytes, write_tiny_mmproj
 
 import localspec
 from localspec.errors import ConfigError, TokenIdError
 from localspec.runtime.vision import ImageError, find_projector
-from tinymodel import write_tiny_model
-from tinyvision import png_bytes, write_tiny_mmproj
 
 pytest.importorskip("llama_cpp.mtmd_cpp")
 
@@ -209,3 +209,51 @@ def test_placeholder_ids_follow_the_image_not_the_prompt(pair) -> None:
     assert sorted(one[one < 0]) == sorted(two[two < 0]) and (one < 0).sum() == 16
     other = np.array(projector.tokenize(f"a {projector.marker} b", [png_bytes(32, 32, seed=32)]))
     assert not set(other[other < 0]) & set(one[one < 0])
+
+
+# -- families whose images decode differently: M-RoPE positions (Qwen2-VL), non-causal attention (Gemma 3) --
+
+@pytest.fixture(scope="module", params=["qwen2vl", "gemma3v"])
+def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from tinyvision_families import write_tiny_gemma3v, write_tiny_qwen2vl
+
+    writer = {"qwen2vl": write_tiny_qwen2vl, "gemma3v": write_tiny_gemma3v}[request.param]
+    return writer(tmp_path_factory.mktemp(request.param))
+
+
+def test_a_familys_greedy_tokens_equal_llama_cpp_pythons_and_every_method_gives_them(family) -> None:
+    import llama_cpp
+    from llama_cpp.llama_chat_format import MTMDChatHandler
+
+    target, mmproj = family
+    image = png_bytes(40, 30, seed=3)
+    with localspec.load(target, history=False, prompt_cache=False, n_threads=2, notify=lambda _: None) as p:
+        ours = p.chat(ask(image), max_tokens=24, method="plain", temperature=0)
+        for method in ("lookup", "auto"):
+            assert p.chat(ask(image), max_tokens=24, method=method, temperature=0).tokens == ours.tokens, method
+    llm = llama_cpp.Llama(str(target), chat_handler=MTMDChatHandler(str(mmproj), verbose=False), n_ctx=1024,
+                          verbose=False)
+    try:
+        llm.create_chat_completion(messages=ask(image), max_tokens=24, temperature=0, repeat_penalty=1.0)
+        theirs = llm.input_ids[ours.stats.prompt_tokens: llm.n_tokens].tolist()  # positions, as ours counts them
+    finally:
+        llm.close()
+    assert len(theirs) >= 20 and ours.tokens[: len(theirs)] == theirs
+
+
+def test_a_familys_follow_up_restores_its_image_and_requests_together_are_exact(family, tmp_path: Path,
+                                                                                 monkeypatch) -> None:
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    target, _ = family
+    prompts = [ask(png_bytes(40, 30, seed=s), q) for s, q in [(1, "What?"), (2, "Describe it."), (1, "Colours?")]]
+    with localspec.load(target, history=False, n_threads=2, parallel=3, cache_disk=64 << 20,
+                        notify=lambda _: None) as p:
+        alone = [p.chat(m, max_tokens=16, method="plain", temperature=0) for m in prompts]
+        together = p.generate_many(prompts, max_tokens=16, method="auto", temperature=0)
+        assert [r.tokens for r in together] == [r.tokens for r in alone]
+    follow = prompts[1] + [{"role": "assistant", "content": alone[1].text}, {"role": "user", "content": "More?"}]
+    with localspec.load(target, history=False, n_threads=2, cache_disk=64 << 20, notify=lambda _: None) as p:
+        r = p.chat(follow, max_tokens=8, method="plain", temperature=0)
+        assert p.target.projector.encodes == 0 and r.stats.cached_prompt_tokens >= alone[1].stats.prompt_tokens - 1
+    with localspec.load(target, history=False, prompt_cache=False, n_threads=2, notify=lambda _: None) as p:
+        assert p.chat(follow, max_tokens=8, method="plain", temperature=0).tokens == r.tokens

@@ -9,6 +9,9 @@ becomes ``(image_size // patch_size) ** 2`` embeddings (16 with the defaults), o
 ``png_bytes`` / ``write_png`` make random RGB PNGs with the standard library alone.
 
 Run ``python tests/tinyvision.py`` to write both, encode two images, run them through the target and generate.
+
+``tinyvision_families`` writes (target, projector) pairs of families that decode images differently: Qwen2-VL
+(M-RoPE, fewer positions than embeddings) and Gemma 3 (non-causal attention over the image).
 """
 
 from __future__ import annotations
