@@ -9,6 +9,7 @@ from typing import Callable, Optional, Union
 
 from .api import Pair, notice_to_stderr
 from .catalog.naming import resolve_models
+from .catalog.stores.layouts import ollama_projector
 from .errors import ModelFileError
 from .methods import AUTO_KMAX
 from .options import GenerationOptions
@@ -166,8 +167,8 @@ def load(
             prompt may use them all). Default 1: one generation at a time (``generate_many`` then runs its
             prompts one after another, and says so once). None: ``AUTO_PARALLEL`` (4), as ``serve`` takes.
         mmproj: the target's vision projector (an ``mmproj`` GGUF), so prompts may hold images. Default: the
-            one beside the target file, if there is one (the Hub's and LM Studio's layouts keep it there; said
-            through ``notify``); False for none.
+            one beside the target file (the Hub's and LM Studio's layouts keep it there), or the one Ollama
+            pulled with it, if there is one (said through ``notify``); False for none.
 
     Returns:
         The loaded ``Pair``; ``close()`` it, or use it in a ``with`` block, to free the models.
@@ -221,13 +222,16 @@ def _projector(target: Model, mmproj: Union[PathLike, bool, None], say: Callable
     """The vision projector ``load`` gives ``target`` (attached to it, so that its sequences share it)."""
     if mmproj is False:
         return None
-    path = find_projector(target.path) if mmproj is None or mmproj is True else Path(mmproj)
+    if mmproj is None or mmproj is True:  # beside the file (the Hub, LM Studio), or in Ollama's manifest
+        path = find_projector(target.path) or ollama_projector(target.path)
+    else:
+        path = Path(mmproj)
     if path is None:
         if mmproj is True:
             raise ModelFileError(f"No mmproj GGUF lies beside {target.path}; give its path (mmproj=..., --mmproj).")
         return None
     projector = Projector(path, target, verbose=target.verbose)
     if mmproj is None:
-        say(f"localspec: images through {path.name}, found beside {target.path.name} (--mmproj none to skip it).")
+        say(f"localspec: images through {path.name}, the projector found with {target.path.name} (--mmproj none skips it).")
     target.projector = projector
     return projector

@@ -257,3 +257,28 @@ def test_a_familys_follow_up_restores_its_image_and_requests_together_are_exact(
         assert p.target.projector.encodes == 0 and r.stats.cached_prompt_tokens >= alone[1].stats.prompt_tokens - 1
     with localspec.load(target, history=False, prompt_cache=False, n_threads=2, notify=lambda _: None) as p:
         assert p.chat(follow, max_tokens=8, method="plain", temperature=0).tokens == r.tokens
+
+
+def test_an_ollama_models_projector_layer_is_loaded_with_it(vision_dir: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+    import json
+    import shutil
+
+    store = tmp_path / "ollama"
+    (store / "blobs").mkdir(parents=True)
+    digests = {}
+    for name, kind in (("target.gguf", "model"), ("mmproj-target-f16.gguf", "projector")):
+        digests[kind] = hashlib.sha256((vision_dir / name).read_bytes()).hexdigest()
+        shutil.copy(vision_dir / name, store / "blobs" / f"sha256-{digests[kind]}")
+    manifest = store / "manifests" / "registry.ollama.ai" / "library" / "tinyvl" / "latest"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [
+        {"mediaType": f"application/vnd.ollama.image.{kind}", "digest": f"sha256:{d}", "size": 1}
+        for kind, d in digests.items()]}))
+    monkeypatch.setenv("OLLAMA_MODELS", str(store))
+    with localspec.load("ollama:tinyvl:latest", draft="none", history=False, prompt_cache=False,
+                        notify=lambda _: None) as p:
+        assert p.target.projector is not None
+        assert p.target.projector.path.name == f"sha256-{digests['projector']}"
+        assert p.chat(ask(png_bytes(16, 16)), max_tokens=4, method="plain").tokens

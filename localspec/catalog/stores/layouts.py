@@ -13,6 +13,7 @@ from .found import Skipped
 from .walk import Walker, is_dir, why
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
+OLLAMA_PROJECTOR_LAYER = "application/vnd.ollama.image.projector"
 OLLAMA_REGISTRY = "registry.ollama.ai"
 OLLAMA_NAMESPACE = "library"
 MAX_MANIFEST = 1 << 20  # an Ollama manifest is a few hundred bytes
@@ -74,6 +75,27 @@ def ollama_blob(root: Path, manifest: Path, name: str) -> Union[Candidate, Skipp
         return Skipped(name, f"its manifest points at blob {blob.name}, which is missing from {blob.parent}; "
                              f"`ollama pull {name[len('ollama:'):]}` again.")
     return name, blob, "ollama"
+
+
+def ollama_projector(blob: Path) -> Optional[Path]:
+    """The vision projector Ollama keeps beside a model blob (its manifest's projector layer), if any: a model
+    that sees is pulled as two blobs, the model and its ``mmproj``."""
+    if blob.parent.name != "blobs" or not blob.name.startswith("sha256-"):
+        return None
+    root, digest = blob.parent.parent, "sha256:" + blob.name[len("sha256-"):]
+    for manifest in sorted((root / "manifests").rglob("*")):
+        try:
+            if not manifest.is_file() or manifest.stat().st_size > MAX_MANIFEST:
+                continue
+            layers = json.loads(manifest.read_bytes()).get("layers") or []
+        except (OSError, ValueError, AttributeError, RecursionError):
+            continue  # the scan says what is wrong with a manifest; here it only does not name a projector
+        kinds = {layer.get("mediaType"): layer.get("digest") for layer in layers if isinstance(layer, dict)}
+        m = _DIGEST.match(kinds.get(OLLAMA_PROJECTOR_LAYER) or "")
+        if kinds.get(OLLAMA_MODEL_LAYER) == digest and m:
+            found = root / "blobs" / f"sha256-{m.group(1)}"
+            return found if found.is_file() else None
+    return None
 
 
 def lmstudio_models(roots: Sequence[Path], walk: Walker) -> Iterator[Union[Candidate, Skipped]]:
