@@ -9,7 +9,7 @@ from typing import Callable, Optional, Union
 
 from .api import Pair, notice_to_stderr
 from .catalog.naming import resolve_models
-from .catalog.stores.layouts import ollama_projector
+from .catalog.stores.layouts import find_projector
 from .errors import ModelFileError
 from .methods import AUTO_KMAX
 from .options import GenerationOptions
@@ -19,7 +19,7 @@ from .prompt_cache.cache import PromptCache
 from .runtime.gguf_metadata import read_local
 from .runtime.model import Model
 from .runtime.process import read_vocab
-from .runtime.vision import Projector, find_projector
+from .runtime.vision import Projector
 from .runtime.vocab_match import check_vocab
 from .sizes import human_bytes
 
@@ -223,15 +223,24 @@ def _projector(target: Model, mmproj: Union[PathLike, bool, None], say: Callable
     if mmproj is False:
         return None
     if mmproj is None or mmproj is True:  # beside the file (the Hub, LM Studio), or in Ollama's manifest
-        path = find_projector(target.path) or ollama_projector(target.path)
+        path = find_projector(target.path)
     else:
         path = Path(mmproj)
     if path is None:
         if mmproj is True:
             raise ModelFileError(f"No mmproj GGUF lies beside {target.path}; give its path (mmproj=..., --mmproj).")
         return None
-    projector = Projector(path, target, verbose=target.verbose)
+    try:
+        projector = Projector(path, target, verbose=target.verbose)
+    except ModelFileError:
+        if mmproj is not None:
+            raise
+        # a folder of several models holds one's projector: the others load without images, not with an error
+        say(f"localspec: {path.name}, found with {target.path.name}, is not its vision projector; images are off "
+            "(--mmproj FILE gives one).")
+        return None
     if mmproj is None:
-        say(f"localspec: images through {path.name}, the projector found with {target.path.name} (--mmproj none skips it).")
+        say(f"localspec: images through {path.name}, the projector found with {target.path.name} "
+            "(--mmproj none skips it).")
     target.projector = projector
     return projector

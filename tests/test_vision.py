@@ -16,8 +16,9 @@ from tinymodel import write_tiny_model
 from tinyvision import png_bytes, write_tiny_mmproj
 
 import localspec
+from localspec.catalog.stores.layouts import find_projector
 from localspec.errors import ConfigError, TokenIdError
-from localspec.runtime.vision import ImageError, find_projector
+from localspec.runtime.vision import ImageError
 
 pytest.importorskip("llama_cpp.mtmd_cpp")
 
@@ -282,3 +283,13 @@ def test_an_ollama_models_projector_layer_is_loaded_with_it(vision_dir: Path, tm
         assert p.target.projector is not None
         assert p.target.projector.path.name == f"sha256-{digests['projector']}"
         assert p.chat(ask(png_bytes(16, 16)), max_tokens=4, method="plain").tokens
+
+
+def test_another_models_projector_beside_a_model_leaves_images_off_with_a_notice(tmp_path: Path) -> None:
+    write_tiny_model(tmp_path / "narrow.gguf", seed=0, n_embd=32, n_head=2, n_head_kv=1)
+    write_tiny_mmproj(tmp_path / "mmproj-target.gguf")  # made for the 64-wide target
+    notices: list[str] = []
+    with localspec.load(tmp_path / "narrow.gguf", history=False, prompt_cache=False, notify=notices.append) as p:
+        assert p.target.projector is None
+        assert p.generate("hi", max_tokens=2, method="plain").tokens
+    assert any("is not its vision projector; images are off" in n for n in notices)

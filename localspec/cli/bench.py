@@ -274,7 +274,7 @@ def _bench_agent(models: ModelArgs, reps: int, max_tokens: int, scale: float, ll
 
 def _projector_file(models: ModelArgs, target: Path) -> str:
     """The projector the image workload's servers load: --mmproj, else the one beside the target."""
-    from ..runtime.vision import find_projector
+    from ..catalog.stores.layouts import find_projector
 
     given = models.projector()
     found = given if isinstance(given, Path) else find_projector(target) if given is None else None

@@ -68,18 +68,20 @@ def _scan(folders: tuple[str, ...], add_pairs: bool, as_json: bool) -> None:
     from ..catalog.pairing import pair_models, suggest_pairs
     from ..catalog.registry import add_local_pair, load_registry
     from ..catalog.stores import scan
+    from ..catalog.stores.layouts import find_projector
 
     found = scan(folders=folders)
     pairs = pair_models(found.models)
     registry = load_registry()
     known = {(spec.target.path, spec.draft.path): name for name, spec in registry.items() if spec.target.is_local}
     best = suggest_pairs(pairs, known, taken=registry)
+    projectors = {m.name: find_projector(m.path) for m in found.models}
     if as_json:
         click.echo(json.dumps({
             "models": [{"name": m.name, "path": str(m.path), "store": m.store, "bytes": m.size,
                         "architecture": m.architecture, "parameters": m.parameters, "quantization": m.quantization,
                         "vocab_fingerprint": m.fingerprint, "mtp_layers": m.mtp_layers, "role": m.role,
-                        "aliases": m.aliases}
+                        "mmproj": str(projectors[m.name]) if projectors[m.name] else None, "aliases": m.aliases}
                        for m in found.models],
             "pairs": [{"target": p.target.name, "draft": p.draft.name, "reason": p.reason} for p in pairs],
             "skipped": [{"where": k.where, "why": k.why} for k in found.skipped]}, indent=1))
@@ -89,6 +91,7 @@ def _scan(folders: tuple[str, ...], add_pairs: bool, as_json: bool) -> None:
             click.echo(f"  {m.name:<44} {m.label():>6} {m.quantization or '?':<7} {m.architecture or '?':<10} "
                        f"{m.size / 1e9:5.2f} GB  vocabulary {m.fingerprint or '-'}"
                        + ("  MTP head" if m.mtp_layers else "")
+                       + (f"  sees images ({seen.name})" if (seen := projectors[m.name]) else "")
                        + (f"  {m.role} model (serve --{'rerank' if m.role == 'reranker' else 'embedding'}-model)"
                           if m.role else ""))
         click.echo(f"\ntarget/draft pairs, best draft first ({len(pairs)}):" if pairs else "\nno target/draft pairs")

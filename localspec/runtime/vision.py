@@ -19,7 +19,6 @@ import os
 import secrets
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 import llama_cpp as ll
@@ -318,20 +317,3 @@ class Projector:
             return int(mt.mtmd_helper_decode_image_chunk(self._ctx, ctx, chunk.ptr, ptr, n_past, seq, n_batch,
                                                          ctypes.byref(new_past), mt.mtmd_helper_post_decode_callback(),
                                                          None))
-
-
-def find_projector(model_path: Union[str, os.PathLike]) -> Optional[Path]:
-    """The ``mmproj`` GGUF beside a model file, where one is (the Hub's and LM Studio's layouts keep it there):
-    a file whose name starts with ``mmproj`` in the same folder; among several, the one whose name shares most
-    with the model's, F16 before others."""
-    folder = Path(model_path).parent
-    found = sorted(p for p in folder.glob("*.gguf") if p.name.lower().startswith("mmproj"))
-    if not found:
-        return None
-    stem = Path(model_path).stem.lower()
-
-    def score(p: Path) -> tuple[int, bool]:  # the model's name shared after "mmproj-", then F16 first
-        name = p.stem.lower().removeprefix("mmproj").lstrip("-_.")
-        return len(os.path.commonprefix([name, stem])), "f16" in name
-
-    return max(found, key=score)

@@ -446,7 +446,7 @@ def test_broken_entries_are_skipped_with_reasons(tree: Path):
         "lmstudio:pub/bad/loop.gguf": "symlink loop",
         "lmstudio:pub/bad/dangling.gguf": "dangling symlink",
         "lmstudio:pub/half/half-00001-of-00003.gguf": "half-00002-of-00003.gguf, half-00003-of-00003.gguf are missing",
-        "lmstudio:pub/tiny-GGUF/mmproj-tiny-f16.gguf": "multimodal projector",
+        "lmstudio:pub/tiny-GGUF/mmproj-tiny-f16.gguf": "vision projector (mmproj), loaded with the model",
     }
     for where, needle in expected.items():
         assert needle in reasons.get(where, ""), (where, reasons)

@@ -77,6 +77,26 @@ def ollama_blob(root: Path, manifest: Path, name: str) -> Union[Candidate, Skipp
     return name, blob, "ollama"
 
 
+def find_projector(model: Path) -> Optional[Path]:
+    """The vision projector that goes with a model file, if one does: an ``mmproj`` GGUF beside it (the Hub's
+    and LM Studio's layouts keep it there; among several, the one whose name shares most with the model's, F16
+    first), or the projector layer of the Ollama manifest that names the blob."""
+    return _projector_beside(model) or ollama_projector(model)
+
+
+def _projector_beside(model: Path) -> Optional[Path]:
+    found = sorted(p for p in model.parent.glob("*.gguf") if p.name.lower().startswith("mmproj"))
+    if not found:
+        return None
+    stem = model.stem.lower()
+
+    def score(p: Path) -> tuple[int, bool]:  # the model's name shared after "mmproj-", then F16 first
+        name = p.stem.lower().removeprefix("mmproj").lstrip("-_.")
+        return len(os.path.commonprefix([name, stem])), "f16" in name
+
+    return max(found, key=score)
+
+
 def ollama_projector(blob: Path) -> Optional[Path]:
     """The vision projector Ollama keeps beside a model blob (its manifest's projector layer), if any: a model
     that sees is pulled as two blobs, the model and its ``mmproj``."""

@@ -54,7 +54,7 @@ def _not_a_model(path: Path, header: GGUFHeader) -> Optional[str]:
     """Why a GGUF is not a language model (a projector, an adapter...), or None if it is one."""
     kind = header.model_type
     if kind == "mmproj" or header.architecture == "clip" or path.name.lower().startswith("mmproj"):
-        return "is a multimodal projector (mmproj), not a language model."
+        return "is a vision projector (mmproj), loaded with the model it lies beside (or given with --mmproj)."
     if kind == "adapter":
         return "is a LoRA adapter, not a model; load it with its base model."
     if kind not in (None, "model"):
