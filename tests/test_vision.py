@@ -293,3 +293,25 @@ def test_another_models_projector_beside_a_model_leaves_images_off_with_a_notice
         assert p.target.projector is None
         assert p.generate("hi", max_tokens=2, method="plain").tokens
     assert any("is not its vision projector; images are off" in n for n in notices)
+
+
+def test_generate_reads_images_for_its_message(vision_dir: Path, pair, tmp_path: Path) -> None:
+    import json
+
+    from clirun import run_cli
+
+    image = png_bytes(24, 24, seed=8)
+    (tmp_path / "a.png").write_bytes(image)
+    expected = pair.chat([{"role": "user", "content": [{"type": "image", "image": image},
+                                                       {"type": "text", "text": "Describe:"}]}],
+                         max_tokens=6, method="plain", temperature=0)
+    r = run_cli(["generate", "-t", str(vision_dir / "target.gguf"), "-d", "none", "--message", "Describe:",
+                 "--image", str(tmp_path / "a.png"), "-n", "6", "--method", "plain", "--json", "--threads", "2"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["tokens"] == expected.tokens
+    r = run_cli(["generate", "-t", str(vision_dir / "target.gguf"), "--prompt", "x",
+                 "--image", str(tmp_path / "a.png")])
+    assert r.exit_code != 0 and "--image goes with --message" in r.output
+    r = run_cli(["generate", "-t", str(vision_dir / "target.gguf"), "-d", "none", "--mmproj", "none", "--message",
+                 "x", "--image", str(tmp_path / "a.png"), "-n", "2"])
+    assert r.exit_code != 0 and "without a vision projector" in r.output and "Traceback" not in r.output

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import click
 
@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 @click.option("--prompt", "-p", default=None, help="Raw prompt text, sent as is.")
 @click.option("--message", default=None, help="One user message, formatted with the model's chat template.")
 @click.option("--system", default=None, help="System message to go with --message.")
+@click.option("--image", "images", multiple=True, type=click.Path(dir_okay=False, exists=True), metavar="FILE",
+              help="An image for --message to hold, before its text (repeatable; a model with a vision projector, "
+                   "see --mmproj).")
 @click.option("--suffix", default=None,
               help="Fill in the middle: the text after the one to generate (--prompt is the text before it).")
 @click.option("--recalibrate", is_flag=True, help="Measure this machine's costs again for auto.")
@@ -48,7 +51,7 @@ if TYPE_CHECKING:
               help="With --input: requests decoded at once [default: automatic].")
 @friendly_errors
 def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str], message: Optional[str],
-             system: Optional[str], suffix: Optional[str], recalibrate: bool, as_json: bool,
+             system: Optional[str], images: tuple[str, ...], suffix: Optional[str], recalibrate: bool, as_json: bool,
              json_schema: Optional[str], json_object: bool, regex: Optional[str], grammar_file: Optional[str],
              tools_file: Optional[str], tool_choice: Optional[str], input_file: Optional[str],
              output_file: Optional[str], parallel: Optional[int]) -> None:
@@ -59,7 +62,7 @@ def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str
         options = options.replace(grammar=constraint)
     if input_file is not None or output_file is not None or parallel is not None:
         single = [flag for flag, given in (("--prompt", prompt), ("--message", message), ("--system", system),
-                                           ("--suffix", suffix), ("--tools", tools_file),
+                                           ("--image", images or None), ("--suffix", suffix), ("--tools", tools_file),
                                            ("--tool-choice", tool_choice), ("--json", as_json or None))
                   if given is not None]
         _from_file(models, options, input_file, output_file, parallel, recalibrate, single)
@@ -69,6 +72,9 @@ def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str
                                "FILE.jsonl.")
     if system is not None and message is None:
         raise click.UsageError("--system goes with --message, not with a raw --prompt.")
+    if images and message is None:
+        raise click.UsageError("--image goes with --message (a chat turn), which the model's template wraps with "
+                               "the image.")
     if suffix is not None and prompt is None:
         raise click.UsageError("--suffix goes with --prompt (the text before the one to fill in).")
     if options.logprobs is not None and not as_json:
@@ -82,8 +88,10 @@ def generate(models: ModelArgs, options: GenerationOptions, prompt: Optional[str
         if recalibrate:
             pair.calibrate(refresh=True)
         if message is not None:
+            content: Any = [*({"type": "image", "image": f} for f in images), {"type": "text", "text": message}] \
+                if images else message
             messages = ([{"role": "system", "content": system}] if system else []) + [
-                {"role": "user", "content": message}]
+                {"role": "user", "content": content}]
             stream = pair.stream_chat(messages, options, tools=tools)
         elif suffix is not None:
             stream = pair.stream_infill(prompt or "", suffix, options)
