@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -140,20 +141,40 @@ def _from_url(url: str, where: str, fetch: Optional[Fetch]) -> bytes:
     try:
         return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
-        raise ImageError(f"{where}: the data URL's base64 is malformed.") from None
+        raise ImageError(f"{where}: the data URL's base64 is malformed; send the image file's bytes as standard "
+                         "base64.") from None
 
 
 def fetch_url(url: str, limit: int = MAX_IMAGE_BYTES) -> bytes:
-    """An image's bytes from an ``http(s)`` URL, at most ``limit`` of them, within ``FETCH_TIMEOUT`` seconds.
+    """An image's bytes from an ``http(s)`` URL, at most ``limit`` of them, within ``FETCH_TIMEOUT`` seconds in all
+    (redirects followed only to ``http(s)`` URLs).
 
     Raises:
-        ImageError: the URL cannot be read, answers with an error, or sends more than ``limit`` bytes.
+        ImageError: the URL cannot be read, answers with an error, takes too long, or sends more than ``limit``
+            bytes.
     """
+    deadline = time.monotonic() + FETCH_TIMEOUT
+    data = bytearray()
     try:
-        with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT) as reply:  # noqa: S310 (http(s) checked above)
-            data = reply.read(limit + 1)
+        with urllib.request.build_opener(_HttpOnlyRedirects).open(url, timeout=FETCH_TIMEOUT) as reply:
+            while len(data) <= limit:
+                if time.monotonic() > deadline:
+                    raise ImageError(f"The image at {url} took more than {FETCH_TIMEOUT:g} s to fetch.")
+                chunk = reply.read(min(1 << 16, limit + 1 - len(data)))
+                if not chunk:
+                    break
+                data += chunk
     except (OSError, ValueError) as exc:
         raise ImageError(f"The image at {url} could not be fetched: {exc}.") from None
     if len(data) > limit:
         raise ImageError(f"The image at {url} is larger than the {limit >> 20} MiB an image may be.")
-    return data
+    return bytes(data)
+
+
+class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
+    """Redirects to ``http(s)`` URLs only (urllib's own would follow one to ``ftp:``)."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+        if not newurl.lower().startswith(("http://", "https://")):
+            raise ImageError(f"The image at {req.full_url} redirects to {newurl}, which is not an http(s) URL.")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)

@@ -90,7 +90,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("reasoning", ("reasoning",)),
     ("drafting", ("drafting",)),
     ("decoding", ("decoding", "events")),
-    ("api", ("", "api", "embeddings", "lanes", "loading", "results", "prompts", "export")),
+    ("api", ("", "api", "embeddings", "images", "lanes", "loading", "results", "prompts", "export")),
     ("entry", ("cli", "server", "bench", "__main__")),
 ]
 #: What an entry point may not import: another entry point, but for the command line, which starts them all.

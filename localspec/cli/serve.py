@@ -31,7 +31,12 @@ from .shared import ModelArgs, friendly_errors, generation_options, model_option
               help="A web page origin (e.g. http://localhost:3000) allowed to call the API from a browser; "
                    "repeatable, '*' for any page. Without it, requests that carry an Origin get 403.")
 @click.option("--max-body", type=click.IntRange(1024), default=None,
-              help="The largest request body in bytes (default: 4 MiB); larger ones get 413.")
+              help="The largest request body in bytes (default: 4 MiB, or 64 MiB where the model reads images, "
+                   "since a screenshot in base64 can outgrow 4 MiB); larger ones get 413.")
+@click.option("--allow-fetch", is_flag=True,
+              help="Fetch images that requests give as http(s) URLs (up to 20 MiB each, from wherever the URL "
+                   "points: allow it only for clients you trust); without it such an image gets 400, and images "
+                   "come inline as base64.")
 @click.option("--keep-billing-header", is_flag=True,
               help="Keep Claude Code's x-anthropic-billing-header block in the system prompt (by default it is "
                    "dropped: its per-request hash would keep the prompt cache from reusing any of the prompt).")
@@ -50,8 +55,9 @@ from .shared import ModelArgs, friendly_errors, generation_options, model_option
                    "--verbose adds the start of each prompt).")
 @friendly_errors
 def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, api_key: Optional[str],
-          parallel: int, max_queue: int, origins: tuple[str, ...], max_body: Optional[int], keep_billing_header: bool,
-          metrics: bool, embedding_model: Optional[str], rerank_model: Optional[str], quiet: bool) -> None:
+          parallel: int, max_queue: int, origins: tuple[str, ...], max_body: Optional[int], allow_fetch: bool,
+          keep_billing_header: bool, metrics: bool, embedding_model: Optional[str], rerank_model: Optional[str],
+          quiet: bool) -> None:
     """Serve the pair over HTTP: OpenAI chat completions, completions and Responses, Anthropic Messages, Ollama.
 
     The generation options given here are the defaults for requests that
@@ -66,7 +72,8 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
     access = check_access(host, api_key, origins)
     try:
         from ..embeddings import load_embedding
-        from ..server.app import MAX_BODY, create_app
+        from ..images import fetch_url
+        from ..server.app import create_app
         from ..server.embedding import EmbeddingService
         from ..server.runner import run
         from ..server.worker import Server
@@ -89,10 +96,12 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
         stack.callback(beside.close)
         pair = stack.enter_context(models.open(fit=True, parallel=parallel or None))
         name = models.pair_name or pair.target.path.stem
+        if allow_fetch:
+            pair.fetch = fetch_url  # read on each request's thread, before it is queued
         server = Server.for_pair(pair, name, options, max_queue=max_queue, max_tokens=max_tokens,
                                  keep_billing_header=keep_billing_header)
         app = create_app(server, hosts=access.hosts, origins=access.origins, api_key=access.api_key,
-                         max_body=MAX_BODY if max_body is None else max_body, metrics=metrics,
+                         max_body=max_body, metrics=metrics,
                          log=None if quiet else say, verbose_log=models.verbose, embeddings=beside)
         for kind, loaded in (("embedding model", embedder), ("reranker", reranker)):
             if loaded is not None:
@@ -102,6 +111,8 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
             f"({'API key required' if api_key else 'no API key'}; history "
             f"{'recorded' if server.limits.history else 'off'}; "
             f"{pair.cache.describe() if pair.cache is not None else 'no prompt cache'}; "
-            f"{server.parallel} request{'s' if server.parallel > 1 else ''} at once); Ctrl-C stops")
+            f"{server.parallel} request{'s' if server.parallel > 1 else ''} at once"
+            f"{'; images' + (', fetched from URLs too' if allow_fetch else '') if server.limits.vision else ''}); "
+            "Ctrl-C stops")
         run(server, app, host, port)
 

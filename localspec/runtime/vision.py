@@ -156,7 +156,8 @@ class Projector:
             ImageError: too many images, one too large or unreadable, or markers and images that do not match.
         """
         if len(images) > MAX_IMAGES:
-            raise ImageError(f"A prompt may hold at most {MAX_IMAGES} images; this one has {len(images)}.")
+            raise ImageError(f"A prompt may hold at most {MAX_IMAGES} images; this one has {len(images)}: send "
+                             "fewer (a conversation's older images can go).")
         if text.count(self.marker) != len(images):
             raise ImageError(f"The prompt marks {text.count(self.marker)} image place(s) for {len(images)} image(s).")
         mt = self._mt

@@ -50,6 +50,8 @@ from .worker import Server
 
 #: The largest request body by default, in bytes (a full 32k-token context of text is about 130 kB).
 MAX_BODY = 4 * 1024 * 1024
+#: The largest request body by default where the model reads images (a few screenshots, base64, and the rest).
+MAX_BODY_IMAGES = 64 * 1024 * 1024
 #: The path both OpenAI's and Anthropic's clients read (the models, and one model by name).
 MODELS_PATH = "/v1/models"
 #: The path of OpenAI's Responses API.
@@ -83,7 +85,7 @@ def _openai_model(name: str, created: int) -> dict[str, Any]:
 
 
 def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins: Sequence[str] = (),
-               api_key: Optional[str] = None, max_body: int = MAX_BODY, metrics: bool = False,
+               api_key: Optional[str] = None, max_body: Optional[int] = None, metrics: bool = False,
                log: Optional[Callable[[str], None]] = None, verbose_log: bool = False,
                embeddings: Optional[EmbeddingService] = None) -> FastAPI:
     """The FastAPI application serving ``server``'s pair.
@@ -93,7 +95,8 @@ def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins
         hosts: the Host names accepted (loopback names for a loopback bind; empty: any).
         origins: the web page origins allowed to call the API (``"*"``: any), with CORS headers for them.
         api_key: if set, every request but ``/health`` needs it (``Authorization: Bearer KEY`` or ``x-api-key``).
-        max_body: the largest request body in bytes.
+        max_body: the largest request body in bytes (default: ``MAX_BODY``, ``MAX_BODY_IMAGES`` where the model
+            reads images).
         metrics: serve ``GET /metrics`` (Prometheus' text format; behind the API key like the rest).
         log: where a line about each request goes (``request_log``); None for no lines.
         verbose_log: the lines show the start of each prompt.
@@ -115,6 +118,8 @@ def create_app(server: Server, *, hosts: Sequence[str] = LOOPBACK_NAMES, origins
         # and only pages the operator named get this far.
         app.add_middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=["GET", "POST"],
                            allow_headers=["*"])
+    if max_body is None:
+        max_body = MAX_BODY_IMAGES if server.limits.vision else MAX_BODY
     app.add_middleware(Guard, hosts=hosts, origins=origins, api_key=api_key, max_body=max_body, shape=error_shape)
     if metrics:
         _metrics(app, server)

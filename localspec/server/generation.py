@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, TypeVar, Union
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
+from ..images import Fetch
 from ..options import GenerationOptions
 from ..structured.tool_use import ToolUse
 from .http import ApiError
@@ -49,12 +50,16 @@ class Limits:
         keep_billing_header: keep Claude Code's per-request billing-header block in a Messages request's
             system prompt (by default it is dropped: a hash in it changes with every request, so no prefix
             of the prompt would ever be found in the prompt cache again).
+        vision: the model reads images (it was loaded with a vision projector).
+        fetch: reads an ``http(s)`` image URL (``serve --allow-fetch``); None: such URLs are refused.
     """
 
     models: tuple[str, ...]
     max_tokens: Optional[int] = None
     history: bool = True
     keep_billing_header: bool = False
+    vision: bool = False
+    fetch: Optional[Fetch] = None
 
     def serves(self, name: str) -> bool:
         """Whether ``name`` is a served model's, by its name or Ollama's tag for it (``NAME:latest``: apps that

@@ -204,7 +204,8 @@ def describe(req: Any) -> str:
     """The start of a request's prompt: its last message's text, or the prompt itself."""
     if getattr(req, "messages", None):
         content = req.messages[-1].get("content")
-        text = content if isinstance(content, str) else str(content)
+        text = content if isinstance(content, str) else " ".join(  # an image as [image], not its bytes
+            str(p.get("text", "")) if p.get("type") == "text" else f"[{p.get('type')}]" for p in content or [])
     else:
         text = str(getattr(req, "prompt", "") or "")
     return text[:PROMPT_CHARS]

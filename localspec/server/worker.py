@@ -112,7 +112,8 @@ class Server:
     (``Pair.lanes``), their decode calls batched together by one step loop; the rest wait in line.
 
     Args:
-        pair: the loaded models (used from the generation thread only).
+        pair: the loaded models (used from the generation thread only). Requests may hold images where its
+            target has a projector, and ``http(s)`` image URLs where ``pair.fetch`` reads them (set it first).
         name: the model name clients use.
         defaults: options for what a request leaves out.
         max_queue: requests that may wait while the others generate; more get 503.
@@ -125,7 +126,8 @@ class Server:
                  max_tokens: Optional[int] = None, history: bool = True, keep_billing_header: bool = False):
         self.pair = pair
         self.defaults = defaults
-        self.limits = Limits((name,), max_tokens, history, keep_billing_header)
+        self.limits = Limits((name,), max_tokens, history, keep_billing_header,
+                             vision=pair.target.projector is not None, fetch=pair.fetch)
         self.max_queue = max_queue
         #: Requests that run at once: the pair's sequences.
         self.parallel = pair.lanes.width

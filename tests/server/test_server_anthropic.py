@@ -200,7 +200,8 @@ def test_chat_completions_messages_responses_and_ollama_chat_give_one_greedy_tex
     ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "video", "data": "x"}]}]},
      "unknown content block type 'video'"),
     ({"max_tokens": 8, "messages": [{"role": "user", "content": [
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]}, "no vision"),
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]},
+     "without a vision projector"),
     ({"max_tokens": 8, "messages": MESSAGES, "tools": [{"name": "f"}]}, "input_schema"),
     ({"max_tokens": 8, "messages": MESSAGES, "tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
     ({"max_tokens": 8, "messages": MESSAGES, "temperature": -1}, "temperature"),

@@ -221,7 +221,8 @@ def test_client_mistakes_are_400_error_objects_naming_the_field(server, body, pa
     ([{"role": "tool", "content": "hi"}], "role"),
     ([{"role": "user", "content": 5}], "content"),
     ([{"role": "user", "content": "hi", "name": "bob"}], "name"),
-    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "non-text"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "without a vision projector"),
+    ([{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}], "'input_audio' part"),
     ("hello", "messages"),
 ])
 def test_bad_messages_are_400s(server, messages, fragment):

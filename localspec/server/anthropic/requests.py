@@ -8,7 +8,9 @@ output (``output_config.format``, or the beta's ``output_format``, as ``response
 are the same as for chat completions. Fields that change nothing on a local model (``metadata``,
 ``cache_control``, ``service_tier``, ``container``, ``output_config.effort`` and any field the API adds
 later) are accepted and ignored; a field localspec reads with a wrong type, an unknown content block type,
-an image, or a ``tool_result`` that answers no ``tool_use`` is a 400 naming the field.
+a document, or a ``tool_result`` that answers no ``tool_use`` is a 400 naming the field. ``image`` blocks (in
+a user turn, or in a ``tool_result``'s content, as Claude Code sends a tool's screenshot) become the
+library's image parts (``server.images``): base64 data decoded, a URL fetched where the server allows.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ...options import MAX_THINK_BUDGET, GenerationOptions
 from ..generation import GenerationRequest, Limits
 from ..http import ApiError
+from ..images import check_vision, from_base64, from_url
 from ..openai.requests import OWN_FIELDS, parse_request
 from .replies import error_body, status_of
 
@@ -106,7 +109,8 @@ def parse_messages(body: Any, defaults: GenerationOptions, limits: Limits, count
         raise _validation_error(exc) from None
     except RecursionError:
         raise ApiError(400, "The request body is nested too deeply.") from None
-    chat: dict[str, Any] = {"messages": _system(req.system, limits.keep_billing_header) + _messages(req.messages)}
+    turns = _messages(req.messages, limits)
+    chat: dict[str, Any] = {"messages": _system(req.system, limits.keep_billing_header) + turns}
     if req.tools is not None:
         chat["tools"] = [_tool(t, i) for i, t in enumerate(req.tools)]
     if req.tool_choice is not None:
@@ -159,7 +163,7 @@ def _text(block: Any, where: str) -> str:
     return str(block["text"])
 
 
-def _messages(messages: list[AnthropicMessage]) -> list[dict[str, Any]]:
+def _messages(messages: list[AnthropicMessage], limits: Limits) -> list[dict[str, Any]]:
     if not messages:
         raise ApiError(400, "messages: at least one message is required.", param="messages")
     if messages[-1].role == "assistant":
@@ -172,7 +176,7 @@ def _messages(messages: list[AnthropicMessage]) -> list[dict[str, Any]]:
         if m.role == "system":
             _system_turn(out, "\n".join(_text(b, f"messages[{i}].content[{j}]") for j, b in enumerate(blocks)))
             continue
-        out += _assistant(blocks, i, open_calls) if m.role == "assistant" else _user(blocks, i, open_calls)
+        out += _assistant(blocks, i, open_calls) if m.role == "assistant" else _user(blocks, i, open_calls, limits)
     return out
 
 
@@ -184,6 +188,8 @@ def _system_turn(out: list[dict[str, Any]], text: str) -> None:
         return
     if out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], str):
         out[-1]["content"] = f"{out[-1]['content']}\n\n{text}" if out[-1]["content"] else text
+    elif out and out[-1]["role"] == "user":  # a turn with images: its parts
+        out[-1]["content"].append({"type": "text", "text": text})
     else:
         out.append({"role": "user", "content": text})
 
@@ -214,18 +220,60 @@ def _tool_use(block: dict[str, Any], where: str) -> dict[str, Any]:
     return {"id": ident, "type": "function", "function": {"name": name, "arguments": json.dumps(given)}}
 
 
-def _user(blocks: list[Any], i: int, open_calls: set[str]) -> list[dict[str, Any]]:
-    answers, text = [], []
+def _user(blocks: list[Any], i: int, open_calls: set[str], limits: Limits) -> list[dict[str, Any]]:
+    answers, parts = [], []
     for j, b in enumerate(blocks):
         where = f"messages[{i}].content[{j}]"
         if isinstance(b, dict) and b.get("type") == "tool_result":
-            answers.append(_tool_result(b, where, open_calls))
+            answers.append(_tool_result(b, where, open_calls, limits))
         else:
-            text.append(_content_text(b, where))
-    return answers + ([{"role": "user", "content": "\n".join(text)}] if text or not answers else [])
+            parts.append(_part(b, where, limits))
+    return answers + ([{"role": "user", "content": _joined(parts)}] if parts or not answers else [])
 
 
-def _tool_result(block: dict[str, Any], where: str, open_calls: set[str]) -> dict[str, Any]:
+def _part(block: Any, where: str, limits: Limits) -> dict[str, Any]:
+    """A user turn's text block as a text part, or its image block as the library's image part."""
+    if isinstance(block, dict) and block.get("type") == "image":
+        return _image(block, where, limits)
+    return {"type": "text", "text": _content_text(block, where)}
+
+
+def _joined(parts: list[dict[str, Any]]) -> Union[str, list[dict[str, Any]]]:
+    """Content parts as a message's content: the texts joined by newlines, or the parts themselves where they
+    hold an image (the library joins their texts so)."""
+    if any(p["type"] != "text" for p in parts):
+        return parts
+    return "\n".join(p["text"] for p in parts)
+
+
+def _image(block: dict[str, Any], where: str, limits: Limits) -> dict[str, Any]:
+    """An image block's source, read: base64 data decoded, or a URL fetched where the server allows."""
+    check_vision(where, limits, where)
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64":
+        assert isinstance(source, dict)
+        media = source.get("media_type")
+        if not isinstance(media, str) or not media.startswith("image/"):
+            raise ApiError(400, f"{where}.source.media_type must be an image's type (image/png, image/jpeg), got "
+                           f"{media!r}.", param=where)
+        return from_base64(source.get("data"), f"{where}.source.data", limits, where)
+    if kind == "url":
+        assert isinstance(source, dict)
+        return from_url(source.get("url"), f"{where}.source.url", limits, where)
+    if kind == "file":
+        raise ApiError(400, f"{where}.source: a file_id names a file kept by Anthropic's Files API, which this "
+                       "server does not have; send the image as base64 data.", param=where)
+    raise ApiError(400, f"{where}.source must be {{\"type\": \"base64\", \"media_type\": \"image/png\", \"data\": "
+                   f"...}} or {{\"type\": \"url\", \"url\": ...}}, got {_short(source)}.", param=where)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _tool_result(block: dict[str, Any], where: str, open_calls: set[str], limits: Limits) -> dict[str, Any]:
     ident = block.get("tool_use_id")
     if not isinstance(ident, str) or ident not in open_calls:
         raise ApiError(400, f"{where}: tool_result's tool_use_id {ident!r} answers no tool_use of an earlier "
@@ -233,23 +281,30 @@ def _tool_result(block: dict[str, Any], where: str, open_calls: set[str]) -> dic
     open_calls.discard(ident)
     content = block.get("content", "")
     if isinstance(content, list):
-        content = "\n".join(_content_text(b, f"{where}.content[{k}]") for k, b in enumerate(content))
+        content = _joined([_part(b, f"{where}.content[{k}]", limits) for k, b in enumerate(content)])
     elif not isinstance(content, str):
-        raise ApiError(400, f"{where}.content: a tool_result's content is a string or a list of text blocks.",
-                       param=where)
+        raise ApiError(400, f"{where}.content: a tool_result's content is a string or a list of text and image "
+                       "blocks.", param=where)
     is_error = block.get("is_error", False)
     if not isinstance(is_error, bool):
         raise ApiError(400, f"{where}.is_error must be true or false.", param=where)
-    return {"role": "tool", "tool_call_id": ident, "content": f"Error: {content}" if is_error else content}
+    if is_error and isinstance(content, list):
+        content = [{"type": "text", "text": "Error:"}, *content]
+    elif is_error:
+        content = f"Error: {content}"
+    return {"role": "tool", "tool_call_id": ident, "content": content}
 
 
 def _content_text(block: Any, where: str) -> str:
     kind = block.get("type") if isinstance(block, dict) else None
-    if kind in ("image", "document"):
-        raise ApiError(400, f"{where}: an {kind} block, but this server's model has no vision: it reads text "
-                       "only.", param=where)
+    if kind == "image":
+        raise ApiError(400, f"{where}: an image block in an assistant turn; images go in user turns and "
+                       "tool_result blocks.", param=where)
+    if kind == "document":
+        raise ApiError(400, f"{where}: a document block; localspec reads text and images, not documents, so send "
+                       "the document's text.", param=where)
     if kind not in ("text", None) or not isinstance(block, dict):
-        raise ApiError(400, f"{where}: unknown content block type {kind!r}; localspec takes text, tool_use, "
+        raise ApiError(400, f"{where}: unknown content block type {kind!r}; localspec takes text, image, tool_use, "
                        "tool_result and thinking blocks.", param=where)
     return _text(block, where)
 

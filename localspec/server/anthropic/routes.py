@@ -14,6 +14,8 @@ from fastapi import FastAPI, Request
 
 from ...api import Pair
 from ...errors import LocalspecError
+from ...images import image_messages, prompt_tokens
+from ...runtime.vision import ImageError
 from .. import relay
 from ..generation import GenerationRequest, read_body
 from ..http import ApiError
@@ -47,11 +49,14 @@ def register(app: FastAPI, server: Server) -> None:
 
 
 def count(pair: Pair, req: GenerationRequest) -> int:
-    """The prompt tokens of a request, as its generation would render them."""
+    """The prompt tokens of a request, as its generation would render them (an image: the positions it takes)."""
     assert req.messages is not None
     tools = [t.to_openai() for t in req.tools.tools] if req.tools and req.tools.choice != "none" else ()
     try:
-        text = pair.format_chat(req.messages, tools=tools)
+        messages, images = image_messages(pair.target, req.messages)
+        text = pair.format_chat(messages, tools=tools)
+        return len(prompt_tokens(pair.target, text, images))
+    except ImageError as exc:  # an image the projector cannot read
+        raise ApiError(400, str(exc)) from None
     except LocalspecError as exc:  # the template refuses the conversation: the request is at fault
         raise ApiError(400, f"The chat template cannot render these messages: {exc}") from None
-    return len(pair.target.tokenize(text, add_special=False))

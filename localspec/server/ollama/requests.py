@@ -3,10 +3,11 @@
 
 The same request type, options and bounds as the OpenAI routes (``openai.requests``): Ollama's ``options``
 become ``GenerationOptions`` fields, ``format`` the structured-output constraint, ``tools`` a ``ToolUse``,
-``think`` the reasoning switch and ``suffix`` a fill-in-the-middle request. Options that only say how
-Ollama would load the model (``num_ctx``, ``num_gpu``, ``num_thread``...) change nothing here: the server
-loaded its pair once, at start. Every mistake is one ``ApiError`` naming the field; the routes answer it as
-Ollama's ``{"error": "..."}``.
+``think`` the reasoning switch and ``suffix`` a fill-in-the-middle request. A message's ``images`` (and
+``/api/generate``'s), base64 text, become the library's image parts before its text (``server.images``).
+Options that only say how Ollama would load the model (``num_ctx``, ``num_gpu``, ``num_thread``...) change
+nothing here: the server loaded its pair once, at start. Every mistake is one ``ApiError`` naming the field;
+the routes answer it as Ollama's ``{"error": "..."}``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ...options import GenerationOptions
 from ...structured.tool_use import ToolUse
 from ..generation import GenerationRequest, Limits
 from ..http import ApiError
+from ..images import from_base64
 from ..reasoning_fields import reasoning_fields
 
 #: Ollama's options -> GenerationOptions fields.
@@ -163,7 +165,7 @@ def chat_request(body: ChatBody, defaults: GenerationOptions,
     if not body.messages:
         return None
     options = _options(body, defaults, limits)
-    messages = [_message(m, i) for i, m in enumerate(body.messages)]
+    messages = [_message(m, i, limits) for i, m in enumerate(body.messages)]
     try:
         tools = ToolUse.from_openai(body.tools)
     except LocalspecError as exc:
@@ -176,12 +178,14 @@ def generate_request(body: GenerateBody, defaults: GenerationOptions,
     """An ``/api/generate`` body as the library's request: a chat turn through the model's template, the raw
     prompt (``raw``), or a fill-in-the-middle (``suffix``); None for one without a prompt (Ollama's "load")."""
     model_name(body.model, limits)
-    for field in ("template", "context", "images"):
+    for field in ("template", "context"):
         if getattr(body, field):
             raise ApiError(400, f"'{field}' is not supported by localspec: " + {
                 "template": "the model's own chat template renders the prompt (or send \"raw\": true)",
-                "context": "send the conversation as messages to /api/chat",
-                "images": "localspec models read text only"}[field])
+                "context": "send the conversation as messages to /api/chat"}[field])
+    if body.images and (body.raw or body.suffix):
+        raise ApiError(400, f"'images' go with a prompt the chat template renders, not with "
+                       f"{'raw' if body.raw else 'suffix'}; leave out {'raw' if body.raw else 'suffix'} or the images.")
     if not body.prompt and not body.suffix:
         return None
     options = _options(body, defaults, limits)
@@ -191,8 +195,8 @@ def generate_request(body: GenerateBody, defaults: GenerationOptions,
     assert body.prompt is not None
     if body.raw:
         return GenerationRequest(False, None, body.prompt, options, _stream(body), False)
-    system = [{"role": "system", "content": body.system}] if body.system else []
-    messages = [*system, {"role": "user", "content": body.prompt}]
+    system: list[dict[str, Any]] = [{"role": "system", "content": body.system}] if body.system else []
+    messages = [*system, {"role": "user", "content": _with_images(body.prompt, body.images, "images", limits)}]
     return GenerationRequest(True, messages, None, options, _stream(body), False)
 
 
@@ -257,15 +261,14 @@ def _think(think: Union[bool, str, None], options: GenerationOptions) -> Generat
         raise ApiError(400, f"'think' must be true, false, \"low\", \"medium\" or \"high\": {exc.message}") from None
 
 
-def _message(m: Message, i: int) -> dict[str, Any]:
+def _message(m: Message, i: int, limits: Limits) -> dict[str, Any]:
     """An Ollama message as the library's (OpenAI-shaped) chat message."""
-    if m.images:
-        raise ApiError(400, f"messages[{i}].images: localspec models read text only.")
     if m.tool_calls and m.role != "assistant":
         raise ApiError(400, f"messages[{i}] has role {m.role!r} and tool_calls, which only an assistant message has.")
     if m.content is None and not (m.role == "assistant" and m.tool_calls):
         raise ApiError(400, f"messages[{i}] ({m.role}) has no content; give its text as \"content\".")
-    out: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+    out: dict[str, Any] = {"role": m.role, "content": _with_images(m.content or "", m.images, f"messages[{i}].images",
+                                                                   limits)}
     if m.tool_calls:
         out["tool_calls"] = [_call(c, i, n) for n, c in enumerate(m.tool_calls)]
     if m.role == "tool":
@@ -283,3 +286,12 @@ def _call(c: ToolCall, i: int, n: int) -> dict[str, Any]:
     args = c.function.arguments
     return {"id": c.id or f"call_{i}_{n}", "type": "function",
             "function": {"name": c.function.name, "arguments": args if isinstance(args, str) else json.dumps(args)}}
+
+
+def _with_images(text: str, images: Optional[list[Any]], where: str,
+                 limits: Limits) -> Union[str, list[dict[str, Any]]]:
+    """A message's content: its text, or, with images (base64 text each), the images' parts, then the text."""
+    if not images:
+        return text
+    parts = [from_base64(data, f"{where}[{j}]", limits) for j, data in enumerate(images)]
+    return parts + ([{"type": "text", "text": text}] if text else [])

@@ -76,7 +76,7 @@ class ModelCard:
 
 def _capabilities(server: Server) -> list[str]:
     """``completion``; ``tools`` where the template writes calls as localspec reads them; ``insert`` for a
-    fill-in-the-middle model; ``thinking`` for a reasoning model."""
+    fill-in-the-middle model; ``thinking`` for a reasoning model; ``vision`` where it reads images."""
     target = server.pair.target
     found = ["completion"]
     if can_call(target):
@@ -85,6 +85,8 @@ def _capabilities(server: Server) -> list[str]:
         found.append("insert")
     if model_reasoning(target) is not None:
         found.append("thinking")
+    if server.limits.vision:
+        found.append("vision")
     return found
 
 

@@ -23,6 +23,7 @@ from ...options import MAX_LOGPROBS, GenerationOptions
 from ...structured.tool_use import CHOICES, ToolUse
 from ..generation import GenerationRequest, Limits
 from ..http import ApiError
+from ..images import from_url, is_image_part
 from ..reasoning_fields import reasoning_fields
 
 #: Request fields that would change the output and that localspec does not implement, with the values
@@ -44,6 +45,8 @@ OWN_FIELDS = ("method", "k", "speculative", "history", "seed", "min_p", "top_k",
               "think_budget")
 #: Fields of an earlier assistant message that clients send back as they got them; only their empty values.
 MESSAGE_EXTRAS = ("name", "refusal", "function_call", "audio", "annotations")
+#: The content parts that carry an image: OpenAI's, and the library's own (another API's image, read).
+IMAGE_PARTS = ("image_url", "image")
 #: The roles a chat template renders. "developer" is OpenAI's newer name for "system"; "tool" answers a call.
 Role = Literal["system", "user", "assistant", "developer", "tool"]
 
@@ -198,7 +201,7 @@ def parse_request(body: Any, chat: bool, defaults: GenerationOptions, limits: Li
                        code="invalid_value")
     include_usage = req.stream_options.include_usage if req.stream_options else False
     if isinstance(req, ChatBody):
-        return GenerationRequest(True, _messages(req.messages), None, options, stream, include_usage,
+        return GenerationRequest(True, _messages(req.messages, limits), None, options, stream, include_usage,
                                  tools=_tools(req), template_vars=template_vars)
     assert isinstance(req, CompletionBody)
     given = next((f for f in ("tools", "tool_choice", "parallel_tool_calls") if getattr(req, f) is not None), None)
@@ -251,16 +254,60 @@ def _options(req: _Body, defaults: GenerationOptions, limits: Limits) -> Generat
 def _text_of(content: Union[str, list[dict[str, Any]]], where: str, param: str) -> str:
     """A message's or a prediction's ``content``: the text, or its text parts joined (nothing else is read)."""
     if isinstance(content, list):  # content parts: text only
-        if not all(p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-            raise ApiError(400, f"{where} has a non-text content part; localspec models read text only.",
-                           param=param, code="unsupported_parameter")
-        unknown = next((key for p in content for key in p if key not in ("type", "text")), None)
-        if unknown is not None:
-            raise ApiError(400, f"{where} has a content part with {unknown!r}, which localspec does not "
-                           "take; send only type and text.", param=param, code="unknown_parameter")
+        for j, part in enumerate(content):
+            _text_part(part, f"{where}.content[{j}]", param)
         content = "".join(p["text"] for p in content)
     _check_text(content, f"{where}.content", param)
     return content
+
+
+def _content(content: Union[str, list[dict[str, Any]]], where: str,
+             limits: Limits) -> Union[str, list[dict[str, Any]]]:
+    """A message's ``content``: its text as ``_text_of`` reads it, or, where it holds images, its text and image
+    parts in order (each image the library's part, read now: ``server.images``)."""
+    if not (isinstance(content, list) and any(p.get("type") in IMAGE_PARTS for p in content)):
+        return _text_of(content, where, "messages")
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        at = f"{where}.content[{j}]"
+        if is_image_part(part):  # made from another API's image by its parser
+            parts.append(part)
+        elif part.get("type") == "image_url":
+            parts.append(_image_url(part, at, limits))
+        else:
+            parts.append({"type": "text", "text": _text_part(part, at, "messages")})
+            _check_text(parts[-1]["text"], f"{at}.text", "messages")
+    return parts
+
+
+def _image_url(part: dict[str, Any], where: str, limits: Limits) -> dict[str, Any]:
+    """An ``image_url`` part (``{"url": URL, "detail": ...}``, or the URL alone) as the library's image part."""
+    value = part.get("image_url")
+    keys = [k for k in part if k not in ("type", "image_url")]
+    keys += [f"image_url.{k}" for k in value if k not in ("url", "detail")] if isinstance(value, dict) else []
+    if keys:
+        raise ApiError(400, f"{where} has {keys[0]!r}, which localspec does not take; send {{\"type\": "
+                       "\"image_url\", \"image_url\": {\"url\": URL}}.", param="messages", code="unknown_parameter")
+    return from_url(value.get("url") if isinstance(value, dict) else value, where, limits, "messages")
+
+
+def _text_part(part: dict[str, Any], where: str, param: str) -> str:
+    """A text part's text (any other part is a 400)."""
+    kind = part.get("type")
+    if kind == "image_url":  # a prediction's
+        raise ApiError(400, f"{where} is an image; a prediction is text only.", param=param, code="invalid_value")
+    if kind == "image":
+        raise ApiError(400, f"{where} is an 'image' part, which OpenAI's API does not have; send an image as "
+                       "{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,...\"}}.",
+                       param=param, code="invalid_value")
+    if kind != "text" or not isinstance(part.get("text"), str):
+        raise ApiError(400, f"{where} is a {kind!r} part; localspec reads text parts (and image_url parts in "
+                       "messages).", param=param, code="unsupported_parameter")
+    unknown = next((key for key in part if key not in ("type", "text")), None)
+    if unknown is not None:
+        raise ApiError(400, f"{where} has {unknown!r}, which localspec does not take; send only type and text.",
+                       param=param, code="unknown_parameter")
+    return str(part["text"])
 
 
 def _logprobs(req: _Body) -> Optional[int]:
@@ -361,7 +408,7 @@ def _validation_error(exc: ValidationError) -> ApiError:
                     param=param, code="invalid_type")
 
 
-def _messages(messages: list[Message]) -> list[dict[str, Any]]:
+def _messages(messages: list[Message], limits: Limits) -> list[dict[str, Any]]:
     if not messages:
         raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects.", param="messages")
     out = []
@@ -381,7 +428,7 @@ def _messages(messages: list[Message]) -> list[dict[str, Any]]:
             raise ApiError(400, f"messages[{i}] ({m.role}) has no content; give its text as 'content'.",
                            param="messages", code="invalid_value")
         message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
-                                   "content": _text_of(m.content or "", f"messages[{i}]", "messages")}
+                                   "content": _content(m.content or "", f"messages[{i}]", limits)}
         if m.tool_calls:
             message["tool_calls"] = [c.model_dump(exclude={"index"}) for c in m.tool_calls]
         if m.tool_call_id is not None:

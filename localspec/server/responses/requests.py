@@ -1,11 +1,12 @@
 """OpenAI's Responses API in: a ``/v1/responses`` body translated into the server's one request type.
 
 The server keeps no responses: each request carries its whole conversation (``instructions`` and
-``input``), and ``previous_response_id`` is a 400 saying so. Input items (messages with text parts,
-``function_call`` and ``function_call_output``) are written as the chat messages they mean, ``text.format``
-as ``response_format`` and ``reasoning.effort`` as ``reasoning_effort``, then checked by
-``openai.requests.parse_request`` as a chat completion is. Fields that change nothing here (``store``,
-``include``, ``metadata``, ``prompt_cache_key`` and fields the API adds later) are ignored.
+``input``), and ``previous_response_id`` is a 400 saying so. Input items (messages with text and
+``input_image`` parts, ``function_call`` and ``function_call_output``) are written as the chat messages they
+mean (an image as the library's image part, ``server.images``), ``text.format`` as ``response_format`` and
+``reasoning.effort`` as ``reasoning_effort``, then checked by ``openai.requests.parse_request`` as a chat
+completion is. Fields that change nothing here (``store``, ``include``, ``metadata``, ``prompt_cache_key``
+and fields the API adds later) are ignored.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ...options import GenerationOptions
 from ..generation import GenerationRequest, Limits
 from ..http import ApiError
+from ..images import check_vision, from_url
 from ..openai.requests import OWN_FIELDS, parse_request
 
 #: Input roles, as chat messages take them.
@@ -79,7 +81,7 @@ def parse_responses(body: Any, defaults: GenerationOptions,
     if req.background:
         raise ApiError(400, "Background responses need a stored response, and this server keeps none.",
                        param="background", code="unsupported_parameter")
-    chat: dict[str, Any] = {"messages": _instructions(req.instructions) + _input(req.input)}
+    chat: dict[str, Any] = {"messages": _instructions(req.instructions) + _input(req.input, limits)}
     if req.model is not None:
         chat["model"] = req.model
     tools = _tools(req.tools or [])
@@ -116,7 +118,7 @@ def _instructions(text: Optional[str]) -> list[dict[str, Any]]:
     return [{"role": "system", "content": text}] if text else []
 
 
-def _input(items: Union[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def _input(items: Union[str, list[dict[str, Any]]], limits: Limits) -> list[dict[str, Any]]:
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     if not items:
@@ -127,11 +129,11 @@ def _input(items: Union[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         kind = item.get("type", "message")
         where = f"input[{i}]"
         if kind == "message":
-            out.append(_message(item, where))
+            out.append(_message(item, where, limits))
         elif kind == "function_call":
             _function_call(item, where, out, calls)
         elif kind == "function_call_output":
-            out.append(_function_output(item, where, calls))
+            out.append(_function_output(item, where, calls, limits))
         elif kind == "reasoning":
             continue  # earlier reasoning: the chat template leaves it out of the prompt
         else:
@@ -141,23 +143,41 @@ def _input(items: Union[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return out
 
 
-def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
+def _message(item: dict[str, Any], where: str, limits: Limits) -> dict[str, Any]:
     role, content = item.get("role"), item.get("content")
     if role not in ROLES:
         raise ApiError(400, f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}.", param="input",
                        code="invalid_value")
     if isinstance(content, list):
-        content = "".join(_part(p, f"{where}.content[{j}]") for j, p in enumerate(content))
-    if not isinstance(content, str):
-        raise ApiError(400, f"{where}.content must be a string or a list of text parts.", param="input",
-                       code="invalid_type")
+        content = _parts(content, f"{where}.content", limits)
+    if not isinstance(content, (str, list)):
+        raise ApiError(400, f"{where}.content must be a string or a list of text and input_image parts.",
+                       param="input", code="invalid_type")
     return {"role": role, "content": content}
+
+
+def _parts(parts: list[Any], where: str, limits: Limits) -> Union[str, list[dict[str, Any]]]:
+    """Content parts: their texts joined, or, where they hold images, text and image parts in order."""
+    if not any(isinstance(p, dict) and p.get("type") == "input_image" for p in parts):
+        return "".join(_part(p, f"{where}[{j}]") for j, p in enumerate(parts))
+    return [_image(p, f"{where}[{j}]", limits) if isinstance(p, dict) and p.get("type") == "input_image" else
+            {"type": "text", "text": _part(p, f"{where}[{j}]")} for j, p in enumerate(parts)]
+
+
+def _image(part: dict[str, Any], where: str, limits: Limits) -> dict[str, Any]:
+    """An ``input_image`` part's ``image_url`` (a data URL, or an http(s) one where the server fetches) read."""
+    check_vision(where, limits, "input")
+    if part.get("file_id") is not None:
+        raise ApiError(400, f"{where} names a file_id, a file kept by OpenAI's Files API, which this server does "
+                       "not have; send the image as a data:image/...;base64 URL in image_url.", param="input",
+                       code="unsupported_parameter")
+    return from_url(part.get("image_url"), f"{where}.image_url", limits, "input")
 
 
 def _part(part: Any, where: str) -> str:
     kind = part.get("type") if isinstance(part, dict) else None
-    if kind in ("input_image", "input_file", "input_audio"):
-        raise ApiError(400, f"{where} is an {kind} part, but this server's model reads text only.", param="input",
+    if kind in ("input_file", "input_audio"):
+        raise ApiError(400, f"{where} is an {kind} part, but this server reads text and images only.", param="input",
                        code="unsupported_parameter")
     if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
         raise ApiError(400, f"{where} must be a text part ({', '.join(TEXT_PARTS[:2])}) with its text, got "
@@ -178,16 +198,16 @@ def _function_call(item: dict[str, Any], where: str, out: list[dict[str, Any]], 
     calls.add(str(ident))
 
 
-def _function_output(item: dict[str, Any], where: str, calls: set[str]) -> dict[str, Any]:
+def _function_output(item: dict[str, Any], where: str, calls: set[str], limits: Limits) -> dict[str, Any]:
     ident, output = item.get("call_id"), item.get("output")
     if not isinstance(ident, str) or ident not in calls:
         raise ApiError(400, f"{where}: function_call_output's call_id {ident!r} answers no function_call before "
                        "it in 'input'.", param="input", code="invalid_value")
     if isinstance(output, list):
-        output = "".join(_part(p, f"{where}.output[{j}]") for j, p in enumerate(output))
-    if not isinstance(output, str):
-        raise ApiError(400, f"{where}.output must be a string or a list of text parts.", param="input",
-                       code="invalid_type")
+        output = _parts(output, f"{where}.output", limits)
+    if not isinstance(output, (str, list)):
+        raise ApiError(400, f"{where}.output must be a string or a list of text and input_image parts.",
+                       param="input", code="invalid_type")
     return {"role": "tool", "tool_call_id": ident, "content": output}
 
 
