@@ -145,7 +145,7 @@ def test_image_parts_in_every_python_shape_read_the_same(pair, tmp_path: Path) -
 
 @pytest.mark.parametrize("image, words", [
     (b"\x89PNG\r\n\x1a\n" + b"\0" * 40, "could not be read"),
-    (b"RIFF\0\0\0\0WEBPVP8 " + b"\0" * 30, "WebP"),
+    (b"RIFF\0\0\0\0WEBPVP8 " + b"\0" * 30, "could not be read"),
     (b"", "empty"),
 ])
 def test_a_bad_image_is_one_sentence_and_loses_nothing(pair, image: bytes, words: str) -> None:
@@ -315,3 +315,48 @@ def test_generate_reads_images_for_its_message(vision_dir: Path, pair, tmp_path:
     r = run_cli(["generate", "-t", str(vision_dir / "target.gguf"), "-d", "none", "--mmproj", "none", "--message",
                  "x", "--image", str(tmp_path / "a.png"), "-n", "2"])
     assert r.exit_code != 0 and "without a vision projector" in r.output and "Traceback" not in r.output
+
+
+def test_webp_reads_as_the_same_pixels_in_png_and_a_pixel_bomb_is_refused(pair) -> None:
+    import io
+
+    from PIL import Image
+
+    png = png_bytes(32, 32, seed=14)
+    webp = io.BytesIO()
+    Image.open(io.BytesIO(png)).save(webp, format="WEBP", lossless=True)
+    expected = pair.chat(ask(png), max_tokens=8, method="plain", temperature=0).tokens
+    assert pair.chat(ask(webp.getvalue()), max_tokens=8, method="plain", temperature=0).tokens == expected
+    bomb = io.BytesIO()
+    Image.new("1", (9000, 9000)).save(bomb, format="PNG")  # a few KB that would decode to 243 MB of pixels
+    assert len(bomb.getvalue()) < 100_000
+    with pytest.raises(ImageError, match="9000 x 9000 pixels, more than"):
+        pair.chat(ask(bomb.getvalue()), max_tokens=4)
+
+
+def test_a_prompts_images_outlive_the_projectors_small_memory_of_recent_ones(pair, monkeypatch) -> None:
+    from localspec.runtime import vision
+
+    monkeypatch.setattr(vision, "HELD_CHUNKS", 2)
+    images = [{"type": "image", "image": png_bytes(16, 16, seed=40 + i)} for i in range(5)]
+    r = pair.chat([{"role": "user", "content": [*images, {"type": "text", "text": "Compare them."}]}],
+                  max_tokens=4, method="plain", temperature=0)
+    assert r.stats.prompt_tokens > 5 * 16
+
+
+def test_a_state_saved_with_an_unknown_image_still_serves_its_text_prefix(vision_dir: Path, tmp_path: Path,
+                                                                          monkeypatch) -> None:
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    system = {"role": "system", "content": "You describe pictures for a catalogue. " * 30}
+    for seed in (50, 51):  # a second process: the first image is unknown to its projector
+        with localspec.load(vision_dir / "target.gguf", history=False, n_threads=2, cache_disk=64 << 20,
+                            notify=lambda _: None) as p:
+            r = p.chat([system, *ask(png_bytes(16, 16, seed=seed))], max_tokens=4, method="plain", temperature=0)
+    assert r.stats.cached_prompt_tokens > 150  # the system prompt, restored
+
+
+def test_an_image_prompts_ids_generate_again_under_every_method(pair) -> None:
+    first = pair.chat(ask(png_bytes(20, 20, seed=60)), max_tokens=8, method="plain", temperature=0)
+    ids = list(first.prompt_tokens)
+    for method in ("plain", "lookup", "auto"):
+        assert pair.generate(ids, max_tokens=8, method=method, temperature=0).tokens == first.tokens, method

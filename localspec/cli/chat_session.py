@@ -14,7 +14,9 @@ quotes is one message, as in Ollama.
 
 from __future__ import annotations
 
+import base64
 import json
+import mimetypes
 import os
 import shlex
 import shutil
@@ -29,6 +31,7 @@ import click
 from ..api import Pair
 from ..errors import ConfigError, LocalspecError
 from ..events import SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, TokenEvent
+from ..images import ImageError
 from ..methods import K_LIMIT, REGISTRY
 from ..options import GenerationOptions
 from ..paths import home
@@ -103,8 +106,9 @@ class ChatSession:
         self.system = system
         self.options = options if options is not None else pair.defaults
         self.messages: list[dict[str, Any]] = []
-        #: Image files attached to the next message (``/image``, or paths dropped into it).
-        self.attached: list[Path] = []
+        #: Images attached to the next message (``/image``, or paths dropped into it): each file's path and bytes,
+        #: read once, so that a screenshot deleted later still goes with every turn.
+        self.attached: list[tuple[Path, bytes]] = []
         self.totals = Totals()
         self.reset()
 
@@ -162,8 +166,8 @@ class ChatSession:
                 raise ConfigError("/save needs a file name.")
             path = Path(arg).expanduser()
             try:
-                path.write_text(json.dumps({"messages": self.messages, "settings": self.options.to_dict()},
-                                           indent=1, ensure_ascii=False))
+                path.write_text(json.dumps({"messages": [_saved(m) for m in self.messages],
+                                            "settings": self.options.to_dict()}, indent=1, ensure_ascii=False))
             except OSError as exc:
                 raise ConfigError(f"Cannot write {path}: {exc.strerror}.") from exc
             return f"saved {len(self.messages)} messages to {path}", False
@@ -176,9 +180,10 @@ class ChatSession:
         if self.pair.target.projector is None:
             raise ConfigError(f"{self.pair.target.path.name} was loaded without a vision projector, so it cannot "
                               "read images; start chat with --mmproj FILE.")
-        if not path.is_file():
-            raise ConfigError(f"No image file at {path}.")
-        self.attached.append(path)
+        try:
+            self.attached.append((path, path.read_bytes()))
+        except OSError as exc:
+            raise ConfigError(f"Cannot read the image {path}: {exc.strerror or exc}.") from None
         return f"image {len(self.attached)} attached: {path.name} (it goes with your next message)"
 
     def dropped(self, text: str) -> str:
@@ -187,9 +192,9 @@ class ChatSession:
         if self.pair.target.projector is None:
             return text
         for word in _words(text):
-            path = Path(word).expanduser()
-            if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file():
-                self.attached.append(path)
+            path = Path(word).expanduser()  # a dropped file's path is whole: a relative one is a file's name in prose
+            if path.is_absolute() and path.suffix.lower() in IMAGE_SUFFIXES and path.is_file():
+                self._attach(path)
                 # the path as the terminal wrote it: quoted, its spaces escaped, or bare
                 forms = (f"'{word}'", f'"{word}"', word.replace(" ", "\\ "), word)
                 written = next((w for w in forms if w in text), "")
@@ -214,10 +219,10 @@ class ChatSession:
         """
         user_text = self.dropped(user_text)
         content: Any = user_text
-        if self.attached:  # the images as files: the conversation stays JSON for /save, each turn reads them again
-            content = [{"type": "image", "image": str(p)} for p in self.attached]
+        attached, self.attached = self.attached, []
+        if attached:
+            content = [{"type": "image", "image": data, "name": str(path)} for path, data in attached]
             content += [{"type": "text", "text": user_text}] if user_text else []
-            self.attached = []
         self.messages.append({"role": "user", "content": content})
         interrupted = False
         stream: Optional[Stream] = None
@@ -227,14 +232,15 @@ class ChatSession:
                 on_event(ev)
         except KeyboardInterrupt:
             interrupted = True  # leaving the loop closed the stream: caches are consistent
-        except LocalspecError:
-            failed = self.messages.pop()  # e.g. the conversation no longer fits the context, an unreadable image
-            self.attached = [Path(p["image"]) for p in failed["content"] if p.get("type") == "image"] \
-                if isinstance(failed["content"], list) else []  # attached still, for the next try
+        except LocalspecError as exc:
+            self.messages.pop()  # e.g. the conversation no longer fits the context, an unreadable image
+            if not isinstance(exc, ImageError):
+                self.attached = attached  # attached still, for the next try (an unreadable image is dropped)
             raise
         if interrupted and (stream is None or not stream.result.tokens):
             # Ctrl-C before the first token (while the prompt was processed): the turn never happened.
             self.messages.pop()
+            self.attached = attached
             raise KeyboardInterrupt
         assert stream is not None  # only Ctrl-C can leave it unset
         result = stream.result
@@ -267,6 +273,16 @@ class ChatSession:
 
 #: The file suffixes of images a message may hold by their path.
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".gif", ".bmp"})
+
+
+def _saved(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as /save writes it: an image as a data: URL (JSON holds no bytes), beside its file's path."""
+    if not isinstance(message.get("content"), list):
+        return message
+    parts = [{"type": "image", "image": f"data:{mimetypes.guess_type(p['name'])[0] or 'image/png'};base64,"
+                                       + base64.b64encode(p["image"]).decode(), "name": p["name"]}
+             if p.get("type") == "image" else p for p in message["content"]]
+    return {**message, "content": parts}
 
 
 def _words(text: str) -> list[str]:

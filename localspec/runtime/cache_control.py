@@ -356,7 +356,10 @@ class CacheControl:
         Returns:
             True if llama.cpp took it; False if it refused (the cache is then empty).
         """
-        arr = self.check_tokens(tokens)
+        arr = np.asarray(tokens, dtype=np.int32)
+        # a saved state may hold images this process never saw (their placeholders, negative): the record keeps
+        # them, and a prompt with the same image matches them; only vocabulary ids are checked
+        self.check_tokens(arr[arr >= 0])
         n = len(arr)
         rows = n * self.hidden.shape[1] * 4 if self._ext is not None else 0
         if n > self.n_ctx or rows > len(data):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
-from ..errors import BackendError, ConfigError, ContextOverflowError
+from ..errors import BackendError, ConfigError, ContextOverflowError, GenerationCancelled
 from . import memory
 
 if TYPE_CHECKING:  # defined by ``Model``
@@ -43,6 +43,9 @@ class ImageRuns:
         _dirty: bool
         _inflight: Optional[np.ndarray]
         _ctx: Any
+        _ext: Optional[Any]
+        _batcher: Any
+        hidden: np.ndarray
         memory: memory.MemoryInfo
         writes: int
         decode_calls: int
@@ -94,7 +97,7 @@ class ImageRuns:
                 if last and logits == "last":
                     raise ConfigError("A prompt cannot end with an image: the model answers after text "
                                       "(a chat template adds the reply's opening).")
-                self._decode_images(run)
+                self._decode_images(run, abort)
                 out = np.zeros((len(run), self.n_vocab), dtype=np.float32) if logits == "all" else None
             if logits == "all" and out is not None:
                 rows.append(np.array(out) if not last else out)
@@ -102,27 +105,34 @@ class ImageRuns:
             return np.concatenate(rows) if rows else None
         return out
 
-    def _decode_images(self, run: np.ndarray) -> None:
-        """Decode the whole images of ``run`` (placeholders) at the next positions, one decode call each."""
+    def _decode_images(self, run: np.ndarray, abort: Optional[threading.Event]) -> None:
+        """Decode the whole images of ``run`` (placeholders) at the next positions, each encoded (unless its
+        embeddings are kept) just before its decode call, ``abort`` looked at before each."""
         projector = self.projector
         assert projector is not None
-        for chunk, embd in projector.chunks(run):
+        for chunk in projector.chunks(run):
+            if abort is not None and abort.is_set():
+                raise GenerationCancelled(f"Cancelled before an image at position {self._n} of {self.path.name}.")
             n = len(chunk.ids)
             if self._n + n > self.n_ctx:
                 raise ContextOverflowError(
                     f"An image of {n} positions does not fit after {self._n} in the {self.n_ctx}-token context of "
                     f"{self.path.name}; shorten the input or raise the context length.")
+            embd = projector.embedding(chunk)
             t0 = time.perf_counter()
-            self._inflight, self._dirty = None, True  # a failure leaves nothing of the image (see ``_repair``)
-            rc = self._llama(projector.decode_chunk, self._ctx, chunk, embd, self._n, self.seq, self.n_batch)
+            rc = self._decode_image(chunk, embd)
+            if rc == 1 and self._batcher is not None and self._batcher.room is not None and self._batcher.room(self):
+                rc = self._decode_image(chunk, embd)  # an idle sequence gave its cells: once more
             if rc != 0:
                 self._repair(failed=True)
                 if rc == 1:
                     raise ContextOverflowError(
                         f"The {self.n_ctx}-token context of {self.path.name} has no room for an image of {n} "
-                        "positions; shorten the input or raise the context length.")
+                        "positions beside the other requests; shorten the input or raise the context length.")
                 raise BackendError(f"llama.cpp failed to decode an image into {self.path.name} (code {rc}).")
             self._tokens[self._n:self._n + n] = chunk.ids
+            if self._ext is not None:  # an MTP head reads no hidden state at an image's positions
+                self.hidden[self._n:self._n + n] = 0.0
             self._n += n
             self.writes += 1
             self._dirty = False
@@ -130,3 +140,9 @@ class ImageRuns:
                 self._after_decode(n)
             self.busy_seconds += time.perf_counter() - t0
             self.decode_calls += 1
+
+    def _decode_image(self, chunk: Any, embd: np.ndarray) -> int:
+        """One image chunk's embeddings decoded at the next positions: llama.cpp's code (0: done, 1: no room)."""
+        assert self.projector is not None
+        self._inflight, self._dirty = None, True  # a failure leaves nothing of the image (see ``_repair``)
+        return int(self._llama(self.projector.decode_chunk, self._ctx, chunk, embd, self._n, self.seq, self.n_batch))

@@ -18,32 +18,32 @@ import hashlib
 import os
 import secrets
 import threading
+import weakref
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import llama_cpp as ll
 import numpy as np
 
-from ..errors import ConfigError, ModelFileError, NotInstalledError
+from ..errors import ModelFileError, NotInstalledError
 from .gguf_metadata import check_gguf
+from .image_files import MAX_IMAGE_BYTES, MAX_PROMPT_PIXELS, ImageError, readable
 from .process import LlamaLog, log_callback
 
-#: The most bytes one image may have (encoded, as sent).
-MAX_IMAGE_BYTES = 20 << 20
+__all__ = ["MAX_IMAGE_BYTES", "MAX_IMAGES", "ImageError", "ImageIds", "Projector"]
+
 #: The most images one prompt may hold.
 MAX_IMAGES = 16
-#: Image chunks held for decoding (their preprocessed pixels); the oldest go first.
-HELD_CHUNKS = 64
-#: Bytes of encoded image embeddings kept, so that an image read again (after its cells were given to another
-#: request) is not encoded again; the oldest go first.
-HELD_EMBEDDING_BYTES = 512 << 20
+
+#: Image chunks kept after their prompt's generation (their preprocessed pixels, and their embeddings while
+#: ``HELD_EMBEDDING_BYTES`` allows), newest last: a follow-up about a recent image needs no encoding even where
+#: its cells went to other requests. A prompt being generated holds its own chunks whatever this says.
+HELD_CHUNKS = 16
+#: Bytes of encoded image embeddings kept on the held chunks; the oldest go first.
+HELD_EMBEDDING_BYTES = 256 << 20
 
 _TEXT_CHUNK = 0  # mtmd_input_chunk_type values
 _ID_RANGE = (2, (1 << 31) - 1)  # placeholder ids are minus a number in this range
-
-
-class ImageError(ConfigError):
-    """An image that cannot be read, or one too many, too large, or sent to a model that cannot see."""
 
 
 def _mtmd() -> Any:
@@ -59,13 +59,26 @@ def _mtmd() -> Any:
 
 @dataclass(eq=False)
 class _Chunk:
-    """One image chunk of a prompt: an image, or one tile of one."""
+    """One image chunk of a prompt: an image, or one tile of one. Its mtmd chunk is freed with it."""
 
     key: bytes  # the image's digest, the projector's and the tile's index: what its ids derive from
     ptr: Any  # the mtmd chunk, owned here
     ids: np.ndarray  # its placeholder ids, one per position it takes
     n_tokens: int  # embeddings it decodes to (positions can be fewer, under M-RoPE)
+    free: Any  # mtmd_input_chunk_free
     embd: Optional[np.ndarray] = None  # its encoded embeddings, while kept
+
+    def __del__(self) -> None:
+        if self.ptr:
+            self.free(self.ptr)
+            self.ptr = None
+
+
+class ImageIds(list):  # type: ignore[type-arg]
+    """A prompt's ids (``list[int]``) that holds its images' chunks for as long as the prompt lives, so that a
+    busy server's later images cannot evict them before its generation reads them."""
+
+    chunks: list[_Chunk]
 
 
 class Projector:
@@ -117,9 +130,9 @@ class Projector:
         self.mrope = bool(mt.mtmd_decode_use_mrope(self._ctx))
         #: Images encoded so far (a cached prompt's images are not encoded again).
         self.encodes = 0
-        self._chunks: collections.OrderedDict[bytes, _Chunk] = collections.OrderedDict()
-        self._where: dict[int, tuple[_Chunk, int]] = {}  # placeholder id: its chunk and position in it
-        self._embd_bytes = 0
+        self._held: collections.OrderedDict[bytes, _Chunk] = collections.OrderedDict()  # the newest, kept
+        self._live: weakref.WeakValueDictionary[bytes, _Chunk] = weakref.WeakValueDictionary()  # held, or in use
+        self._where: dict[int, tuple[weakref.ref[_Chunk], int]] = {}  # placeholder id: its chunk, position in it
         self._lock = threading.Lock()  # requests tokenize on their threads while the loop decodes
 
     def _logging(self) -> Any:
@@ -130,9 +143,7 @@ class Projector:
     def close(self) -> None:
         """Free the projector and the chunks it holds."""
         with self._lock:
-            for chunk in self._chunks.values():
-                self._mt.mtmd_input_chunk_free(chunk.ptr)
-            self._chunks.clear()
+            self._held.clear()  # each chunk frees its mtmd chunk once no prompt holds it
             self._where.clear()
             if getattr(self, "_ctx", None):
                 self._mt.mtmd_free(self._ctx)
@@ -148,9 +159,10 @@ class Projector:
     # -- prompts ----------------------------------------------------------------------
 
     def tokenize(self, text: str, images: Sequence[bytes], *, add_special: bool = False,
-                 parse_special: bool = True) -> list[int]:
+                 parse_special: bool = True) -> ImageIds:
         """``text`` with ``marker`` where each of ``images`` goes, as ids: text tokens, and each image's
         placeholder ids where the projector wraps it (with the model's own image tokens around it, and tiles).
+        The ids hold the images' chunks: keep them until the generation has read the prompt.
 
         Raises:
             ImageError: too many images, one too large or unreadable, or markers and images that do not match.
@@ -159,11 +171,17 @@ class Projector:
             raise ImageError(f"A prompt may hold at most {MAX_IMAGES} images; this one has {len(images)}: send "
                              "fewer (a conversation's older images can go).")
         if text.count(self.marker) != len(images):
-            raise ImageError(f"The prompt marks {text.count(self.marker)} image place(s) for {len(images)} image(s).")
+            raise ImageError(f"The chat template wrote {text.count(self.marker)} image place(s) for {len(images)} "
+                             "image(s): it drops or repeats a message's content; give the images in user turns.")
+        checked = [readable(i, data) for i, data in enumerate(images)]
+        if sum(p for _, p in checked) > MAX_PROMPT_PIXELS:
+            raise ImageError(f"The images of this prompt have more than {MAX_PROMPT_PIXELS / 1e6:.0f} million pixels "
+                             "in all; send fewer or smaller ones.")
         mt = self._mt
-        bitmaps = [self._bitmap(i, data) for i, data in enumerate(images)]
+        bitmaps: list[Any] = []
         chunks = mt.mtmd_input_chunks_init()
         try:
+            bitmaps += [self._bitmap(i, data) for i, (data, _) in enumerate(checked)]
             raw = text.encode()
             inp = mt.mtmd_input_text(raw, len(raw), add_special, parse_special)
             array = (mt.mtmd_bitmap_p_ctypes * max(1, len(bitmaps)))(*bitmaps)
@@ -172,34 +190,29 @@ class Projector:
                 if rc != 0:
                     raise ImageError(f"The images could not be prepared for {self.path.name} (libmtmd code {rc}"
                                      f"{': ' + self._log.last_error() if self._log.last_error() else ''}).")
-                return self._ids(chunks, images)
+                return self._ids(chunks)
         finally:
             mt.mtmd_input_chunks_free(chunks)
             for b in bitmaps:
                 mt.mtmd_bitmap_free(b)
 
     def _bitmap(self, i: int, data: bytes) -> Any:
-        """Image ``i`` decoded (by stb_image: PNG, JPEG, GIF, BMP, TGA, PSD, HDR, PNM) into a bitmap."""
-        if not isinstance(data, (bytes, bytearray)) or not data:
-            raise ImageError(f"Image {i + 1} is empty.")
-        if len(data) > MAX_IMAGE_BYTES:
-            raise ImageError(f"Image {i + 1} is {len(data) / 1e6:.1f} MB; the limit is {MAX_IMAGE_BYTES >> 20} MiB.")
+        """Image ``i`` (checked by ``image_files.readable``) decoded by stb_image into a bitmap."""
         mt = self._mt
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         with self._logging():
             bitmap = mt.mtmd_helper_bitmap_init_from_buf(self._ctx, buf, len(data), False, None)
         if not bitmap:
-            if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-                raise ImageError(f"Image {i + 1} is WebP, which localspec cannot read; send PNG or JPEG.")
-            raise ImageError(f"Image {i + 1} could not be read as PNG, JPEG, GIF or BMP (corrupt or another "
-                             "format); send PNG or JPEG.")
+            raise ImageError(f"Image {i + 1} could not be decoded (a corrupt or cut-short file); send the PNG or "
+                             "JPEG file's bytes whole.")
         mt.mtmd_bitmap_set_id(bitmap, hashlib.sha256(data).hexdigest().encode())
         return bitmap
 
-    def _ids(self, chunks: Any, images: Sequence[bytes]) -> list[int]:
+    def _ids(self, chunks: Any) -> ImageIds:
         """The ids of tokenized ``chunks``: text chunks' tokens, image chunks' placeholders (registered)."""
         mt = self._mt
-        out: list[int] = []
+        out = ImageIds()
+        out.chunks = []
         tiles: collections.Counter[bytes] = collections.Counter()
         for c in range(mt.mtmd_input_chunks_size(chunks)):
             ptr = mt.mtmd_input_chunks_get(chunks, c)
@@ -211,93 +224,98 @@ class Projector:
             digest = mt.mtmd_input_chunk_get_id(ptr) or b""
             key = hashlib.sha256(self._identity + digest + tiles[digest].to_bytes(4, "little")).digest()
             tiles[digest] += 1  # an image in tiles: one chunk per tile, each with ids of its own
-            out.extend(self._register(key, ptr).ids.tolist())
+            chunk = self._register(key, ptr)
+            out.chunks.append(chunk)
+            out.extend(chunk.ids.tolist())
         return out
 
     def _register(self, key: bytes, ptr: Any) -> _Chunk:
-        """The held chunk for ``key`` (a copy of ``ptr`` the first time), newest in the order of eviction."""
+        """The chunk for ``key`` (a copy of ``ptr`` unless one is alive), newest of those held."""
         mt = self._mt
-        chunk = self._chunks.get(key)
-        if chunk is not None:
-            self._chunks.move_to_end(key)
-            return chunk
-        n_pos = int(mt.mtmd_input_chunk_get_n_pos(ptr))
-        rng = np.random.default_rng(int.from_bytes(key[:16], "little"))
-        ids = -rng.integers(*_ID_RANGE, size=n_pos, dtype=np.int64).astype(np.int32)
-        chunk = _Chunk(key, mt.mtmd_input_chunk_copy(ptr), ids, int(mt.mtmd_input_chunk_get_n_tokens(ptr)))
-        self._chunks[key] = chunk
-        for j, t in enumerate(ids.tolist()):
-            self._where[t] = (chunk, j)
-        while len(self._chunks) > HELD_CHUNKS:
-            self._forget(next(iter(self._chunks)))
+        chunk = self._live.get(key)
+        if chunk is None:
+            n_pos = int(mt.mtmd_input_chunk_get_n_pos(ptr))
+            chunk = _Chunk(key, mt.mtmd_input_chunk_copy(ptr), self._new_ids(key, n_pos),
+                           int(mt.mtmd_input_chunk_get_n_tokens(ptr)), mt.mtmd_input_chunk_free)
+            self._live[key] = chunk
+            ref = weakref.ref(chunk)
+            for j, t in enumerate(chunk.ids.tolist()):
+                self._where[t] = (ref, j)
+        self._held[key] = chunk
+        self._held.move_to_end(key)
+        while len(self._held) > HELD_CHUNKS:
+            self._held.popitem(last=False)  # freed once no prompt holds it either
         return chunk
 
-    def _forget(self, key: bytes) -> None:
-        chunk = self._chunks.pop(key)
-        for t in chunk.ids.tolist():
-            if self._where.get(t, (None,))[0] is chunk:
-                del self._where[t]
-        if chunk.embd is not None:
-            self._embd_bytes -= chunk.embd.nbytes
-        self._mt.mtmd_input_chunk_free(chunk.ptr)
+    def _new_ids(self, key: bytes, n: int) -> np.ndarray:
+        """``n`` placeholder ids drawn from ``key`` (the same image, the same ids, in any process), none another
+        live chunk holds (the few that would are drawn again)."""
+        for t in [t for t, (ref, _) in self._where.items() if ref() is None]:
+            del self._where[t]  # the ids of chunks no prompt holds any more
+        rng = np.random.default_rng(int.from_bytes(key[:16], "little"))
+        ids = -rng.integers(*_ID_RANGE, size=n, dtype=np.int64).astype(np.int32)
+        for j in range(n):
+            while int(ids[j]) in self._where or int(ids[j]) in ids[:j]:
+                ids[j] = -int(rng.integers(*_ID_RANGE))
+        return ids
 
     # -- what reads ids ---------------------------------------------------------------
 
-    def accepts(self, ids: np.ndarray) -> bool:
-        """Whether every negative id of ``ids`` is a placeholder this projector holds."""
+    def _find(self, token: int) -> Optional[tuple[_Chunk, int]]:
         with self._lock:
-            return all(int(t) in self._where for t in ids[ids < 0])
+            where = self._where.get(token)
+        chunk = where[0]() if where is not None else None
+        return (chunk, where[1]) if chunk is not None and where is not None else None
+
+    def accepts(self, ids: np.ndarray) -> bool:
+        """Whether every negative id of ``ids`` is a placeholder of an image this projector holds."""
+        return all(self._find(int(t)) is not None for t in ids[ids < 0])
 
     def offset(self, token: int) -> int:
         """Where in its image a placeholder id lies (0: the image's first position); 0 for any other id."""
-        with self._lock:
-            where = self._where.get(int(token))
+        where = self._find(int(token))
         return where[1] if where is not None else 0
 
-    def chunks(self, run: np.ndarray) -> list[tuple[_Chunk, np.ndarray]]:
-        """The whole images a run of placeholder ids holds, in order, each with its encoded embeddings.
+    def chunks(self, run: np.ndarray) -> Iterator[_Chunk]:
+        """The whole images a run of placeholder ids holds, in order.
 
         Raises:
-            ImageError: the run starts or ends inside an image, or holds an image no longer held.
+            ImageError: the run starts or ends inside an image, or holds one no longer held.
         """
-        out = []
         at = 0
         while at < len(run):
-            with self._lock:
-                where = self._where.get(int(run[at]))
+            where = self._find(int(run[at]))
             if where is None:
-                raise ImageError("An image of this prompt is no longer held (more than "
-                                 f"{HELD_CHUNKS} images came since); send the request again.")
+                raise ImageError("An image of this prompt is no longer held by the projector; send the request "
+                                 "again with its images.")
             chunk, j = where
             n = len(chunk.ids)
             if j != 0 or not np.array_equal(run[at:at + n], chunk.ids):
                 raise ImageError("Part of an image cannot be read into the memory alone; an image is read whole.")
-            out.append((chunk, self._embedding(chunk)))
+            yield chunk
             at += n
-        return out
 
-    def _embedding(self, chunk: _Chunk) -> np.ndarray:
+    def embedding(self, chunk: _Chunk) -> np.ndarray:
         """``chunk``'s embeddings, encoded now unless still kept."""
-        with self._lock:
-            if chunk.embd is not None:
-                return chunk.embd
+        if chunk.embd is not None:
+            return chunk.embd
         with self._logging():
             rc = self._mt.mtmd_encode_chunk(self._ctx, chunk.ptr)
             if rc != 0:
                 raise ImageError(f"{self.path.name} failed to encode an image (libmtmd code {rc}"
                                  f"{': ' + self._log.last_error() if self._log.last_error() else ''}).")
             out = self._mt.mtmd_get_output_embd(self._ctx)
-            n_embd = self.n_embd
-            embd = np.ctypeslib.as_array(out, shape=(chunk.n_tokens * n_embd,)).reshape(chunk.n_tokens, n_embd).copy()
+            embd = np.ctypeslib.as_array(out, shape=(chunk.n_tokens * self.n_embd,))
+            embd = embd.reshape(chunk.n_tokens, self.n_embd).copy()
         self.encodes += 1
-        with self._lock:
-            chunk.embd = embd
-            self._embd_bytes += embd.nbytes
-            for other in list(self._chunks.values()):  # oldest first
-                if self._embd_bytes <= HELD_EMBEDDING_BYTES:
+        chunk.embd = embd
+        with self._lock:  # the held chunks' embeddings within their budget, the oldest dropped first
+            kept = sum(c.embd.nbytes for c in self._held.values() if c.embd is not None)
+            for other in self._held.values():
+                if kept <= HELD_EMBEDDING_BYTES:
                     break
                 if other.embd is not None and other is not chunk:
-                    self._embd_bytes -= other.embd.nbytes
+                    kept -= other.embd.nbytes
                     other.embd = None
         return embd
 
@@ -310,8 +328,8 @@ class Projector:
         """
         mt = self._mt
         if chunk.n_tokens > n_batch and mt.mtmd_decode_use_non_causal(self._ctx, chunk.ptr):
-            raise ImageError(f"An image of {chunk.n_tokens} embeddings must be decoded in one batch, larger than "
-                             f"this model's {n_batch}; load it with a larger batch (n_batch).")
+            raise ImageError(f"An image of {chunk.n_tokens} embeddings must be read in one batch, larger than the "
+                             f"{n_batch} tokens this model reads at once; send a smaller image.")
         new_past = ctypes.c_int32(0)
         ptr = embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
         with self._logging():

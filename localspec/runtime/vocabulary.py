@@ -126,8 +126,8 @@ class ModelVocabulary:
         return piece
 
     def detokenize(self, tokens: Tokens) -> str:
-        """Token ids to text (invalid UTF-8 replaced)."""
-        return b"".join(self.token_bytes(int(t)) for t in tokens).decode("utf-8", errors="replace")
+        """Token ids to text (invalid UTF-8 replaced; an image's placeholders, negative ids, give none)."""
+        return b"".join(self.token_bytes(int(t)) for t in tokens if t >= 0).decode("utf-8", errors="replace")
 
     def token_text(self, token: int) -> bytes:
         """The vocabulary's stored text of a token (as in the GGUF), for comparisons."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -96,5 +97,6 @@ def test_an_image_attached_or_dropped_goes_with_the_next_message(tmp_path):
         child.close(force=True)
     users = [m["content"] for m in json.loads(saved.read_text())["messages"] if m["role"] == "user"]
     shot = str(tmp_path / "my shot.png")
-    assert users == [[{"type": "image", "image": shot}, {"type": "text", "text": "What is this?"}],
-                     [{"type": "image", "image": shot}, {"type": "text", "text": "And this one?"}]]
+    url = "data:image/png;base64," + base64.b64encode((tmp_path / "my shot.png").read_bytes()).decode()
+    assert users == [[{"type": "image", "image": url, "name": shot}, {"type": "text", "text": "What is this?"}],
+                     [{"type": "image", "image": url, "name": shot}, {"type": "text", "text": "And this one?"}]]

@@ -248,8 +248,8 @@ APIS = ("openai", "anthropic", "ollama", "responses")
 
 @pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize("image,words", [
-    (CORRUPT, "could not be read as PNG, JPEG, GIF or BMP"),
-    (WEBP, "is WebP, which localspec cannot read"),
+    (CORRUPT, "could not be read as an image"),
+    (WEBP, "could not be read as an image"),
 ])
 def test_a_bad_image_is_a_400_naming_the_problem(server, api, image, words):
     assert words in refusal(api, server.base, image)
@@ -259,7 +259,7 @@ def test_a_bad_image_is_a_400_naming_the_problem(server, api, image, words):
     ("openai", "messages[0].content[1]: a data URL of text/plain is not an image"),
     ("responses", "input[0].content[1].image_url: a data URL of text/plain is not an image"),
     ("anthropic", "messages[0].content[1].source.media_type must be an image's type"),
-    ("ollama", "could not be read as PNG, JPEG, GIF or BMP"),  # Ollama's images carry no type
+    ("ollama", "could not be read as an image"),  # Ollama's images carry no type
 ])
 def test_a_non_image_is_a_400_naming_the_problem(server, api, words):
     image = data_url(b"just some text", "text/plain") if api != "ollama" else b"just some text"
