@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import os
+import socket
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -29,8 +32,10 @@ __all__ = ["ImageError", "fetch_url", "image_bytes", "image_messages", "prompt_t
 
 #: The part types that carry an image.
 IMAGE_PARTS = frozenset({"image", "image_url"})
-#: Seconds an ``http(s)`` image may take to fetch.
+#: Seconds an ``http(s)`` image may take to fetch, in all.
 FETCH_TIMEOUT = 20.0
+#: Seconds a fetch may wait for the next bytes.
+FETCH_STALL = 5.0
 
 Fetch = Callable[[str], bytes]
 
@@ -147,22 +152,25 @@ def _from_url(url: str, where: str, fetch: Optional[Fetch]) -> bytes:
                          "base64.") from None
 
 
-def fetch_url(url: str, limit: int = MAX_IMAGE_BYTES) -> bytes:
-    """An image's bytes from an ``http(s)`` URL, at most ``limit`` of them, within ``FETCH_TIMEOUT`` seconds in all
-    (redirects followed only to ``http(s)`` URLs).
+def fetch_url(url: str, limit: int = MAX_IMAGE_BYTES, private: bool = False) -> bytes:
+    """An image's bytes from an ``http(s)`` URL on a public address (any address with ``private``), at most
+    ``limit`` of them, within ``FETCH_TIMEOUT`` seconds in all (redirects followed only to such URLs).
 
     Raises:
-        ImageError: the URL cannot be read, answers with an error, takes too long, or sends more than ``limit``
-            bytes.
+        ImageError: the URL names a loopback, private or link-local address, cannot be read, answers with an
+            error, takes too long, or sends more than ``limit`` bytes.
     """
     deadline = time.monotonic() + FETCH_TIMEOUT
     data = bytearray()
     try:
-        with urllib.request.build_opener(_HttpOnlyRedirects).open(url, timeout=FETCH_TIMEOUT) as reply:
+        if not private:
+            _check_public(url)
+        redirects = _HttpRedirects if private else _PublicRedirects
+        with urllib.request.build_opener(redirects).open(url, timeout=FETCH_STALL) as reply:
             while len(data) <= limit:
                 if time.monotonic() > deadline:
                     raise ImageError(f"The image at {url} took more than {FETCH_TIMEOUT:g} s to fetch.")
-                chunk = reply.read(min(1 << 16, limit + 1 - len(data)))
+                chunk = reply.read1(min(1 << 16, limit + 1 - len(data)))  # what has come, at most one wait
                 if not chunk:
                     break
                 data += chunk
@@ -173,10 +181,36 @@ def fetch_url(url: str, limit: int = MAX_IMAGE_BYTES) -> bytes:
     return bytes(data)
 
 
-class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
+def _check_public(url: str) -> None:
+    """Refuse a URL whose host resolves to a loopback, private, link-local or reserved address: a server that
+    fetches images must not become a way into the machine's own services or its network's."""
+    host = urllib.parse.urlsplit(url).hostname
+    if not host:
+        raise ImageError(f"The image URL {url} names no host.")
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError as exc:
+        raise ImageError(f"The image's host {host} could not be resolved: {exc}.") from None
+    for address in addresses:
+        ip = ipaddress.ip_address(str(address).split("%")[0])
+        if not ip.is_global:
+            raise ImageError(f"The image URL {url} names {host} ({address}), a loopback, private or link-local "
+                             "address, which is not fetched; send the image inline as a data: URL.")
+
+
+class _HttpRedirects(urllib.request.HTTPRedirectHandler):
     """Redirects to ``http(s)`` URLs only (urllib's own would follow one to ``ftp:``)."""
 
     def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
         if not newurl.lower().startswith(("http://", "https://")):
             raise ImageError(f"The image at {req.full_url} redirects to {newurl}, which is not an http(s) URL.")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+class _PublicRedirects(_HttpRedirects):
+    """Redirects to ``http(s)`` URLs on public addresses only."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+        if newurl.lower().startswith(("http://", "https://")):
+            _check_public(newurl)
         return super().redirect_request(req, fp, code, msg, headers, newurl)

@@ -4,6 +4,7 @@ Responses, Anthropic's Messages and Ollama's API."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Optional
 
 import click
@@ -34,9 +35,11 @@ from .shared import ModelArgs, friendly_errors, generation_options, model_option
               help="The largest request body in bytes (default: 4 MiB, or 64 MiB where the model reads images, "
                    "since a screenshot in base64 can outgrow 4 MiB); larger ones get 413.")
 @click.option("--allow-fetch", is_flag=True,
-              help="Fetch images that requests give as http(s) URLs (up to 20 MiB each, from wherever the URL "
-                   "points: allow it only for clients you trust); without it such an image gets 400, and images "
-                   "come inline as base64.")
+              help="Fetch images that requests give as http(s) URLs (up to 20 MiB each, from public addresses "
+                   "only); without it such an image gets 400, and images come inline as base64.")
+@click.option("--fetch-private", is_flag=True,
+              help="With --allow-fetch: also from loopback and private addresses (an image server on this "
+                   "machine or network; allow it only for clients you trust).")
 @click.option("--keep-billing-header", is_flag=True,
               help="Keep Claude Code's x-anthropic-billing-header block in the system prompt (by default it is "
                    "dropped: its per-request hash would keep the prompt cache from reusing any of the prompt).")
@@ -56,6 +59,7 @@ from .shared import ModelArgs, friendly_errors, generation_options, model_option
 @friendly_errors
 def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, api_key: Optional[str],
           parallel: int, max_queue: int, origins: tuple[str, ...], max_body: Optional[int], allow_fetch: bool,
+          fetch_private: bool,
           keep_billing_header: bool, metrics: bool, embedding_model: Optional[str], rerank_model: Optional[str],
           quiet: bool) -> None:
     """Serve the pair over HTTP: OpenAI chat completions, completions and Responses, Anthropic Messages, Ollama.
@@ -96,8 +100,10 @@ def serve(models: ModelArgs, options: GenerationOptions, host: str, port: int, a
         stack.callback(beside.close)
         pair = stack.enter_context(models.open(fit=True, parallel=parallel or None))
         name = models.pair_name or pair.target.path.stem
-        if allow_fetch:
-            pair.fetch = fetch_url  # read on each request's thread, before it is queued
+        if fetch_private and not allow_fetch:
+            raise click.UsageError("--fetch-private widens --allow-fetch; give both.")
+        if allow_fetch:  # read on each request's thread, before it is queued
+            pair.fetch = functools.partial(fetch_url, private=True) if fetch_private else fetch_url
         server = Server.for_pair(pair, name, options, max_queue=max_queue, max_tokens=max_tokens,
                                  keep_billing_header=keep_billing_header)
         app = create_app(server, hosts=access.hosts, origins=access.origins, api_key=access.api_key,

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextvars
 from typing import Any, Mapping, Optional
 
 from ..images import image_bytes
-from ..runtime.vision import MAX_IMAGE_BYTES, ImageError
+from ..runtime.vision import MAX_IMAGE_BYTES, MAX_IMAGES, ImageError
 from .generation import Limits
 from .http import ApiError
 
+#: Images fetched for the request being parsed: no more than a prompt may hold are fetched.
+_FETCHED: contextvars.ContextVar[int] = contextvars.ContextVar("fetched", default=0)
 #: The part type the library reads an image's bytes from.
 IMAGE = "image"
 #: The code OpenAI's error object gives a refused image.
@@ -61,6 +64,12 @@ def from_url(url: Any, where: str, limits: Limits, param: Optional[str] = None) 
     if not isinstance(url, str) or not url:
         raise ApiError(400, f"{where}: an image's URL must be a string, data:image/png;base64,DATA or an http(s) "
                        f"URL, got {type(url).__name__}.", param=param, code=CODE)
+    if url.startswith(("http://", "https://")) and limits.fetch is not None:
+        fetched = _FETCHED.get()  # this request's (each parse runs in a context of its own)
+        if fetched >= MAX_IMAGES:
+            raise ApiError(400, f"{where}: a request may hold at most {MAX_IMAGES} images; send fewer.",
+                           param=param, code=CODE)
+        _FETCHED.set(fetched + 1)
     try:
         return image_part(image_bytes({"type": "image_url", "image_url": url}, where, limits.fetch))
     except ImageError as exc:

@@ -24,7 +24,7 @@ from tinymodel import write_tiny_model
 from tinyvision import png_bytes, write_tiny_mmproj
 
 import localspec
-from localspec.runtime.vision import MAX_IMAGE_BYTES
+from localspec.runtime.vision import MAX_IMAGE_BYTES, ImageError
 
 pytest.importorskip("llama_cpp.mtmd_cpp")
 
@@ -98,7 +98,7 @@ def want(pair: localspec.Pair, messages: list[dict[str, Any]]) -> localspec.Resu
 @pytest.fixture(scope="module")
 def server(vision_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     s = ServeProcess(["-t", str(vision_dir / "target.gguf"), "-d", str(vision_dir / "draft.gguf"), "--ctx", "1024",
-                      "--no-history", "--allow-fetch"], tmp_path_factory.mktemp("serve"))
+                      "--no-history", "--allow-fetch", "--fetch-private"], tmp_path_factory.mktemp("serve"))
     yield s
     s.close()
 
@@ -338,3 +338,20 @@ def test_allow_fetch_reads_an_http_image_and_refuses_one_too_large(server, pair,
     assert too_large.startswith("messages[0].content[1]: the image at ") and "larger than the 20 MiB" in too_large
     missing = refusal("openai", server.base, files + "/missing.png")
     assert "could not be fetched" in missing and "404" in missing
+
+
+def test_a_plain_allow_fetch_reads_public_addresses_only(files):
+    from localspec.images import fetch_url
+
+    with pytest.raises(ImageError, match="loopback, private or link-local address, which is not fetched"):
+        fetch_url(files + "/cat.png")
+    assert fetch_url(files + "/cat.png", private=True) == OTHER
+
+
+def test_no_more_images_are_fetched_than_a_prompt_may_hold(server, files):
+    o, _, _ = clients(server.base)
+    parts = [{"type": "image_url", "image_url": {"url": f"{files}/cat.png"}}] * 17
+    with pytest.raises(openai.BadRequestError) as caught:
+        o.chat.completions.create(model="target", max_tokens=4,
+                                  messages=[{"role": "user", "content": [*parts, {"type": "text", "text": "?"}]}])
+    assert "messages[0].content[16]: a request may hold at most 16 images" in caught.value.body["message"]
