@@ -43,7 +43,10 @@ def from_checkout(spec: ServerSpec, folder: Path, name: str) -> ServerSpec:
     """``spec``'s ``python -m localspec ...`` run from ``folder``'s package instead of the installed one."""
     boot = (f"import runpy, sys; sys.path.insert(0, {str(folder)!r}); "
             "runpy.run_module('localspec', run_name='__main__', alter_sys=True)")
-    return ServerSpec(name, (spec.argv[0], "-c", boot, *spec.argv[3:]), f"{spec.note}; the package of {folder}")
+    argv = list(spec.argv[3:])
+    if "--mmproj" in argv and "--mmproj" not in (folder / "localspec" / "cli" / "shared.py").read_text():
+        del argv[argv.index("--mmproj"):argv.index("--mmproj") + 2]  # a checkout from before images
+    return ServerSpec(name, (spec.argv[0], "-c", boot, *argv), f"{spec.note}; the package of {folder}")
 
 
 def main() -> int:

@@ -98,6 +98,9 @@ class Projector:
     def __init__(self, path: Union[str, os.PathLike], model: Any, *, n_threads: Optional[int] = None,
                  verbose: bool = False):
         mt = _mtmd()
+        from PIL import Image  # reads image headers: its format plugins loaded now, not on the first request's time
+
+        Image.init()
         self.path = check_gguf(path)
         self._mt = mt
         self._log = LlamaLog(verbose)
