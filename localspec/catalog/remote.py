@@ -346,6 +346,31 @@ def hub_pair(target: str, draft: Optional[str], catalog: Sequence[ModelRef], sea
     return t, matches[0].remote
 
 
+def projector_of(target: ModelRef, say: Say = lambda _: None) -> Optional[ModelRef]:
+    """The vision projector in a Hub target's repository, beside its file (an ``mmproj`` GGUF: the one whose
+    name shares most with the target's, F16 first), or None where there is none or the listing fails."""
+    from huggingface_hub import HfApi
+
+    folder, _, name = (target.file or "").rpartition("/")
+    try:
+        files = HfApi(endpoint=_endpoint(), token=_token()).list_repo_files(target.repo or "",
+                                                                            revision=target.revision)
+    except Exception as exc:  # the target is what was asked for: a projector is a convenience
+        say(f"could not list {target.repo} for a vision projector ({type(exc).__name__}: {exc})")
+        return None
+    found = [f for f in files if f.rpartition("/")[0] == folder and f.rpartition("/")[2].lower().startswith("mmproj")
+             and f.endswith(".gguf")]
+    if not found:
+        return None
+    stem = name.lower().removesuffix(".gguf")
+
+    def score(f: str) -> tuple[int, bool]:
+        own = f.rpartition("/")[2].lower().removesuffix(".gguf").removeprefix("mmproj").lstrip("-_.")
+        return len(os.path.commonprefix([own, stem])), "f16" in own
+
+    return ModelRef(repo=target.repo, file=max(found, key=score), revision=target.revision)
+
+
 def vocab_of(ref: str) -> tuple[VocabInfo, str]:
     """A model's vocabulary, and where it was read: a Hub file's (``hf:ORG/REPO/FILE.gguf``) from the local
     cache, else from its header (saying how much was read); any other name's from its file, by llama.cpp."""

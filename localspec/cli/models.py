@@ -152,7 +152,7 @@ def pull(name: Optional[str], target: Optional[str], draft: Optional[str], no_se
     from ..catalog.hub import pull as hub_pull
     from ..catalog.pairing import pair_name
     from ..catalog.registry import add_pair, get_pair, load_embedding_registry, load_registry
-    from ..catalog.remote import check_before_download, hub_pair
+    from ..catalog.remote import check_before_download, hub_pair, projector_of
 
     if target is None:
         if name is None or draft is not None:
@@ -179,6 +179,10 @@ def pull(name: Optional[str], target: Optional[str], draft: Optional[str], no_se
     for role, ref in (("target", t.ref), ("draft", d.ref)):
         say(f"{role}: hf:{ref.describe()}")
         download(ref, say, progress=not quiet)
+    projector = projector_of(t.ref, say)
+    if projector is not None:  # beside the target in the cache, where loading it finds it
+        say(f"vision projector: hf:{projector.describe()}")
+        download(projector, say, progress=not quiet)
     path = add_pair(new_name, t.ref, d.ref, f"{t.ref.file}, drafted by {d.ref.file}")
     click.echo(f"added {new_name} to {path}; try `localspec chat {new_name}`")
 

@@ -167,3 +167,24 @@ def test_the_header_check_follows_the_hubs_redirect_to_its_cdn_keeping_the_range
     assert hub.sent[TARGET] < 0.05 * files[TARGET].stat().st_size
     assert hub.redirect_auth and all(auth == "Bearer hf_secret" for auth in hub.redirect_auth)  # to the Hub
     assert hub.cdn_auth and not any(hub.cdn_auth)  # the token does not follow the redirect to another host
+
+
+def test_a_hub_targets_vision_projector_comes_with_it_and_loads_beside_it(hub, files, tmp_path):
+    pytest.importorskip("llama_cpp.mtmd_cpp")
+    import localspec
+    from tinyvision import write_tiny_mmproj
+
+    mmproj = write_tiny_mmproj(tmp_path / "mmproj.gguf", n_embd_target=256)
+    hub.files[(TARGET[0], "mmproj-tiny-1b-instruct-f16.gguf")] = mmproj.read_bytes()
+    hub.files[(TARGET[0], "mmproj-other-q8_0.gguf")] = b"not chosen"
+    r = run_cli(["pull", "seeing", "--target", hf(TARGET), "--draft", hf(DRAFT)])
+    assert r.exit_code == 0, r.output
+    assert f"vision projector: hf:{TARGET[0]}/mmproj-tiny-1b-instruct-f16.gguf" in r.output
+    with localspec.load("seeing", history=False, prompt_cache=False, notify=lambda _: None) as pair:
+        assert pair.target.projector is not None
+        assert pair.target.projector.path.name == "mmproj-tiny-1b-instruct-f16.gguf"
+
+
+def test_a_hub_target_without_a_projector_pulls_as_before(hub, files):
+    r = run_cli(["pull", "plain", "--target", hf(TARGET), "--draft", hf(DRAFT)])
+    assert r.exit_code == 0 and "vision projector" not in r.output
