@@ -199,7 +199,7 @@ def load(
               n_seq=parallel)
     d = None
     try:
-        projector = _projector(t, mmproj, say)
+        projector = _projector(t, files.mmproj if mmproj is None and files.mmproj is not None else mmproj, say)
         if draft is not None:
             check_vocab(t.vocab_info(), read_vocab(draft))  # before the draft's weights are loaded
             d = Model(draft, n_ctx=t.n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch,

@@ -360,3 +360,46 @@ def test_an_image_prompts_ids_generate_again_under_every_method(pair) -> None:
     ids = list(first.prompt_tokens)
     for method in ("plain", "lookup", "auto"):
         assert pair.generate(ids, max_tokens=8, method=method, temperature=0).tokens == first.tokens, method
+
+
+def test_sampled_speculation_beside_an_image_keeps_plain_decodings_distribution(pair) -> None:
+    from helpers import same_distribution
+
+    messages = ask(png_bytes(32, 32, seed=70), "Describe this picture:", "the picture, the picture, the")
+    ids = pair.chat(messages, max_tokens=1, method="plain").prompt_tokens  # the image's ids, read once
+
+    def counts(position: int, **options) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for seed in range(800):
+            r = pair.generate(ids, max_tokens=position + 1, temperature=1.0, seed=seed, **options)
+            if len(r.tokens) > position:
+                out[r.tokens[position]] = out.get(r.tokens[position], 0) + 1
+        return out
+
+    for position in (1, 3):  # tokens a speculative round decides
+        plain = counts(position, method="plain")
+        for method in ("draft", "lookup"):
+            p = same_distribution(plain, counts(position, method=method, k=3))
+            assert p > 1e-3, f"{method} position {position}: chi-square p = {p:.2e}"
+
+
+def test_a_registered_pair_names_its_projector(vision_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    from clirun import run_cli
+
+    from localspec.catalog import registry
+
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    elsewhere = tmp_path / "projectors" / "vision.gguf"  # not beside the target: only the pair says where
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes((vision_dir / "mmproj-target-f16.gguf").read_bytes())
+    r = run_cli(["add", "seeing", "-t", str(vision_dir / "target.gguf"), "-d", str(vision_dir / "draft.gguf"),
+                 "--mmproj", str(elsewhere)])
+    assert r.exit_code == 0, r.output
+    assert registry.get_pair("seeing").mmproj.path == str(elsewhere)
+    with localspec.load("seeing", history=False, prompt_cache=False, notify=lambda _: None) as p:
+        assert p.target.projector is not None and p.target.projector.path == elsewhere
+    with localspec.load("seeing", history=False, prompt_cache=False, mmproj=False, notify=lambda _: None) as p:
+        assert p.target.projector is None
+    elsewhere.unlink()
+    with pytest.raises(localspec.RegistryError, match="vision projector of pair 'seeing'"):
+        localspec.load("seeing", notify=lambda _: None)

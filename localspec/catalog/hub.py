@@ -273,15 +273,23 @@ class PulledPair:
     name: str
     target: Path
     draft: Path
+    mmproj: Optional[Path] = None
 
 
 def pull(spec: PairSpec, say: Say = _quiet, progress: bool = True) -> PulledPair:
-    """Download both files of a pair (resuming partial downloads) and verify them."""
+    """Download the files of a pair (its target's vision projector too, where it names one), resuming partial
+    downloads, and verify them."""
     paths = []
-    for role, ref in (("target", spec.target), ("draft", spec.draft)):
+    for role, ref in _files(spec):
         say(f"{role}: {ref.describe()}")
         paths.append(download(ref, say, progress))
-    return PulledPair(spec.name, paths[0], paths[1])
+    return PulledPair(spec.name, paths[0], paths[1], paths[2] if spec.mmproj is not None else None)
+
+
+def _files(spec: PairSpec) -> list[tuple[str, ModelRef]]:
+    """A pair's files by role: target, draft, and the target's vision projector where it names one."""
+    return [("target", spec.target), ("draft", spec.draft)] + ([("vision projector", spec.mmproj)]
+                                                               if spec.mmproj is not None else [])
 
 
 def resolve(spec: PairSpec) -> PulledPair:
@@ -290,19 +298,21 @@ def resolve(spec: PairSpec) -> PulledPair:
     Raises:
         RegistryError: a file is not downloaded yet (the message says how to get it).
     """
-    found = [locate(spec.target), locate(spec.draft)]
-    for role, ref, path in (("target", spec.target, found[0]), ("draft", spec.draft, found[1])):
+    roles = _files(spec)
+    found = [locate(ref) for _, ref in roles]
+    for (role, ref), path in zip(roles, found, strict=True):
         if path is None:
             if ref.is_local:
                 raise RegistryError(f"The {role} of pair {spec.name!r}, {ref.path}, does not exist; "
                                     "re-register the pair with `localspec add`.")
             raise RegistryError(f"The {role} of pair {spec.name!r} ({ref.describe()}) is not downloaded; "
                                 f"run `localspec pull {spec.name}`.")
-    assert found[0] is not None and found[1] is not None
-    for ref, path in ((spec.target, found[0]), (spec.draft, found[1])):
+    for (_, ref), path in zip(roles, found, strict=True):
+        assert path is not None
         if not ref.is_local and expected_sha256(ref)[0]:
             _verify(ref, path, _quiet)  # a cached file fetched by another tool is checked once
-    return PulledPair(spec.name, found[0], found[1])
+    assert found[0] is not None and found[1] is not None
+    return PulledPair(spec.name, found[0], found[1], found[2] if len(found) > 2 else None)
 
 
 def is_downloaded(spec: PairSpec) -> bool:

@@ -35,6 +35,7 @@ class Resolved:
         draft_k: the pair's suggested draft length (None: none).
         notices: sentences for a person: which draft was picked and why, or why none.
         repos: for a pair from the Hub, the repositories of its target and draft.
+        mmproj: the vision projector the pair names for its target (None: none named).
     """
 
     target: Path
@@ -43,6 +44,7 @@ class Resolved:
     draft_k: Optional[int] = None
     notices: list[str] = field(default_factory=list)
     repos: tuple[Optional[str], Optional[str]] = (None, None)
+    mmproj: Optional[Path] = None
 
 
 def names_a_model(name: str) -> bool:
@@ -95,7 +97,7 @@ def resolve_models(target: PathLike, draft: Optional[PathLike] = None) -> Resolv
             raise RegistryError(f"{exc} Nor is {target!r} a model file here; give its path.") from None
         files = resolve(spec)
         return Resolved(files.target, None if draft == NO_DRAFT else files.draft, spec.ctx, spec.k,
-                        repos=(spec.target.repo, spec.draft.repo))
+                        repos=(spec.target.repo, spec.draft.repo), mmproj=files.mmproj)
     path = model_path(target)
     if draft is None or draft == NO_DRAFT:
         return Resolved(path)

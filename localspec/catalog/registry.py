@@ -75,6 +75,7 @@ class PairSpec:
     k: int = 4
     ctx: int = 4096
     source: str = ""  # the file that defined it
+    mmproj: Optional[ModelRef] = None  # the target's vision projector, where it sees
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,7 @@ def _pair(name: str, body: Any, source: str) -> PairSpec:
             raise RegistryError(
                 f"{where} has no '{role}'; add {role} = {{ repo = ..., file = ... }} or {{ path = ... }}.")
         refs[role] = _ref(body[role], f"{where}.{role}")
+    mmproj = _ref(body["mmproj"], f"{where}.mmproj") if "mmproj" in body else None
     for key, kind in (("k", int), ("ctx", int), ("description", str)):
         if key in body and not isinstance(body[key], kind):
             raise RegistryError(f"{where}.{key} must be a {kind.__name__}, got {body[key]!r}.")
@@ -188,7 +190,7 @@ def _pair(name: str, body: Any, source: str) -> PairSpec:
     if not 1 <= k <= K_LIMIT:
         raise RegistryError(f"{where}.k must be a draft length from 1 to {K_LIMIT}, got {k}.")
     return PairSpec(name, refs["target"], refs["draft"], body.get("description", ""), k, body.get("ctx", 4096),
-                    source)
+                    source, mmproj)
 
 
 def _ref(value: Any, where: str) -> ModelRef:
@@ -235,17 +237,21 @@ def get_pair(name: str) -> PairSpec:
     return pairs[name]
 
 
-def add_local_pair(name: str, target: Path, draft: Path, description: str = "", k: int = 4, ctx: int = 4096) -> Path:
-    """Register GGUFs already on disk under ``name`` in the user's models.toml (nothing is copied).
+def add_local_pair(name: str, target: Path, draft: Path, description: str = "", k: int = 4, ctx: int = 4096,
+                   mmproj: Optional[Path] = None) -> Path:
+    """Register GGUFs already on disk under ``name`` in the user's models.toml (nothing is copied); ``mmproj``:
+    the target's vision projector.
 
     Returns:
         the models.toml written.
     """
     return add_pair(name, ModelRef(path=str(target.resolve())), ModelRef(path=str(draft.resolve())),
-                    description or f"{target.name} with {draft.name} as draft", k, ctx)
+                    description or f"{target.name} with {draft.name} as draft", k, ctx,
+                    ModelRef(path=str(mmproj.resolve())) if mmproj is not None else None)
 
 
-def add_pair(name: str, target: ModelRef, draft: ModelRef, description: str, k: int = 4, ctx: int = 4096) -> Path:
+def add_pair(name: str, target: ModelRef, draft: ModelRef, description: str, k: int = 4, ctx: int = 4096,
+             mmproj: Optional[ModelRef] = None) -> Path:
     """Register a pair of local files or Hub files under ``name`` in the user's models.toml.
 
     Returns:
@@ -259,6 +265,8 @@ def add_pair(name: str, target: ModelRef, draft: ModelRef, description: str, k: 
         data = tomllib.loads(path.read_text(encoding="utf-8"))
         parse(path.read_text(encoding="utf-8"), str(path))  # refuse to extend a broken file
     entry = {"description": description, "k": k, "ctx": ctx, "target": _ref_table(target), "draft": _ref_table(draft)}
+    if mmproj is not None:
+        entry["mmproj"] = _ref_table(mmproj)
     data.setdefault("pairs", {})[name] = entry
     write_atomic(path, tomli_w.dumps(data))
     return path

@@ -121,15 +121,19 @@ def _scan(folders: tuple[str, ...], add_pairs: bool, as_json: bool) -> None:
 @click.option("--k", type=click.IntRange(1, K_LIMIT), default=4, show_default=True,
               help="Suggested draft length for the draft model.")
 @click.option("--ctx", type=click.IntRange(min=256), default=4096, show_default=True, help="Suggested context.")
+@click.option("--mmproj", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="The target's vision projector (its mmproj .gguf), loaded with the pair so prompts may hold "
+                   "images.")
 @friendly_errors
-def add(name: str, target: str, draft: str, description: str, k: int, ctx: int) -> None:
+def add(name: str, target: str, draft: str, description: str, k: int, ctx: int, mmproj: Optional[str]) -> None:
     """Register GGUF files you already have as pair NAME (nothing is copied)."""
     from ..catalog.registry import add_local_pair
     from ..runtime.process import read_vocab
     from ..runtime.vocab_match import check_vocab
 
     check_vocab(read_vocab(target), read_vocab(draft))
-    path = add_local_pair(name, Path(target), Path(draft), description, k, ctx)
+    path = add_local_pair(name, Path(target), Path(draft), description, k, ctx,
+                          Path(mmproj) if mmproj is not None else None)
     click.echo(f"added {name} to {path}; try `localspec chat {name}`")
 
 
@@ -183,7 +187,7 @@ def pull(name: Optional[str], target: Optional[str], draft: Optional[str], no_se
     if projector is not None:  # beside the target in the cache, where loading it finds it
         say(f"vision projector: hf:{projector.describe()}")
         download(projector, say, progress=not quiet)
-    path = add_pair(new_name, t.ref, d.ref, f"{t.ref.file}, drafted by {d.ref.file}")
+    path = add_pair(new_name, t.ref, d.ref, f"{t.ref.file}, drafted by {d.ref.file}", mmproj=projector)
     click.echo(f"added {new_name} to {path}; try `localspec chat {new_name}`")
 
 

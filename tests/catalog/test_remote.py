@@ -180,6 +180,8 @@ def test_a_hub_targets_vision_projector_comes_with_it_and_loads_beside_it(hub, f
     r = run_cli(["pull", "seeing", "--target", hf(TARGET), "--draft", hf(DRAFT)])
     assert r.exit_code == 0, r.output
     assert f"vision projector: hf:{TARGET[0]}/mmproj-tiny-1b-instruct-f16.gguf" in r.output
+    spec = registry.get_pair("seeing")
+    assert spec.mmproj is not None and spec.mmproj.file == "mmproj-tiny-1b-instruct-f16.gguf"
     with localspec.load("seeing", history=False, prompt_cache=False, notify=lambda _: None) as pair:
         assert pair.target.projector is not None
         assert pair.target.projector.path.name == "mmproj-tiny-1b-instruct-f16.gguf"
