@@ -403,3 +403,27 @@ def test_a_registered_pair_names_its_projector(vision_dir: Path, tmp_path: Path,
     elsewhere.unlink()
     with pytest.raises(localspec.RegistryError, match="vision projector of pair 'seeing'"):
         localspec.load("seeing", notify=lambda _: None)
+
+
+def test_an_image_is_encoded_off_the_step_loop_while_the_others_step(vision_dir: Path, monkeypatch) -> None:
+    import threading
+
+    from localspec.runtime.vision import Projector
+
+    threads: list[str] = []
+    original = Projector._encode
+
+    def recorded(self, chunk):
+        if chunk.embd is None:
+            threads.append(threading.current_thread().name)
+        return original(self, chunk)
+
+    monkeypatch.setattr(Projector, "_encode", recorded)
+    prompts = [[{"role": "user", "content": "Write a long story about a lighthouse."}],
+               ask(png_bytes(32, 32, seed=80)), ask(png_bytes(32, 32, seed=81))]
+    with localspec.load(vision_dir / "target.gguf", vision_dir / "draft.gguf", history=False, prompt_cache=False,
+                        n_threads=2, parallel=3, notify=lambda _: None) as p:
+        together = p.generate_many(prompts, max_tokens=24, method="auto", temperature=0)
+        assert len(threads) == 2 and all(name.startswith("localspec-image") for name in threads), threads
+        alone = [p.chat(m, max_tokens=24, method="plain", temperature=0).tokens for m in prompts]
+    assert [r.tokens for r in together] == alone

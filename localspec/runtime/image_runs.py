@@ -118,7 +118,7 @@ class ImageRuns:
                 raise ContextOverflowError(
                     f"An image of {n} positions does not fit after {self._n} in the {self.n_ctx}-token context of "
                     f"{self.path.name}; shorten the input or raise the context length.")
-            embd = projector.embedding(chunk)
+            embd = self._encoded(chunk)
             t0 = time.perf_counter()
             rc = self._decode_image(chunk, embd)
             if rc == 1 and self._batcher is not None and self._batcher.room is not None and self._batcher.room(self):
@@ -140,6 +140,18 @@ class ImageRuns:
                 self._after_decode(n)
             self.busy_seconds += time.perf_counter() - t0
             self.decode_calls += 1
+
+    def _encoded(self, chunk: Any) -> np.ndarray:
+        """``chunk``'s embeddings. Encoding one takes a while (a second or more on a CPU): in a step loop, the
+        projector's own thread encodes it while this generation pauses and the others go on stepping."""
+        projector = self.projector
+        assert projector is not None
+        batcher = self._batcher
+        if chunk.embd is not None or batcher is None or not batcher.inside():
+            return projector.embedding(chunk)
+        future = projector.encode_later(chunk)
+        batcher.pause(future.done)  # alone in the loop, it goes on at once and waits here
+        return future.result()
 
     def _decode_image(self, chunk: Any, embd: np.ndarray) -> int:
         """One image chunk's embeddings decoded at the next positions: llama.cpp's code (0: done, 1: no room)."""

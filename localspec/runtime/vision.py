@@ -13,6 +13,7 @@ never proposes them, and a cut never lands inside an image.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import ctypes
 import hashlib
 import os
@@ -137,6 +138,8 @@ class Projector:
         self._live: weakref.WeakValueDictionary[bytes, _Chunk] = weakref.WeakValueDictionary()  # held, or in use
         self._where: dict[int, tuple[weakref.ref[_Chunk], int]] = {}  # placeholder id: its chunk, position in it
         self._lock = threading.Lock()  # requests tokenize on their threads while the loop decodes
+        self._encoding = threading.Lock()  # one encode at a time: the loop's own, or the encoder thread's
+        self._encoder: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
     def _logging(self) -> Any:
         """Route libmtmd's log (and llama.cpp's) to this projector's ``LlamaLog`` for one call."""
@@ -145,6 +148,9 @@ class Projector:
 
     def close(self) -> None:
         """Free the projector and the chunks it holds."""
+        if self._encoder is not None:
+            self._encoder.shutdown(wait=True)
+            self._encoder = None
         with self._lock:
             self._held.clear()  # each chunk frees its mtmd chunk once no prompt holds it
             self._where.clear()
@@ -298,8 +304,19 @@ class Projector:
             yield chunk
             at += n
 
+    def encode_later(self, chunk: _Chunk) -> concurrent.futures.Future[np.ndarray]:
+        """``embedding(chunk)`` on the projector's own thread (its encoder has a context of its own: a model's
+        decodes go on meanwhile)."""
+        if self._encoder is None:
+            self._encoder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="localspec-image")
+        return self._encoder.submit(self.embedding, chunk)
+
     def embedding(self, chunk: _Chunk) -> np.ndarray:
         """``chunk``'s embeddings, encoded now unless still kept."""
+        with self._encoding:
+            return self._encode(chunk)
+
+    def _encode(self, chunk: _Chunk) -> np.ndarray:
         if chunk.embd is not None:
             return chunk.embd
         with self._logging():
