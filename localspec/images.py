@@ -28,7 +28,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from .runtime.model import Model
 from .runtime.vision import MAX_IMAGE_BYTES, ImageError
 
-__all__ = ["ImageError", "fetch_url", "image_bytes", "image_messages", "prompt_tokens", "with_markers"]
+__all__ = ["MAX_IMAGE_BYTES", "ImageError", "fetch_url", "image_bytes", "image_messages", "prompt_tokens",
+           "with_markers"]
 
 #: The part types that carry an image.
 IMAGE_PARTS = frozenset({"image", "image_url"})

@@ -232,9 +232,9 @@ def _projector(target: Model, mmproj: Union[PathLike, bool, None], say: Callable
         return None
     try:
         projector = Projector(path, target, verbose=target.verbose)
-    except ModelFileError:
+    except ModelFileError as exc:
         if mmproj is not None:
-            raise
+            raise ModelFileError(f"{exc} (--mmproj none, or mmproj=False, loads the model without it.)") from None
         # a folder of several models holds one's projector: the others load without images, not with an error
         say(f"localspec: {path.name}, found with {target.path.name}, is not its vision projector; images are off "
             "(--mmproj FILE gives one).")

@@ -389,10 +389,13 @@ def test_a_registered_pair_names_its_projector(vision_dir: Path, tmp_path: Path,
     from localspec.catalog import registry
 
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
-    elsewhere = tmp_path / "projectors" / "vision.gguf"  # not beside the target: only the pair says where
-    elsewhere.parent.mkdir()
+    models, elsewhere = tmp_path / "models", tmp_path / "projectors" / "vision.gguf"  # only the pair says where
+    for folder, name in ((models, "target.gguf"), (models, "draft.gguf"), (elsewhere.parent, None)):
+        folder.mkdir(exist_ok=True)
+        if name:
+            (folder / name).write_bytes((vision_dir / name).read_bytes())
     elsewhere.write_bytes((vision_dir / "mmproj-target-f16.gguf").read_bytes())
-    r = run_cli(["add", "seeing", "-t", str(vision_dir / "target.gguf"), "-d", str(vision_dir / "draft.gguf"),
+    r = run_cli(["add", "seeing", "-t", str(models / "target.gguf"), "-d", str(models / "draft.gguf"),
                  "--mmproj", str(elsewhere)])
     assert r.exit_code == 0, r.output
     assert registry.get_pair("seeing").mmproj.path == str(elsewhere)
@@ -400,9 +403,11 @@ def test_a_registered_pair_names_its_projector(vision_dir: Path, tmp_path: Path,
         assert p.target.projector is not None and p.target.projector.path == elsewhere
     with localspec.load("seeing", history=False, prompt_cache=False, mmproj=False, notify=lambda _: None) as p:
         assert p.target.projector is None
-    elsewhere.unlink()
-    with pytest.raises(localspec.RegistryError, match="vision projector of pair 'seeing'"):
-        localspec.load("seeing", notify=lambda _: None)
+    elsewhere.unlink()  # gone: the pair still reads text, and says why it sees no images
+    notices: list[str] = []
+    with localspec.load("seeing", history=False, prompt_cache=False, notify=notices.append) as p:
+        assert p.target.projector is None and p.generate("hi", max_tokens=2, method="plain").tokens
+    assert any("vision projector of pair 'seeing'" in n and "images are off" in n for n in notices), notices
 
 
 def test_an_image_is_encoded_off_the_step_loop_while_the_others_step(vision_dir: Path, monkeypatch) -> None:

@@ -300,6 +300,8 @@ def resolve(spec: PairSpec) -> PulledPair:
     """
     roles = _files(spec)
     found = [locate(ref) for _, ref in roles]
+    if len(found) > 2 and found[2] is None:  # its projector not downloaded: the pair still reads text
+        roles, found = roles[:2], found[:2]
     for (role, ref), path in zip(roles, found, strict=True):
         if path is None:
             if ref.is_local:

@@ -96,8 +96,13 @@ def resolve_models(target: PathLike, draft: Optional[PathLike] = None) -> Resolv
         except RegistryError as exc:
             raise RegistryError(f"{exc} Nor is {target!r} a model file here; give its path.") from None
         files = resolve(spec)
+        missing = [] if spec.mmproj is None or files.mmproj is not None else [
+            f"The vision projector of pair {spec.name!r}, {spec.mmproj.path}, does not exist, so images are off; "
+            f"`localspec add {spec.name} ... --mmproj FILE` names another." if spec.mmproj.is_local else
+            f"The vision projector of pair {spec.name!r} ({spec.mmproj.describe()}) is not downloaded, so images "
+            f"are off; `localspec pull {spec.name}` fetches it."]
         return Resolved(files.target, None if draft == NO_DRAFT else files.draft, spec.ctx, spec.k,
-                        repos=(spec.target.repo, spec.draft.repo), mmproj=files.mmproj)
+                        notices=missing, repos=(spec.target.repo, spec.draft.repo), mmproj=files.mmproj)
     path = model_path(target)
     if draft is None or draft == NO_DRAFT:
         return Resolved(path)

@@ -31,7 +31,7 @@ import click
 from ..api import Pair
 from ..errors import ConfigError, LocalspecError
 from ..events import SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, TokenEvent
-from ..images import ImageError
+from ..images import MAX_IMAGE_BYTES, ImageError
 from ..methods import K_LIMIT, REGISTRY
 from ..options import GenerationOptions
 from ..paths import home
@@ -181,6 +181,8 @@ class ChatSession:
             raise ConfigError(f"{self.pair.target.path.name} was loaded without a vision projector, so it cannot "
                               "read images; start chat with --mmproj FILE.")
         try:
+            if path.stat().st_size > MAX_IMAGE_BYTES:
+                raise ConfigError(f"{path} is larger than the {MAX_IMAGE_BYTES >> 20} MiB an image may be.")
             self.attached.append((path, path.read_bytes()))
         except OSError as exc:
             raise ConfigError(f"Cannot read the image {path}: {exc.strerror or exc}.") from None

@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 import click
 
+from ..errors import LocalspecError
 from ..methods import K_LIMIT
 from .shared import friendly_errors, say
 
@@ -186,7 +187,11 @@ def pull(name: Optional[str], target: Optional[str], draft: Optional[str], no_se
     projector = projector_of(t.ref, say)
     if projector is not None:  # beside the target in the cache, where loading it finds it
         say(f"vision projector: hf:{projector.describe()}")
-        download(projector, say, progress=not quiet)
+        try:
+            download(projector, say, progress=not quiet)
+        except LocalspecError as exc:  # the pair reads text without it; `pull NAME` tries again
+            say(f"the vision projector was not downloaded ({exc}); the pair reads text only until "
+                f"`localspec pull {name or pair_name(t.ref.file or 'target')}` fetches it.")
     path = add_pair(new_name, t.ref, d.ref, f"{t.ref.file}, drafted by {d.ref.file}", mmproj=projector)
     click.echo(f"added {new_name} to {path}; try `localspec chat {new_name}`")
 

@@ -9,9 +9,8 @@ rows. One thread runs it all: no lock and no thread handoff lies in the path of 
 threads are one team. N generations decode in lockstep, a step costing about what one sequence of their total
 tokens costs, and the code of a round (drafting, acceptance, cutting back) is the same as for one stream.
 
-Which calls go into a step, and how many of a long prompt's tokens, is ``step_plan``'s rule: streams first, a
-prompt beside them in chunks, or held for a shorter request where that pays; ``joint_decode`` fills and
-decodes the batch.
+Which calls go into a step is ``step_plan``'s rule (streams first, a prompt beside them in chunks, or held for
+a shorter request where that pays); ``joint_decode`` fills and decodes the batch.
 
 When the members need more cells than the shared cache has free, an idle sequence's cells go first (``room``,
 which the pair's lanes set), then the member started last is set aside (``aside.SetAside``: its sequences
@@ -21,6 +20,7 @@ fails for want of cells that it would have had alone.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import signal
@@ -51,6 +51,7 @@ class Member:
     done: bool = False
     seqs: set[int] = field(default_factory=set)  # the sequence ids it decoded on (set aside together)
     until: Optional[Callable[[], bool]] = None  # while paused: what it waits for
+    waits: Any = None  # while paused on work done elsewhere (a future): the loop may wait for it
     woken: bool = True  # what its ``pause`` returns once it is switched back into
 
     def result(self) -> Any:
@@ -194,14 +195,14 @@ class StepBatcher:
             elif self._aside:  # set aside, with nothing else left that holds cells it could wait for
                 self._fail_aside()
 
-    def pause(self, until: Callable[[], bool]) -> bool:
+    def pause(self, until: Callable[[], bool], waits: Any = None) -> bool:
         """From a member: wait, decoding nothing, until ``until()`` holds (looked at between steps). True when
-        it does; False when nothing else could go on (every other member waiting too), so the caller goes on
-        without it. Outside the members: ``until()`` at once."""
+        it does; False when nothing else could go on (every other member waiting too, none on the future it
+        ``waits`` for, work on another thread), so the caller goes on without it. Outside: ``until()`` at once."""
         member = self._running
         if member is None or until():
             return until() if member is None else True
-        member.until = until
+        member.until, member.waits = until, waits
         self._paused.append(member)
         self._park(member)
         return member.woken
@@ -244,13 +245,17 @@ class StepBatcher:
             assert member.until is not None
             if member.until():
                 self._paused.remove(member)
-                member.until, member.woken = None, True
+                member.until, member.waits, member.woken = None, None, True
                 self._ready.append(member)
                 woke = True
         return woke
 
     def _unstick(self) -> None:
-        """Every member is paused and no step can come: each goes on without what it waited for."""
+        """Every member is paused and no step can come: another thread's work waited for is waited for (0.1 s at a
+        time, Ctrl-C taken between); else each goes on without what it waited for."""
+        if pending := [m.waits for m in self._paused if m.waits is not None and not m.waits.done()]:
+            concurrent.futures.wait(pending, 0.1, concurrent.futures.FIRST_COMPLETED)
+            return
         for member in self._paused:
             member.until, member.woken = None, False
             self._ready.append(member)

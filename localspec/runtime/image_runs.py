@@ -122,6 +122,7 @@ class ImageRuns:
             t0 = time.perf_counter()
             rc = self._decode_image(chunk, embd)
             if rc == 1 and self._batcher is not None and self._batcher.room is not None and self._batcher.room(self):
+                self._repair(failed=True)  # the image's batches that did fit go before it is decoded again
                 rc = self._decode_image(chunk, embd)  # an idle sequence gave its cells: once more
             if rc != 0:
                 self._repair(failed=True)
@@ -144,13 +145,14 @@ class ImageRuns:
     def _encoded(self, chunk: Any) -> np.ndarray:
         """``chunk``'s embeddings. Encoding one takes a while (a second or more on a CPU): in a step loop, the
         projector's own thread encodes it while this generation pauses and the others go on stepping."""
-        projector = self.projector
+        projector, batcher, kept = self.projector, self._batcher, chunk.embd
         assert projector is not None
-        batcher = self._batcher
-        if chunk.embd is not None or batcher is None or not batcher.inside():
+        if kept is not None:  # encoded for an earlier prompt: no wait for the encoder
+            return kept
+        if batcher is None or not batcher.inside():
             return projector.embedding(chunk)
         future = projector.encode_later(chunk)
-        batcher.pause(future.done)  # alone in the loop, it goes on at once and waits here
+        batcher.pause(future.done, future)  # the loop steps the others, or waits for it where none can step
         return future.result()
 
     def _decode_image(self, chunk: Any, embd: np.ndarray) -> int:

@@ -39,7 +39,7 @@ MAX_IMAGES = 16
 #: Image chunks kept after their prompt's generation (their preprocessed pixels, and their embeddings while
 #: ``HELD_EMBEDDING_BYTES`` allows), newest last: a follow-up about a recent image needs no encoding even where
 #: its cells went to other requests. A prompt being generated holds its own chunks whatever this says.
-HELD_CHUNKS = 16
+HELD_CHUNKS = 32
 #: Bytes of encoded image embeddings kept on the held chunks; the oldest go first.
 HELD_EMBEDDING_BYTES = 256 << 20
 
@@ -307,6 +307,7 @@ class Projector:
     def encode_later(self, chunk: _Chunk) -> concurrent.futures.Future[np.ndarray]:
         """``embedding(chunk)`` on the projector's own thread (its encoder has a context of its own: a model's
         decodes go on meanwhile)."""
+        self._check_open()
         if self._encoder is None:
             self._encoder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="localspec-image")
         return self._encoder.submit(self.embedding, chunk)
@@ -314,7 +315,12 @@ class Projector:
     def embedding(self, chunk: _Chunk) -> np.ndarray:
         """``chunk``'s embeddings, encoded now unless still kept."""
         with self._encoding:
+            self._check_open()
             return self._encode(chunk)
+
+    def _check_open(self) -> None:
+        if not self._ctx:
+            raise ImageError(f"The vision projector {self.path.name} was closed with its model; load it again.")
 
     def _encode(self, chunk: _Chunk) -> np.ndarray:
         if chunk.embd is not None:
@@ -347,6 +353,7 @@ class Projector:
             ImageError: the image needs non-causal attention over more embeddings than one decode takes.
         """
         mt = self._mt
+        self._check_open()
         if chunk.n_tokens > n_batch and mt.mtmd_decode_use_non_causal(self._ctx, chunk.ptr):
             raise ImageError(f"An image of {chunk.n_tokens} embeddings must be read in one batch, larger than the "
                              f"{n_batch} tokens this model reads at once; send a smaller image.")
