@@ -126,8 +126,19 @@ class ModelVocabulary:
         return piece
 
     def detokenize(self, tokens: Tokens) -> str:
-        """Token ids to text (invalid UTF-8 replaced; an image's placeholders, negative ids, give none)."""
-        return b"".join(self.token_bytes(int(t)) for t in tokens if t >= 0).decode("utf-8", errors="replace")
+        """Token ids to text (invalid UTF-8 replaced; in a model that sees images, their placeholders give none).
+
+        Raises:
+            TokenIdError: an id outside the vocabulary (a placeholder where the model sees no images).
+        """
+        skip = self.sees_images  # an image's positions: negative ids, no text
+        return b"".join(self.token_bytes(int(t)) for t in tokens if not (skip and t < 0)).decode(
+            "utf-8", errors="replace")
+
+    @property
+    def sees_images(self) -> bool:
+        """Whether images' placeholder ids may reach this model (``image_runs.ImageRuns`` says, for a model)."""
+        return False
 
     def token_text(self, token: int) -> bytes:
         """The vocabulary's stored text of a token (as in the GGUF), for comparisons."""

@@ -171,8 +171,9 @@ def test_the_header_check_follows_the_hubs_redirect_to_its_cdn_keeping_the_range
 
 def test_a_hub_targets_vision_projector_comes_with_it_and_loads_beside_it(hub, files, tmp_path):
     pytest.importorskip("llama_cpp.mtmd_cpp")
-    import localspec
     from tinyvision import write_tiny_mmproj
+
+    import localspec
 
     mmproj = write_tiny_mmproj(tmp_path / "mmproj.gguf", n_embd_target=256)
     hub.files[(TARGET[0], "mmproj-tiny-1b-instruct-f16.gguf")] = mmproj.read_bytes()
