@@ -467,7 +467,7 @@ class Pair:
 
     def _start(self, prompt_tokens: list[int], prompt_text: Optional[str], opts: GenerationOptions,
                calls: Optional[frozenset[str]] = None, boundaries: Sequence[int] = ()) -> Stream:
-        check_prompt(self.target, len(prompt_tokens))  # before any work, calibration included
+        check_prompt(self.target, self.target.prompt_cells(prompt_tokens))  # before any work, calibration included
         processing = Processing.from_options(opts, self.target.n_vocab)
         self.choose_threads()  # once per machine (cached); plain decoding runs at the fastest count too
         method, k = get_method(opts.method), opts.draft_length(self.draft_k)

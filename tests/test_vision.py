@@ -432,3 +432,18 @@ def test_an_image_is_encoded_off_the_step_loop_while_the_others_step(vision_dir:
         assert len(threads) == 2 and all(name.startswith("localspec-image") for name in threads), threads
         alone = [p.chat(m, max_tokens=24, method="plain", temperature=0).tokens for m in prompts]
     assert [r.tokens for r in together] == alone
+
+
+def test_m_rope_images_are_counted_by_their_cells_and_wait_for_room(tmp_path: Path) -> None:
+    from tinyvision_families import write_tiny_qwen2vl
+
+    target, _ = write_tiny_qwen2vl(tmp_path)
+    prompts = [ask(png_bytes(128, 128, seed=s), q) for s, q in [(1, "What?"), (2, "Describe it."), (3, "Colours?")]]
+    with localspec.load(target, history=False, prompt_cache=False, n_threads=2, parallel=3, n_ctx=200,
+                        notify=lambda _: None) as p:
+        ids = np.asarray(p.chat(prompts[0], max_tokens=24, method="plain", temperature=0).prompt_tokens)
+        assert p.target.prompt_cells(ids) == len(ids) + 64 - 8  # the image: 64 embeddings in 8 positions
+        alone = [p.chat(m, max_tokens=24, method="plain", temperature=0).tokens for m in prompts]
+        # three such requests need more cells than the context has: they wait for room, none fails
+        together = p.generate_many(prompts, max_tokens=24, method="auto", temperature=0)
+    assert [r.tokens for r in together] == alone

@@ -165,12 +165,12 @@ class Lanes(SharedPrefixes):
         with self._cond:
             for models in self._models():
                 n_ctx = models[seq].n_ctx
-                held = sum(m.n_past for i, m in enumerate(models) if i != seq and m is not None)
+                held = sum(m.cells for i, m in enumerate(models) if i != seq and m is not None)
                 for other in sorted(self._idle, key=self._idle.__getitem__):
                     if held + min(need, n_ctx) <= n_ctx:
                         break
                     if other != seq and models[other] is not None and models[other].n_past:
-                        held -= models[other].n_past
+                        held -= models[other].cells
                         models[other].reset()
 
     def ready(self, target: Any, prompt: Sequence[int], max_tokens: int) -> None:
@@ -188,14 +188,15 @@ class Lanes(SharedPrefixes):
         if not self._await_reader(target, wanted):  # its client left while it waited: it will read nothing
             return
         self.share(target, wanted)
-        reply = self._reply_room(target, len(prompt), max_tokens)
-        self._await_room(target, len(prompt), reply)
+        cells = target.prompt_cells(prompt)  # a position a token; more for an image under M-RoPE
+        reply = self._reply_room(target, cells, max_tokens)
+        self._await_room(target, cells, reply)
         self.empty_saved(target.seq)  # first: what the prompt cache brings back leaves before what it cannot
         # room for the whole prompt, the shared part too: the prompt cache may still put a longer state in its
         # place, which takes its cells while it loads (lanes that share cells are each counted whole, so this
         # errs toward emptying one idle lane more); for the reply, no more than a typical one's (the loop
         # frees idle lanes' cells as they are needed)
-        self.make_room(target.seq, len(prompt) + min(reply, TYPICAL_REPLY))
+        self.make_room(target.seq, cells + min(reply, TYPICAL_REPLY))
 
     def _reply_room(self, target: Any, prompt: int, max_tokens: int) -> int:
         """The cells a generation counts on for its reply: its ``max_tokens``, or a typical reply where that
@@ -213,7 +214,7 @@ class Lanes(SharedPrefixes):
             t = targets[other]
             if other != seq and t is not None:
                 left = t.cells_left if t.cells_left is not None else self.typical_reply()
-                claimed += max(need, t.n_past - self._shared.get(other, 0) + left)
+                claimed += max(need, t.cells - self._shared.get(other, 0) + left)
         return claimed
 
     def _await_room(self, target: Any, prompt: int, reply: int) -> None:

@@ -71,6 +71,21 @@ class ImageRuns:
             return self.projector.accepts(ids)
         return self.stand_in is not None
 
+    @property
+    def cells(self) -> int:
+        """The cells this sequence holds: one a position, and an image's extra embeddings under M-RoPE."""
+        projector = self.projector
+        if projector is None or not projector.mrope:
+            return self._n
+        return self._n + projector.extra_cells(self._tokens[: self._n])
+
+    def prompt_cells(self, prompt: Any) -> int:
+        """The cells reading ``prompt`` (ids) takes, as ``cells`` counts them."""
+        projector = self.projector
+        if projector is None or not projector.mrope:
+            return len(prompt)
+        return len(prompt) + projector.extra_cells(np.asarray(prompt, dtype=np.int64))
+
     def image_start(self, tokens: np.ndarray, n: int) -> int:
         """``n``, or where the image starts that position ``n`` of ``tokens`` lies inside: a cut is never made
         inside an image (its positions are read whole)."""
@@ -114,10 +129,10 @@ class ImageRuns:
             if abort is not None and abort.is_set():
                 raise GenerationCancelled(f"Cancelled before an image at position {self._n} of {self.path.name}.")
             n = len(chunk.ids)
-            if self._n + n > self.n_ctx:
+            if self.cells + chunk.n_tokens > self.n_ctx:
                 raise ContextOverflowError(
-                    f"An image of {n} positions does not fit after {self._n} in the {self.n_ctx}-token context of "
-                    f"{self.path.name}; shorten the input or raise the context length.")
+                    f"An image of {chunk.n_tokens} embeddings does not fit after the {self.cells} cells held in the "
+                    f"{self.n_ctx}-token context of {self.path.name}; shorten the input or raise the context length.")
             embd = self._encoded(chunk)
             t0 = time.perf_counter()
             rc = self._decode_image(chunk, embd)

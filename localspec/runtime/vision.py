@@ -285,6 +285,14 @@ class Projector:
         where = self._find(int(token))
         return where[1] if where is not None else 0
 
+    def extra_cells(self, ids: np.ndarray) -> int:
+        """The cells the images of ``ids`` take beyond their positions (under M-RoPE an image's embeddings
+        outnumber its positions; 0 otherwise, and for an image no longer held)."""
+        if not self.mrope:
+            return 0
+        found = (self._find(int(t)) for t in ids[ids < 0])
+        return sum(chunk.n_tokens - len(chunk.ids) for chunk, j in filter(None, found) if j == 0)
+
     def chunks(self, run: np.ndarray) -> Iterator[_Chunk]:
         """The whole images a run of placeholder ids holds, in order.
 
