@@ -26,6 +26,7 @@ from ..sizes import human_bytes
 from .hub import locate, raise_http, truthy
 from .pairing import MIN_RATIO, rank_key, small_enough
 from .registry import ModelRef, PairSpec
+from .stores.layouts import best_projector
 
 Say = Callable[[str], None]
 #: Hub repositories looked at per search, and candidate files whose headers are read.
@@ -358,17 +359,10 @@ def projector_of(target: ModelRef, say: Say = lambda _: None) -> Optional[ModelR
     except Exception as exc:  # the target is what was asked for: a projector is a convenience
         say(f"could not list {target.repo} for a vision projector ({type(exc).__name__}: {exc})")
         return None
-    found = [f for f in files if f.rpartition("/")[0] == folder and f.rpartition("/")[2].lower().startswith("mmproj")
-             and f.endswith(".gguf")]
-    if not found:
+    best = best_projector([f.rpartition("/")[2] for f in files if f.rpartition("/")[0] == folder], name)
+    if best is None:
         return None
-    stem = name.lower().removesuffix(".gguf")
-
-    def score(f: str) -> tuple[int, bool]:
-        own = f.rpartition("/")[2].lower().removesuffix(".gguf").removeprefix("mmproj").lstrip("-_.")
-        return len(os.path.commonprefix([own, stem])), "f16" in own
-
-    return ModelRef(repo=target.repo, file=max(found, key=score), revision=target.revision)
+    return ModelRef(repo=target.repo, file=f"{folder}/{best}" if folder else best, revision=target.revision)
 
 
 def vocab_of(ref: str) -> tuple[VocabInfo, str]:

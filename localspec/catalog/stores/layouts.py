@@ -85,16 +85,22 @@ def find_projector(model: Path) -> Optional[Path]:
 
 
 def _projector_beside(model: Path) -> Optional[Path]:
-    found = sorted(p for p in model.parent.glob("*.gguf") if p.name.lower().startswith("mmproj"))
-    if not found:
-        return None
-    stem = model.stem.lower()
+    found = {p.name: p for p in model.parent.glob("*.gguf")}
+    best = best_projector(sorted(found), model.name)
+    return found[best] if best is not None else None
 
-    def score(p: Path) -> tuple[int, bool]:  # the model's name shared after "mmproj-", then F16 first
-        name = p.stem.lower().removeprefix("mmproj").lstrip("-_.")
-        return len(os.path.commonprefix([name, stem])), "f16" in name
 
-    return max(found, key=score)
+def best_projector(names: Sequence[str], model: str) -> Optional[str]:
+    """Among file names, the ``mmproj`` GGUF that goes with the model file named ``model``: the one whose name
+    shares most with the model's after ``mmproj-``, F16 first; None where there is none."""
+    stem = model.lower().removesuffix(".gguf")
+
+    def score(name: str) -> tuple[int, bool]:
+        own = name.lower().removesuffix(".gguf").removeprefix("mmproj").lstrip("-_.")
+        return len(os.path.commonprefix([own, stem])), "f16" in own
+
+    found = [n for n in names if n.lower().startswith("mmproj") and n.lower().endswith(".gguf")]
+    return max(found, key=score) if found else None
 
 
 def ollama_projector(blob: Path) -> Optional[Path]:
