@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from tinymodel import write_tiny_model
 from tinyvision import png_bytes, write_tiny_mmproj
+from tinyvision_families import PARTS_TEMPLATE
 
 import localspec
 from localspec.catalog.stores.layouts import find_projector
@@ -21,14 +22,6 @@ from localspec.errors import ConfigError, TokenIdError
 from localspec.runtime.vision import ImageError
 
 pytest.importorskip("llama_cpp.mtmd_cpp")
-
-#: The tiny template, reading a content list's text parts as llama-cpp-python's chat handler passes them.
-PARTS_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-    "{% if m['content'] is string %}{{ m['content'] }}{% else %}"
-    "{% for p in m['content'] %}{% if p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}"
-    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 @pytest.fixture(scope="module")

@@ -48,10 +48,10 @@ def _ones(n: int) -> np.ndarray:
 
 
 def _writer(path: Path, arch: str, *, n_ctx: int, n_embd: int, n_layer: int, user_tokens: Sequence[str] = (),
-            chat_template: str = CHAT_TEMPLATE) -> gguf.GGUFWriter:
-    """A writer with the generic and tokenizer metadata of ``tinymodel`` already added (``user_tokens``
-    appended to the vocabulary)."""
-    tokens, types = vocabulary(user_tokens=user_tokens)
+            control_tokens: Sequence[str] = (), chat_template: str = CHAT_TEMPLATE) -> gguf.GGUFWriter:
+    """A writer with the generic and tokenizer metadata of ``tinymodel`` already added (``user_tokens`` and
+    ``control_tokens`` appended to the vocabulary)."""
+    tokens, types = vocabulary(user_tokens=user_tokens, control_tokens=control_tokens)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny")
     w.add_context_length(n_ctx)

@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 import gguf
 import numpy as np
+from tinyarch import _finish as finish
 
 #: CLIP's normalisation constants, as LLaVA's image processor uses them.
 IMAGE_MEAN = [0.48145466, 0.4578275, 0.40821073]
@@ -72,72 +73,90 @@ def write_tiny_mmproj(
     n_patches = (image_size // patch_size) ** 2
     n_pos = n_patches + 1  # the class token comes after the patches (ggml_concat in the LLaVA graph)
     rng = np.random.default_rng(seed)
+    w = clip_writer(path, "mlp", image_size=image_size, patch_size=patch_size, n_embd=n_embd, n_ff=n_ff,
+                    n_layer=n_layer, n_head=n_head, n_embd_target=n_embd_target, eps=1e-5, mean=IMAGE_MEAN,
+                    std=IMAGE_STD, use_gelu=False)  # False: the blocks' FFN uses GELU-quick, as CLIP does
+    w.add_bool("clip.has_llava_projector", True)  # legacy key; clip.cpp reads projector_type
+    w.add_array("clip.vision.feature_layer", [n_layer])  # int32 array: project the last block's output
 
-    def draw(*shape: int, scale: float) -> np.ndarray:
-        """N(0, scale) F32 values of numpy ``shape`` (GGUF/ggml order reversed)."""
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
+    s = 1.0 / math.sqrt(n_embd)
+    # ggml ne [patch, patch, 3, n_embd]: PyTorch's Conv2d layout; inputs are normalised pixels (about +-2)
+    patch_scale = 1.0 / math.sqrt(3 * patch_size**2)
+    w.add_tensor("v.patch_embd.weight", draw(rng, n_embd, 3, patch_size, patch_size, scale=patch_scale))
+    w.add_tensor("v.patch_embd.bias", draw(rng, n_embd, scale=0.1))
+    w.add_tensor("v.class_embd", draw(rng, n_embd, scale=1.0))
+    w.add_tensor("v.position_embd.weight", draw(rng, n_pos, n_embd, scale=0.5))
+    w.add_tensor("v.pre_ln.weight", ones(n_embd))
+    w.add_tensor("v.pre_ln.bias", zeros(n_embd))
+    vit_blocks(w, rng, n_layer, n_embd, n_ff)  # ending in v.post_ln: the projector's input is layer-normed
+    # GELU keeps about half the variance: mm.2 makes it up, so image embeddings have std ~1 like token rows
+    w.add_tensor("mm.0.weight", draw(rng, n_embd_target, n_embd, scale=s))
+    w.add_tensor("mm.0.bias", draw(rng, n_embd_target, scale=0.1))
+    w.add_tensor("mm.2.weight", draw(rng, n_embd_target, n_embd_target, scale=2.0 / math.sqrt(n_embd_target)))
+    w.add_tensor("mm.2.bias", draw(rng, n_embd_target, scale=0.1))
+    finish(w, path)
+    return Path(path)
 
-    def ones(n: int) -> np.ndarray:
-        return np.ones(n, dtype=np.float32)
 
-    def zeros(n: int) -> np.ndarray:
-        return np.zeros(n, dtype=np.float32)
+def draw(rng: np.random.Generator, *shape: int, scale: float, mean: float = 0.0) -> np.ndarray:
+    """N(mean, scale) F32 values of numpy ``shape`` (GGUF/ggml order reversed)."""
+    return (mean + rng.standard_normal(shape) * scale).astype(np.float32)
 
-    w = gguf.GGUFWriter(str(path), "clip")  # writes general.architecture = "clip", as mmproj files have
-    w.add_name("tiny-mmproj")
-    w.add_description("image encoder for LLaVA (random weights, for tests)")
+
+def ones(n: int, value: float = 1.0) -> np.ndarray:
+    return np.full(n, value, dtype=np.float32)
+
+
+def zeros(n: int) -> np.ndarray:
+    return np.zeros(n, dtype=np.float32)
+
+
+def clip_writer(path: Path, projector: str, *, image_size: int, patch_size: int, n_embd: int, n_ff: int,
+                n_layer: int, n_head: int, n_embd_target: int, eps: float, mean: list[float], std: list[float],
+                use_gelu: bool) -> gguf.GGUFWriter:
+    """An mmproj writer (``general.architecture`` "clip", as mmproj files have) with the keys clip.cpp requires
+    of every vision projector. clip.cpp reads them with gguf_get_val_u32 / _f32, which assert the stored type:
+    uint32 and float32 only."""
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_name(f"tiny-{projector}")
+    w.add_description(f"{projector} image encoder (random weights, for tests)")
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_bool("clip.has_vision_encoder", True)
-    w.add_bool("clip.has_llava_projector", True)  # legacy key; clip.cpp reads projector_type
-    w.add_string("clip.projector_type", "mlp")
-    # clip.cpp reads these with gguf_get_val_u32 / _f32, which assert the stored type: uint32 and float32 only
+    w.add_string("clip.projector_type", projector)
     w.add_uint32("clip.vision.image_size", image_size)
     w.add_uint32("clip.vision.patch_size", patch_size)
     w.add_uint32("clip.vision.embedding_length", n_embd)
     w.add_uint32("clip.vision.feed_forward_length", n_ff)
     w.add_uint32("clip.vision.block_count", n_layer)
     w.add_uint32("clip.vision.attention.head_count", n_head)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
-    w.add_uint32("clip.vision.projection_dim", n_embd_target)  # required, though the "mlp" graph ignores it
-    w.add_array("clip.vision.feature_layer", [n_layer])  # int32 array: project the last block's output
-    w.add_array("clip.vision.image_mean", IMAGE_MEAN)  # float32 arrays of at least 3 values, required
-    w.add_array("clip.vision.image_std", IMAGE_STD)
-    w.add_bool("clip.use_gelu", False)  # False: the blocks' FFN uses GELU-quick, as CLIP does
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", eps)
+    w.add_uint32("clip.vision.projection_dim", n_embd_target)  # required, though some graphs ignore it
+    w.add_array("clip.vision.image_mean", mean)  # float32 arrays of at least 3 values, required
+    w.add_array("clip.vision.image_std", std)
+    w.add_bool("clip.use_gelu", use_gelu)  # False: the blocks' FFN uses GELU-quick
+    return w
 
+
+def vit_blocks(w: gguf.GGUFWriter, rng: np.random.Generator, n_layer: int, n_embd: int, n_ff: int) -> None:
+    """Pre-norm ViT blocks: LayerNorm (weight, bias), biased q/k/v/out, biased up/down feed-forward; then
+    ``v.post_ln``. Keep ``n_ff`` unlike ``n_embd``: clip.cpp swaps up/down of files whose ``ffn_down`` input
+    width equals ``n_embd`` (a fix for old conversions)."""
     s = 1.0 / math.sqrt(n_embd)
-    # ggml ne [patch, patch, 3, n_embd]: PyTorch's Conv2d layout; inputs are normalised pixels (about +-2)
-    patch_scale = 1.0 / math.sqrt(3 * patch_size**2)
-    w.add_tensor("v.patch_embd.weight", draw(n_embd, 3, patch_size, patch_size, scale=patch_scale))
-    w.add_tensor("v.patch_embd.bias", draw(n_embd, scale=0.1))
-    w.add_tensor("v.class_embd", draw(n_embd, scale=1.0))
-    w.add_tensor("v.position_embd.weight", draw(n_pos, n_embd, scale=0.5))
-    w.add_tensor("v.pre_ln.weight", ones(n_embd))
-    w.add_tensor("v.pre_ln.bias", zeros(n_embd))
     for i in range(n_layer):
         b = f"v.blk.{i}"
         w.add_tensor(f"{b}.ln1.weight", ones(n_embd))
         w.add_tensor(f"{b}.ln1.bias", zeros(n_embd))
         for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            w.add_tensor(f"{b}.{name}.weight", draw(n_embd, n_embd, scale=s))
-            w.add_tensor(f"{b}.{name}.bias", draw(n_embd, scale=0.02))
+            w.add_tensor(f"{b}.{name}.weight", draw(rng, n_embd, n_embd, scale=s))
+            w.add_tensor(f"{b}.{name}.bias", draw(rng, n_embd, scale=0.02))
         w.add_tensor(f"{b}.ln2.weight", ones(n_embd))
         w.add_tensor(f"{b}.ln2.bias", zeros(n_embd))
-        w.add_tensor(f"{b}.ffn_up.weight", draw(n_ff, n_embd, scale=s))
-        w.add_tensor(f"{b}.ffn_up.bias", draw(n_ff, scale=0.02))
-        w.add_tensor(f"{b}.ffn_down.weight", draw(n_embd, n_ff, scale=1.0 / math.sqrt(n_ff)))
-        w.add_tensor(f"{b}.ffn_down.bias", draw(n_embd, scale=0.02))
-    w.add_tensor("v.post_ln.weight", ones(n_embd))  # the projector's input is layer-normed: unit scale
+        w.add_tensor(f"{b}.ffn_up.weight", draw(rng, n_ff, n_embd, scale=s))
+        w.add_tensor(f"{b}.ffn_up.bias", draw(rng, n_ff, scale=0.02))
+        w.add_tensor(f"{b}.ffn_down.weight", draw(rng, n_embd, n_ff, scale=1.0 / math.sqrt(n_ff)))
+        w.add_tensor(f"{b}.ffn_down.bias", draw(rng, n_embd, scale=0.02))
+    w.add_tensor("v.post_ln.weight", ones(n_embd))
     w.add_tensor("v.post_ln.bias", zeros(n_embd))
-    # GELU keeps about half the variance: mm.2 makes it up, so image embeddings have std ~1 like token rows
-    w.add_tensor("mm.0.weight", draw(n_embd_target, n_embd, scale=s))
-    w.add_tensor("mm.0.bias", draw(n_embd_target, scale=0.1))
-    w.add_tensor("mm.2.weight", draw(n_embd_target, n_embd_target, scale=2.0 / math.sqrt(n_embd_target)))
-    w.add_tensor("mm.2.bias", draw(n_embd_target, scale=0.1))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(path)
 
 
 def _png_chunk(kind: bytes, data: bytes) -> bytes:

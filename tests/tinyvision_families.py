@@ -28,7 +28,10 @@ from typing import Any, Optional, Sequence
 
 import gguf
 import numpy as np
-from tinymodel import MERGES, SPECIALS, vocabulary
+from tinyarch import _finish as finish
+from tinyarch import _writer
+from tinymodel import vocabulary
+from tinyvision import clip_writer, draw, ones, vit_blocks
 
 #: ChatML, reading a content list's text parts (the image part arrives as a text part holding the media marker).
 PARTS_TEMPLATE = (
@@ -48,98 +51,17 @@ CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.261302
 SIGLIP_MEAN, SIGLIP_STD = [0.5, 0.5, 0.5], [0.5, 0.5, 0.5]
 
 
-def _draw(rng: np.random.Generator, *shape: int, scale: float, mean: float = 0.0) -> np.ndarray:
-    """N(mean, scale) F32 values of numpy ``shape`` (GGUF/ggml order reversed)."""
-    return (mean + rng.standard_normal(shape) * scale).astype(np.float32)
-
-
-def _ones(n: int, value: float = 1.0) -> np.ndarray:
-    return np.full(n, value, dtype=np.float32)
-
-
-def _zeros(n: int) -> np.ndarray:
-    return np.zeros(n, dtype=np.float32)
-
-
-def _finish(w: gguf.GGUFWriter) -> None:
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
 def _text_writer(path: Path, arch: str, control_tokens: Sequence[str], *, n_ctx: int, n_embd: int, n_layer: int,
                  n_head: int, n_head_kv: int, n_ff: int, rms_eps: float) -> tuple[gguf.GGUFWriter, int]:
-    """A writer of ``arch`` with tinymodel's vocabulary plus ``control_tokens``, ``PARTS_TEMPLATE``, and the
-    shape keys every family reads; returns it and the vocabulary size."""
-    tokens, types = vocabulary(control_tokens=control_tokens)
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(f"tiny-{arch}")
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_context_length(n_ctx)
-    w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer)
+    """``tinyarch``'s writer of ``arch`` with ``control_tokens`` and ``PARTS_TEMPLATE``, and the shape keys every
+    family reads; returns it and the vocabulary size."""
+    w = _writer(path, arch, n_ctx=n_ctx, n_embd=n_embd, n_layer=n_layer, control_tokens=control_tokens,
+                chat_template=PARTS_TEMPLATE)
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
     w.add_layer_norm_rms_eps(rms_eps)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(MERGES)
-    w.add_bos_token_id(tokens.index(SPECIALS[0]))
-    w.add_eos_token_id(tokens.index("<|im_end|>"))
-    w.add_add_bos_token(False)
-    w.add_chat_template(PARTS_TEMPLATE)
-    return w, len(tokens)
-
-
-def _clip_writer(path: Path, projector: str, *, image_size: int, patch_size: int, n_embd: int, n_ff: int,
-                 n_layer: int, n_head: int, n_embd_target: int, eps: float, mean: list[float], std: list[float],
-                 use_gelu: bool) -> gguf.GGUFWriter:
-    """An mmproj writer with the keys clip.cpp requires of every vision projector. clip.cpp reads them with
-    gguf_get_val_u32 / _f32, which assert the stored type: uint32 and float32 only."""
-    w = gguf.GGUFWriter(str(path), "clip")
-    w.add_name(f"tiny-{projector}")
-    w.add_description(f"{projector} image encoder (random weights, for tests)")
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_bool("clip.has_vision_encoder", True)
-    w.add_string("clip.projector_type", projector)
-    w.add_uint32("clip.vision.image_size", image_size)
-    w.add_uint32("clip.vision.patch_size", patch_size)
-    w.add_uint32("clip.vision.embedding_length", n_embd)
-    w.add_uint32("clip.vision.feed_forward_length", n_ff)
-    w.add_uint32("clip.vision.block_count", n_layer)
-    w.add_uint32("clip.vision.attention.head_count", n_head)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", eps)
-    w.add_uint32("clip.vision.projection_dim", n_embd_target)
-    w.add_array("clip.vision.image_mean", mean)  # float32 arrays of at least 3 values, required
-    w.add_array("clip.vision.image_std", std)
-    w.add_bool("clip.use_gelu", use_gelu)  # False: the blocks' FFN uses GELU-quick
-    return w
-
-
-def _vit_blocks(w: gguf.GGUFWriter, rng: np.random.Generator, n_layer: int, n_embd: int, n_ff: int) -> None:
-    """Pre-norm ViT blocks: LayerNorm (weight, bias), biased q/k/v/out, biased up/down feed-forward.
-    Keep ``n_ff`` unlike ``n_embd``: clip.cpp swaps up/down of qwen2vl / gemma3 files whose ``ffn_down`` input
-    width equals ``n_embd`` (a fix for old conversions)."""
-    s = 1.0 / math.sqrt(n_embd)
-    for i in range(n_layer):
-        b = f"v.blk.{i}"
-        w.add_tensor(f"{b}.ln1.weight", _ones(n_embd))
-        w.add_tensor(f"{b}.ln1.bias", _zeros(n_embd))
-        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            w.add_tensor(f"{b}.{name}.weight", _draw(rng, n_embd, n_embd, scale=s))
-            w.add_tensor(f"{b}.{name}.bias", _draw(rng, n_embd, scale=0.02))
-        w.add_tensor(f"{b}.ln2.weight", _ones(n_embd))
-        w.add_tensor(f"{b}.ln2.bias", _zeros(n_embd))
-        w.add_tensor(f"{b}.ffn_up.weight", _draw(rng, n_ff, n_embd, scale=s))
-        w.add_tensor(f"{b}.ffn_up.bias", _draw(rng, n_ff, scale=0.02))
-        w.add_tensor(f"{b}.ffn_down.weight", _draw(rng, n_embd, n_ff, scale=1.0 / math.sqrt(n_ff)))
-        w.add_tensor(f"{b}.ffn_down.bias", _draw(rng, n_embd, scale=0.02))
-    w.add_tensor("v.post_ln.weight", _ones(n_embd))
-    w.add_tensor("v.post_ln.bias", _zeros(n_embd))
+    return w, len(vocabulary(control_tokens=control_tokens)[0])
 
 
 def write_tiny_qwen2vl(folder: Path, *, seed: int = 0, n_embd: int = 64, n_layer: int = 2, n_head: int = 4,
@@ -176,36 +98,36 @@ def write_tiny_qwen2vl(folder: Path, *, seed: int = 0, n_embd: int = 64, n_layer
     half = head_dim // 2  # Qwen2-VL's [16, 24, 24] of 64, scaled: temporal, height, width, unused
     w.add_rope_dimension_sections([half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8, 0])
     s = 1.0 / math.sqrt(n_embd)
-    w.add_tensor("token_embd.weight", _draw(rng, n_vocab, n_embd, scale=1.0))
+    w.add_tensor("token_embd.weight", draw(rng, n_vocab, n_embd, scale=1.0))
     for i in range(n_layer):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", _ones(n_embd))
+        w.add_tensor(f"blk.{i}.attn_norm.weight", ones(n_embd))
         for name, rows in (("attn_q", n_embd), ("attn_k", n_head_kv * head_dim), ("attn_v", n_head_kv * head_dim)):
-            w.add_tensor(f"blk.{i}.{name}.weight", _draw(rng, rows, n_embd, scale=s))
-            w.add_tensor(f"blk.{i}.{name}.bias", _draw(rng, rows, scale=0.1))
-        w.add_tensor(f"blk.{i}.attn_output.weight", _draw(rng, n_embd, n_embd, scale=s))
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", _ones(n_embd))
-        w.add_tensor(f"blk.{i}.ffn_gate.weight", _draw(rng, n_ff, n_embd, scale=s))
-        w.add_tensor(f"blk.{i}.ffn_up.weight", _draw(rng, n_ff, n_embd, scale=s))
-        w.add_tensor(f"blk.{i}.ffn_down.weight", _draw(rng, n_embd, n_ff, scale=1.0 / math.sqrt(n_ff)))
-    w.add_tensor("output_norm.weight", _ones(n_embd))
-    w.add_tensor("output.weight", _draw(rng, n_vocab, n_embd, scale=0.5))
-    _finish(w)
+            w.add_tensor(f"blk.{i}.{name}.weight", draw(rng, rows, n_embd, scale=s))
+            w.add_tensor(f"blk.{i}.{name}.bias", draw(rng, rows, scale=0.1))
+        w.add_tensor(f"blk.{i}.attn_output.weight", draw(rng, n_embd, n_embd, scale=s))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", ones(n_embd))
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", draw(rng, n_ff, n_embd, scale=s))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", draw(rng, n_ff, n_embd, scale=s))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", draw(rng, n_embd, n_ff, scale=1.0 / math.sqrt(n_ff)))
+    w.add_tensor("output_norm.weight", ones(n_embd))
+    w.add_tensor("output.weight", draw(rng, n_vocab, n_embd, scale=0.5))
+    finish(w, target)
 
     # image_size is required but unused: the image keeps its own size, aligned to 2 * patch_size
-    w = _clip_writer(mmproj, "qwen2vl_merger", image_size=4 * patch_size, patch_size=patch_size, n_embd=v_embd,
+    w = clip_writer(mmproj, "qwen2vl_merger", image_size=4 * patch_size, patch_size=patch_size, n_embd=v_embd,
                      n_ff=v_ff, n_layer=v_layer, n_head=v_head, n_embd_target=n_embd, eps=1e-6, mean=CLIP_MEAN,
                      std=CLIP_STD, use_gelu=False)
     patch_scale = 1.0 / math.sqrt(2 * 3 * patch_size**2)  # two convolutions summed
-    w.add_tensor("v.patch_embd.weight", _draw(rng, v_embd, 3, patch_size, patch_size, scale=patch_scale))
-    w.add_tensor("v.patch_embd.weight.1", _draw(rng, v_embd, 3, patch_size, patch_size, scale=patch_scale))
-    _vit_blocks(w, rng, v_layer, v_embd, v_ff)
+    w.add_tensor("v.patch_embd.weight", draw(rng, v_embd, 3, patch_size, patch_size, scale=patch_scale))
+    w.add_tensor("v.patch_embd.weight.1", draw(rng, v_embd, 3, patch_size, patch_size, scale=patch_scale))
+    vit_blocks(w, rng, v_layer, v_embd, v_ff)
     merged = 4 * v_embd
-    w.add_tensor("mm.0.weight", _draw(rng, merged, merged, scale=1.0 / math.sqrt(merged)))
-    w.add_tensor("mm.0.bias", _draw(rng, merged, scale=0.1))
+    w.add_tensor("mm.0.weight", draw(rng, merged, merged, scale=1.0 / math.sqrt(merged)))
+    w.add_tensor("mm.0.bias", draw(rng, merged, scale=0.1))
     # GELU keeps about half the variance: mm.2 makes it up, so image embeddings have std ~1 like token rows
-    w.add_tensor("mm.2.weight", _draw(rng, n_embd, merged, scale=2.0 / math.sqrt(merged)))
-    w.add_tensor("mm.2.bias", _draw(rng, n_embd, scale=0.1))
-    _finish(w)
+    w.add_tensor("mm.2.weight", draw(rng, n_embd, merged, scale=2.0 / math.sqrt(merged)))
+    w.add_tensor("mm.2.bias", draw(rng, n_embd, scale=0.1))
+    finish(w, mmproj)
     return target, mmproj
 
 
@@ -253,38 +175,38 @@ def write_tiny_gemma3v(folder: Path, *, seed: int = 0, n_embd: int = 64, n_layer
     w.add_sliding_window(window)
     w.add_uint32("gemma3.attention.sliding_window_pattern", 2)  # every 2nd block global (Gemma 3 has 6)
     s = 1.0 / math.sqrt(n_embd)
-    w.add_tensor("token_embd.weight", _draw(rng, n_vocab, n_embd, scale=0.25))
-    post = _ones(n_embd, 4.0)
+    w.add_tensor("token_embd.weight", draw(rng, n_vocab, n_embd, scale=0.25))
+    post = ones(n_embd, 4.0)
     for i in range(n_layer):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", _ones(n_embd))
-        w.add_tensor(f"blk.{i}.attn_q.weight", _draw(rng, n_head * head_dim, n_embd, scale=s))
-        w.add_tensor(f"blk.{i}.attn_k.weight", _draw(rng, n_head_kv * head_dim, n_embd, scale=s))
-        w.add_tensor(f"blk.{i}.attn_v.weight", _draw(rng, n_head_kv * head_dim, n_embd, scale=s))
-        w.add_tensor(f"blk.{i}.attn_output.weight", _draw(rng, n_embd, n_head * head_dim, scale=s))
-        w.add_tensor(f"blk.{i}.attn_q_norm.weight", _ones(head_dim))
-        w.add_tensor(f"blk.{i}.attn_k_norm.weight", _ones(head_dim))
+        w.add_tensor(f"blk.{i}.attn_norm.weight", ones(n_embd))
+        w.add_tensor(f"blk.{i}.attn_q.weight", draw(rng, n_head * head_dim, n_embd, scale=s))
+        w.add_tensor(f"blk.{i}.attn_k.weight", draw(rng, n_head_kv * head_dim, n_embd, scale=s))
+        w.add_tensor(f"blk.{i}.attn_v.weight", draw(rng, n_head_kv * head_dim, n_embd, scale=s))
+        w.add_tensor(f"blk.{i}.attn_output.weight", draw(rng, n_embd, n_head * head_dim, scale=s))
+        w.add_tensor(f"blk.{i}.attn_q_norm.weight", ones(head_dim))
+        w.add_tensor(f"blk.{i}.attn_k_norm.weight", ones(head_dim))
         w.add_tensor(f"blk.{i}.post_attention_norm.weight", post)
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", _ones(n_embd))
-        w.add_tensor(f"blk.{i}.ffn_gate.weight", _draw(rng, n_ff, n_embd, scale=s))
-        w.add_tensor(f"blk.{i}.ffn_up.weight", _draw(rng, n_ff, n_embd, scale=s))
-        w.add_tensor(f"blk.{i}.ffn_down.weight", _draw(rng, n_embd, n_ff, scale=1.0 / math.sqrt(n_ff)))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", ones(n_embd))
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", draw(rng, n_ff, n_embd, scale=s))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", draw(rng, n_ff, n_embd, scale=s))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", draw(rng, n_embd, n_ff, scale=1.0 / math.sqrt(n_ff)))
         w.add_tensor(f"blk.{i}.post_ffw_norm.weight", post)
-    w.add_tensor("output_norm.weight", _draw(rng, n_embd, scale=1.0))
-    _finish(w)
+    w.add_tensor("output_norm.weight", draw(rng, n_embd, scale=1.0))
+    finish(w, target)
 
-    w = _clip_writer(mmproj, "gemma3", image_size=image_size, patch_size=patch_size, n_embd=v_embd, n_ff=v_ff,
+    w = clip_writer(mmproj, "gemma3", image_size=image_size, patch_size=patch_size, n_embd=v_embd, n_ff=v_ff,
                      n_layer=v_layer, n_head=v_head, n_embd_target=n_embd, eps=1e-6, mean=SIGLIP_MEAN,
                      std=SIGLIP_STD, use_gelu=True)
     w.add_uint32("clip.vision.projector.scale_factor", pool)
-    w.add_tensor("v.patch_embd.weight", _draw(rng, v_embd, 3, patch_size, patch_size,
+    w.add_tensor("v.patch_embd.weight", draw(rng, v_embd, 3, patch_size, patch_size,
                                               scale=1.0 / math.sqrt(3 * patch_size**2)))
-    w.add_tensor("v.patch_embd.bias", _draw(rng, v_embd, scale=0.1))
-    w.add_tensor("v.position_embd.weight", _draw(rng, grid * grid, v_embd, scale=0.5))
-    _vit_blocks(w, rng, v_layer, v_embd, v_ff)
-    w.add_tensor("mm.soft_emb_norm.weight", _ones(v_embd))  # the multiplier itself (HF's 1 + w, converted)
+    w.add_tensor("v.patch_embd.bias", draw(rng, v_embd, scale=0.1))
+    w.add_tensor("v.position_embd.weight", draw(rng, grid * grid, v_embd, scale=0.5))
+    vit_blocks(w, rng, v_layer, v_embd, v_ff)
+    w.add_tensor("mm.soft_emb_norm.weight", ones(v_embd))  # the multiplier itself (HF's 1 + w, converted)
     # image rows of std ~2, like the sqrt(n_embd)-scaled token rows (0.25 * 8)
-    w.add_tensor("mm.input_projection.weight", _draw(rng, v_embd, n_embd, scale=2.0 / math.sqrt(v_embd)))
-    _finish(w)
+    w.add_tensor("mm.input_projection.weight", draw(rng, v_embd, n_embd, scale=2.0 / math.sqrt(v_embd)))
+    finish(w, mmproj)
     return target, mmproj
 
 
