@@ -43,6 +43,11 @@ class Matcher:
         self._eos = int(tokenizer.eos_token)
         self._bits = np.full((n_vocab + 31) // 32, -1, dtype=np.int32)  # llguidance's mask: a bit per token
         self.allowed()  # a grammar that fails at once (an empty language, a loop of references) fails here
+        # a limit met on the way the grammar forces (a first '{' opening a row of too many alternatives) fails
+        # here too, before any work, rather than at the reply's first token
+        forced = self.forced_tokens(64)
+        self.consume(forced)
+        self.rollback(len(forced))
 
     def allowed(self) -> np.ndarray:
         """A boolean mask over the vocabulary: the tokens the grammar allows next.

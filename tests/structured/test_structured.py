@@ -277,7 +277,7 @@ def _wide_union(n):  # a choice among n objects: one grammar row of n alternativ
 
 @pytest.mark.parametrize("schema,needle", [
     ({"enum": [f"value-{i}" for i in range(200_000)]}, "cannot be compiled: .*too big"),  # refused compiling
-    (_wide_union(3000), "cannot be followed: .*3000 items; max is 2000"),  # refused at its first step
+    (_wide_union(3000), "cannot be followed: .*3000 items; max is 2000"),  # refused on the way it forces
     ({"type": "array", "uniqueItems": True}, "cannot be compiled"),  # a feature the engine does not support
 ])
 def test_a_schema_past_the_engines_limits_is_one_sentence_and_the_pair_goes_on(tiny_pair, schema, needle):
@@ -286,6 +286,14 @@ def test_a_schema_past_the_engines_limits_is_one_sentence_and_the_pair_goes_on(t
     assert "refused a token it had allowed" not in str(err.value) and "\n" not in str(err.value)
     assert tiny_pair.generate(PROMPT, max_tokens=60, method="plain", grammar=CONSTRAINTS["schema"]).finish_reason \
         == "stop"
+
+
+def test_a_limit_met_on_the_grammars_forced_start_is_refused_before_any_work(tiny_pair):
+    # a stream is refused as it is asked for, not at its first token (when a server's stream has started)
+    with pytest.raises(localspec.ConfigError, match="3000 items"):
+        tiny_pair.stream(PROMPT, max_tokens=8, method="plain", grammar=Constraint.json_schema(_wide_union(3000)))
+    assert tiny_pair.stream(PROMPT, max_tokens=4, method="plain",
+                            grammar=Constraint.json_schema(_wide_union(1500))).finish().text
 
 
 def test_the_server_refuses_a_schema_past_the_engines_limits_with_a_400_and_keeps_serving(client):
