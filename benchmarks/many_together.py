@@ -6,7 +6,7 @@ that both give the same tokens. Prints the wall times and their ratio (medians).
 
     python benchmarks/many_together.py TARGET.gguf [--draft DRAFT.gguf] [--parallel 4] [--method plain]
         [--max-tokens 128] [--reps 3] [--threads 2] [--ctx 4096] [--prompt-cache]
-        [--workload new|copy|mixed|subagents]
+        [--workload new|copy|mixed|subagents] [--flash-attn auto|on|off]
 
 ``subagents`` is four sub-agent-like requests (the bench's ``fanout`` prompts, ~700 tokens each, and a fourth);
 with ``--ctx 2048`` their prompts and replies together need more cells than the context has, so requests wait
@@ -44,12 +44,14 @@ def main() -> int:
                     help="keep the prompt cache on (RAM only): an idle sequence whose state it holds leaves the "
                          "shared cells when another reads its prompt")
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="new")
+    ap.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
+                    help="flash attention (auto: the library's default for the context)")
     args = ap.parse_args()
     prompts = [[{"role": "user", "content": p}] for p in WORKLOADS[args.workload]]
     seconds: dict[str, list[float]] = {"one after another": [], "together": []}
     with localspec.load(args.target, args.draft, n_ctx=args.ctx, n_threads=args.threads, n_threads_batch=args.threads,
                         parallel=args.parallel, history=False, prompt_cache=args.prompt_cache,
-                        cache_disk=0) as pair:
+                        cache_disk=0, flash_attn={"auto": None, "on": True, "off": False}[args.flash_attn]) as pair:
         options = dict(max_tokens=args.max_tokens, method=args.method)
         for rep in range(args.reps):
             order = list(seconds) if rep % 2 == 0 else list(reversed(seconds))
@@ -74,7 +76,8 @@ def main() -> int:
             print(f"rep {rep + 1}: the same tokens: {same}", flush=True)
     alone, together = (statistics.median(seconds[k]) for k in ("one after another", "together"))
     print(f"{len(prompts)} {args.workload} requests, {args.method}, {args.max_tokens} tokens each, "
-          f"{args.threads} threads, parallel {args.parallel}, context {args.ctx}: one after another {alone:.1f} s, "
+          f"{args.threads} threads, parallel {args.parallel}, context {args.ctx}, flash attention "
+          f"{'on' if pair.target.flash_attn else 'off'}: one after another {alone:.1f} s, "
           f"together {together:.1f} s: {alone / together:.2f}x (medians of {args.reps})")
     return 0
 
