@@ -25,7 +25,7 @@ from .shared import ModelArgs, friendly_errors, generation_options, model_option
 @click.option("--parallel", type=click.IntRange(0, 64), default=0, show_default=True,
               help="Requests decoded together, each speculating on its own, their tokens in one batch per step; "
                    "0: automatic (4). They share --ctx: size it for the prompts and replies that run at once "
-                   "(a request that does not fit beside the others waits, it never fails); on a CPU with a --ctx "
+                   "(a request that does not fit beside the others waits, it never fails); on a CPU with a context "
                    "below 16384, add --flash-attn on so that each request skips the others' cells.")
 @click.option("--max-queue", type=click.IntRange(0, 1000), default=8, show_default=True,
               help="Requests that may wait while the others generate; more get 503.")
