@@ -43,11 +43,19 @@ class Matcher:
         self._eos = int(tokenizer.eos_token)
         self._bits = np.full((n_vocab + 31) // 32, -1, dtype=np.int32)  # llguidance's mask: a bit per token
         self.allowed()  # a grammar that fails at once (an empty language, a loop of references) fails here
-        # a limit met on the way the grammar forces (a first '{' opening a row of too many alternatives) fails
-        # here too, before any work, rather than at the reply's first token
-        forced = self.forced_tokens(64)
-        self.consume(forced)
-        self.rollback(len(forced))
+        self._probe_forced_start()
+
+    def _probe_forced_start(self) -> None:
+        """Follow the tokens the grammar forces from its start (a JSON object's '{'), on a copy, so that a limit
+        met there (a row of too many alternatives) fails here, before any work, not at the reply's first token.
+        A copy, not a rollback: llguidance cannot roll back some grammars (stop= or max_tokens= lexemes)."""
+        probe = self._m.deep_copy()
+        forced = [int(t) for t in probe.compute_ff_tokens()[:64]]
+        if forced and probe.consume_tokens(forced) and not probe.is_error():
+            probe.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)  # the next row's limit too
+        if probe.is_error():
+            raise ConfigError(f"{self.constraint.describe(capital=True)} cannot be followed: "
+                              f"{_one_line(probe.get_error())}")
 
     def allowed(self) -> np.ndarray:
         """A boolean mask over the vocabulary: the tokens the grammar allows next.

@@ -296,6 +296,15 @@ def test_a_limit_met_on_the_grammars_forced_start_is_refused_before_any_work(tin
                             grammar=Constraint.json_schema(_wide_union(1500))).finish().text
 
 
+@pytest.mark.parametrize("lexeme", ['x[stop="."]: /[a-z ]*/', "x[max_tokens=3]: /[a-z ]*/"])
+def test_a_grammar_that_cannot_go_back_still_starts_with_what_it_forces(tiny_pair, lexeme):
+    # llguidance cannot roll back a grammar with stop= or max_tokens= lexemes: the check of the forced start
+    # must not need to
+    grammar = Constraint.lark(f'start: "hello world" x\n{lexeme}')
+    for method in ("plain", "auto"):
+        assert tiny_pair.generate(PROMPT, max_tokens=6, method=method, grammar=grammar).text.startswith("hello")
+
+
 def test_the_server_refuses_a_schema_past_the_engines_limits_with_a_400_and_keeps_serving(client):
     import openai
 
