@@ -22,6 +22,7 @@ import time
 
 import localspec
 from localspec.bench.together import COPY, MODULE, NEW
+from localspec.cli.shared import FLASH_ATTN
 
 FAN = "Read this module and answer in one sentence: {}\n\n" + MODULE * 6
 ASKS = ("what does compute_total_0 return?", "which loop variable is used?", "how many functions are there?",
@@ -47,14 +48,14 @@ def main() -> int:
                     help="keep the prompt cache on (RAM only): an idle sequence whose state it holds leaves the "
                          "shared cells when another reads its prompt")
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="new")
-    ap.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
+    ap.add_argument("--flash-attn", choices=list(FLASH_ATTN), default="auto",
                     help="flash attention (auto: the library's default for the context)")
     args = ap.parse_args()
     prompts = [[{"role": "user", "content": p}] for p in WORKLOADS[args.workload]]
     seconds: dict[str, list[float]] = {"one after another": [], "together": []}
     with localspec.load(args.target, args.draft, n_ctx=args.ctx, n_threads=args.threads, n_threads_batch=args.threads,
                         parallel=args.parallel, history=False, prompt_cache=args.prompt_cache,
-                        cache_disk=0, flash_attn={"auto": None, "on": True, "off": False}[args.flash_attn]) as pair:
+                        cache_disk=0, flash_attn=FLASH_ATTN[args.flash_attn]) as pair:
         options = dict(max_tokens=args.max_tokens, method=args.method)
         for rep in range(args.reps):
             order = list(seconds) if rep % 2 == 0 else list(reversed(seconds))

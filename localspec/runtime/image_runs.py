@@ -74,10 +74,7 @@ class ImageRuns:
     @property
     def cells(self) -> int:
         """The cells this sequence holds: one a position, and an image's extra embeddings under M-RoPE."""
-        projector = self.projector
-        if projector is None or not projector.mrope:
-            return self._n
-        return self._n + projector.extra_cells(self._tokens[: self._n])
+        return self.prompt_cells(self._tokens[: self._n])
 
     def prompt_cells(self, prompt: Any) -> int:
         """The cells reading ``prompt`` (ids) takes, as ``cells`` counts them."""
