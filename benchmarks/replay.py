@@ -3,8 +3,9 @@
 
 Two steps:
 
-``record``: decode every prompt of the bench suite (and, with ``--related``,
-the related-requests workload, in order) plainly and greedily with the real
+``record``: decode every prompt of the bench suite (with ``--related``, the
+related-requests workload, in order; with ``--prompts``, a JSONL file of the
+suite's form) plainly and greedily with the real
 pair, and record the draft model's guess after every prefix of each reply by
 one teacher-forced pass (``localspec.bench.traces``). Greedy acceptance does
 not depend on the hardware, so this runs on a CPU.
@@ -22,7 +23,8 @@ The recordings of the real Qwen2.5-Coder 1.5B/0.5B pair, for the suite and
 the related workload, are kept in ``benchmarks/traces/``.
 
 Usage:
-    python benchmarks/replay.py record TARGET.gguf --draft DRAFT.gguf [--related] [-n 128] --out traces.json
+    python benchmarks/replay.py record TARGET.gguf --draft DRAFT.gguf [--related | --prompts F.jsonl] [-n 128] \
+        --out traces.json
     python benchmarks/replay.py predict traces.json --profile gpu_check.json
     python benchmarks/replay.py predict traces.json --verify 1,1.54,1.94,2.03,2.59 --draft-step 0.3
 """
@@ -50,7 +52,7 @@ def record(args: argparse.Namespace) -> None:
     from localspec.bench.traces import record as record_traces
     from localspec.bench.traces import save
 
-    prompts = load_related() if args.related else load_suite()
+    prompts = load_related() if args.related else load_suite(args.prompts)
     with localspec.load(args.target, args.draft, n_threads=args.threads, history=False) as pair:
         recorded = record_traces(pair, prompts, args.max_tokens, say=print)
     import datetime
@@ -60,7 +62,8 @@ def record(args: argparse.Namespace) -> None:
     meta = {"target": args.target.name, "draft": args.draft.name if args.draft else None,
             "target_bytes": args.target.stat().st_size,
             "draft_bytes": args.draft.stat().st_size if args.draft else None,
-            "workload": "related" if args.related else "suite", "max_tokens": args.max_tokens,
+            "workload": "related" if args.related else args.prompts.name if args.prompts else "suite",
+            "max_tokens": args.max_tokens,
             "llama_cpp_python": llama_cpp.__version__, "recorded": datetime.date.today().isoformat() + ", greedy"}
     save(args.out, recorded, meta)
     print(f"wrote {args.out}")
@@ -130,7 +133,9 @@ def main() -> None:
     rec = sub.add_parser("record", help="decode the workload once and record what each drafter would get")
     rec.add_argument("target", type=Path)
     rec.add_argument("--draft", type=Path, default=None)
-    rec.add_argument("--related", action="store_true", help="the related-requests workload, not the suite")
+    which = rec.add_mutually_exclusive_group()
+    which.add_argument("--related", action="store_true", help="the related-requests workload, not the suite")
+    which.add_argument("--prompts", type=Path, default=None, help="a JSONL file of prompts in the suite's form")
     rec.add_argument("--threads", type=int, default=None)
     rec.add_argument("-n", "--max-tokens", type=int, default=128)
     rec.add_argument("--out", type=Path, required=True)
