@@ -53,6 +53,18 @@ _COPY_CUES = re.compile(
 )
 
 
+#: The request is read for copy cues where an instruction stands: in paragraphs this short, and in the first
+#: clause of longer ones ("Rewrite this paragraph: ..."). A document's own words ("a configuration change", "the
+#: bug fix") say nothing of what is asked about it.
+INSTRUCTION_CHARS = 300
+_FIRST_CLAUSE = re.compile(r"[^.:;!?\n]{0,150}")
+
+
+def _first_clause(paragraph: str) -> str:
+    match = _FIRST_CLAUSE.match(paragraph)
+    return match.group(0) if match else ""
+
+
 def prompt_prior(text: str, prompt_tokens: np.ndarray) -> float:
     """Prior acceptance for prompt lookup from a cheap look at the prompt.
 
@@ -60,7 +72,8 @@ def prompt_prior(text: str, prompt_tokens: np.ndarray) -> float:
     make the answer repeat the prompt; otherwise lookup mostly finds
     incidental matches.
     """
-    copy_request = bool(_COPY_CUES.search(text))
+    copy_request = any(_COPY_CUES.search(part if len(part) <= INSTRUCTION_CHARS else _first_clause(part))
+                       for part in text.split("\n\n"))
     long_material = len(prompt_tokens) > 120
     if copy_request and long_material:
         return 0.7

@@ -81,6 +81,12 @@ def test_prompt_prior_reads_copy_requests():
     short = np.zeros(20, dtype=np.int32)
     assert prompt_prior("Rewrite this paragraph, fixing the spelling: ...", long) > 0.6
     assert prompt_prior("Write a poem about the sea.", short) < 0.3
+    report = ("Incident report. A configuration change lowered the pool from 200 to 20 connections; a second "
+              "reviewer must now approve every change, and the on-call engineer will rewrite the runbook. " * 3)
+    # words of the supplied document are not what is asked of it: a question about it is not a copy request
+    assert prompt_prior(f"Here is a document:\n\n{report}\n\nQuestion: how long did the outage last?", long) < 0.5
+    assert prompt_prior(f"Here is a document:\n\n{report}\n\nQuote every sentence about the pool.", long) > 0.6
+    assert prompt_prior(f"Fix the spelling in this report and return the whole text: {report}", long) > 0.6
 
 
 def _auto(profile, model=None, explore_every=32, prior=0.45):
