@@ -28,9 +28,11 @@ from .estimates import (
     HISTORY_BANDS,
     HISTORY_CARRY_WEIGHT,
     LOOKUP_PRIOR_WEIGHT,
+    LOOKUP_SOURCES,
     AcceptanceEstimate,
     history_band,
     history_estimates,
+    lookup_source,
     prompt_prior,
 )
 from .history.drafter import HistoryDrafter
@@ -88,14 +90,19 @@ class Candidate:
 
 
 def lookup_candidate(ctx: DraftingContext, prior: Optional[float] = None) -> Candidate:
-    """Prompt lookup, with one estimate per n-gram length of the match, their priors read from the prompt."""
+    """Prompt lookup, with one estimate per n-gram length of the match and where its source lies (see
+    ``LOOKUP_SOURCES``), their priors read from the prompt."""
     lookup = build_lookup(ctx)
     if prior is None:
         prior = prompt_prior(ctx.prompt_text(), ctx.prompt_tokens)
-    # lookup acceptance depends on the n-gram length of the match (1, 2, 3...)
-    estimates = {n: AcceptanceEstimate(min(0.95, prior + 0.1 * (n - 1)), LOOKUP_PRIOR_WEIGHT)
-                 for n in range(1, lookup.max_ngram + 1)}
-    return Candidate(LOOKUP, lookup, estimates, key=lambda: lookup.last_match, names=lambda n: f"{LOOKUP.name}{n}")
+    prompt_len = len(ctx.prompt_tokens)
+    # lookup acceptance depends on the n-gram length of the match (1, 2, 3...) and on what it copies
+    estimates = {(n, where): AcceptanceEstimate(max(0.05, min(0.95, prior + 0.1 * (n - 1) + lower)),
+                                                LOOKUP_PRIOR_WEIGHT)
+                 for n in range(1, lookup.max_ngram + 1) for where, lower in LOOKUP_SOURCES.items()}
+    return Candidate(LOOKUP, lookup, estimates,
+                     key=lambda: (lookup.last_match, lookup_source(lookup.last_source, prompt_len)),
+                     names=lambda key: f"{LOOKUP.name}{key[0]}" + ("" if key[1] == "text" else f" {key[1]}"))
 
 
 def prediction_candidate(ctx: DraftingContext) -> Optional[Candidate]:

@@ -342,6 +342,8 @@ class PromptLookupDrafter(Drafter):
         self.models: tuple[Model, ...] = ()
         #: Length of the n-gram behind the last proposal (0: no match).
         self.last_match = 0
+        #: Where in the context the last proposal's match ends (-1: no match).
+        self.last_source = -1
 
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """The ``k`` tokens after the first match of the longest n-gram, or none when nothing matches."""
@@ -353,7 +355,7 @@ class PromptLookupDrafter(Drafter):
         ends, self.last_match = suffix_matches(context[: n_ctx - 1], context, self.max_ngram, self.min_ngram)
         if not ends.size:
             return EMPTY_DRAFT
-        best = int(ends[0])  # the first match of the longest n-gram
+        best = self.last_source = int(ends[0])  # the first match of the longest n-gram
         return Draft([int(t) for t in context[best + 1 : best + 1 + k]], None, "lookup")
 
 

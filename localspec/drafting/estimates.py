@@ -88,6 +88,24 @@ def prompt_prior(text: str, prompt_tokens: np.ndarray) -> float:
 #: replaying recorded replies with ``benchmarks/auto_sweep.py``).
 LOOKUP_PRIOR_WEIGHT = 8.0
 
+#: Where a lookup match's source lies, each with its own estimates: in the supplied text, in the prompt's last
+#: ``PROMPT_TAIL`` tokens (where a question stands: an answer that echoes its words leaves them where the question
+#: goes on), or in the reply itself. Their priors start this much below a match in the supplied text, as a replay of
+#: the real pair's recorded replies measured them (a first guessed token kept 87-93% of the time after a match of 3
+#: or more tokens in the supplied text, 78-80% in the prompt's tail, 63% or less in the reply); kept apart, an echo
+#: that stops short no longer talks auto out of a copy of the document that follows it
+#: (``benchmarks/results/2026-12-07-short-answers-replay.md``).
+LOOKUP_SOURCES = {"text": 0.0, "end": -0.1, "reply": -0.2}
+PROMPT_TAIL = 32
+
+
+def lookup_source(source: int, prompt_len: int) -> str:
+    """Which of ``LOOKUP_SOURCES`` a lookup match ending at context position ``source`` lies in."""
+    if source >= prompt_len:
+        return "reply"
+    return "end" if source >= prompt_len - PROMPT_TAIL else "text"
+
+
 #: The most of its guessed tokens any drafter is taken to keep, whatever its estimate says. After a run of kept
 #: guesses an estimate climbs toward 1, and the rounds chosen at the top of it keep less than promised (most
 #: where only a near-perfect guess can pay, as on one CPU thread). Replaying the real pair's recordings, every

@@ -89,6 +89,36 @@ def test_prompt_prior_reads_copy_requests():
     assert prompt_prior(f"Fix the spelling in this report and return the whole text: {report}", long) > 0.6
 
 
+def test_lookup_learns_apart_what_it_copies_from_the_document_from_the_question_and_from_the_reply():
+    """An answer that echoes its question's words stops where the question goes on: that failure is learnt
+    apart from the matches in the document, so it does not talk auto out of the copy of the document that
+    follows; a match in the reply itself starts lower than both."""
+    from localspec.drafting.estimates import PROMPT_TAIL
+
+    document = list(range(100, 180))
+    question = list(range(200, 212))  # the prompt's closing words
+    prompt = np.asarray(document + question, dtype=np.int32)
+    ctx = DraftingContext(GenerationOptions(), 8, prompt, lambda: "", profile=CPU)
+    lookup = lookup_candidate(ctx, prior=0.45)
+    rng = np.random.default_rng(0)
+
+    def offer(reply):
+        est, guess = lookup.offer(np.concatenate([prompt, np.asarray(reply, dtype=np.int32)]), 4, rng)
+        return est, list(guess.tokens), lookup.key()
+
+    echo, guess, key = offer([203, 204, 205])  # the reply repeats the question's words...
+    assert guess == [206, 207, 208, 209] and key == (3, "end") and len(question) <= PROMPT_TAIL
+    text, guess, key = offer([120, 121, 122])  # ... or quotes the document
+    assert guess == [123, 124, 125, 126] and key == (3, "text")
+    before = text.alpha
+    for _ in range(3):  # the echo keeps stopping short
+        echo.update(4, 0)
+    assert echo.alpha < 0.4 and text.alpha == before
+    mine, guess, key = offer([300, 301, 302, 303, 300, 301, 302])  # the reply repeats itself
+    assert guess == [303, 300, 301, 302] and key == (3, "reply") and mine.alpha < before
+    assert echo is lookup.estimates[(3, "end")]
+
+
 def _auto(profile, model=None, explore_every=32, prior=0.45):
     """Auto over lookup (with the given prior) and, if given, the draft model, as a pair builds it."""
     ctx = DraftingContext(GenerationOptions(), 8, np.zeros(0, dtype=np.int32), lambda: "", draft=model,
