@@ -46,6 +46,9 @@ class AcceptanceEstimate:
             self.rejected *= weight / total
 
 
+#: A prompt longer than this many tokens supplies material of its own to copy from.
+LONG_PROMPT = 120
+
 _COPY_CUES = re.compile(
     r"\b(rewrite|rephrase|fix|correct|edit|modify|refactor|rename|update|change|quote|copy|repeat|"
     r"return the (full|whole|complete|modified|updated)|keep(ing)? (everything|the rest))\b",
@@ -74,7 +77,7 @@ def prompt_prior(text: str, prompt_tokens: np.ndarray) -> float:
     """
     copy_request = any(_COPY_CUES.search(part if len(part) <= INSTRUCTION_CHARS else _first_clause(part))
                        for part in text.split("\n\n"))
-    long_material = len(prompt_tokens) > 120
+    long_material = len(prompt_tokens) > LONG_PROMPT
     if copy_request and long_material:
         return 0.7
     if copy_request or long_material:
@@ -88,9 +91,10 @@ def prompt_prior(text: str, prompt_tokens: np.ndarray) -> float:
 #: replaying recorded replies with ``benchmarks/auto_sweep.py``).
 LOOKUP_PRIOR_WEIGHT = 8.0
 
-#: Where a lookup match's source lies, each with its own estimates: in the supplied text, in the prompt's last
-#: ``PROMPT_TAIL`` tokens (where a question stands: an answer that echoes its words leaves them where the question
-#: goes on), or in the reply itself. Their priors start this much below a match in the supplied text, as a replay of
+#: Where a lookup match's source lies, each with its own estimates: in the supplied text, in the last
+#: ``PROMPT_TAIL`` tokens of a prompt longer than ``LONG_PROMPT`` (where a question about the text stands: an answer
+#: that echoes its words leaves them where the question goes on; in a shorter prompt the end is the text itself),
+#: or in the reply itself. Their priors start this much below a match in the supplied text, as a replay of
 #: the real pair's recorded replies measured them (a first guessed token kept 87-93% of the time after a match of 3
 #: or more tokens in the supplied text, 78-80% in the prompt's tail, 63% or less in the reply); kept apart, an echo
 #: that stops short no longer talks auto out of a copy of the document that follows it
@@ -103,7 +107,7 @@ def lookup_source(source: int, prompt_len: int) -> str:
     """Which of ``LOOKUP_SOURCES`` a lookup match ending at context position ``source`` lies in."""
     if source >= prompt_len:
         return "reply"
-    return "end" if source >= prompt_len - PROMPT_TAIL else "text"
+    return "end" if prompt_len > LONG_PROMPT and source >= prompt_len - PROMPT_TAIL else "text"
 
 
 #: The most of its guessed tokens any drafter is taken to keep, whatever its estimate says. After a run of kept

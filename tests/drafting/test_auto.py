@@ -92,11 +92,12 @@ def test_prompt_prior_reads_copy_requests():
 def test_lookup_learns_apart_what_it_copies_from_the_document_from_the_question_and_from_the_reply():
     """An answer that echoes its question's words stops where the question goes on: that failure is learnt
     apart from the matches in the document, so it does not talk auto out of the copy of the document that
-    follows; a match in the reply itself starts lower than both."""
-    from localspec.drafting.estimates import PROMPT_TAIL
+    follows; a match in the reply itself starts lower than both. In a prompt too short to hold a document
+    and a question about it, its end is the material itself."""
+    from localspec.drafting.estimates import LONG_PROMPT, PROMPT_TAIL, lookup_source
 
-    document = list(range(100, 180))
-    question = list(range(200, 212))  # the prompt's closing words
+    document = list(range(1000, 1000 + LONG_PROMPT))
+    question = list(range(2000, 2012))  # the prompt's closing words
     prompt = np.asarray(document + question, dtype=np.int32)
     ctx = DraftingContext(GenerationOptions(), 8, prompt, lambda: "", profile=CPU)
     lookup = lookup_candidate(ctx, prior=0.45)
@@ -106,17 +107,18 @@ def test_lookup_learns_apart_what_it_copies_from_the_document_from_the_question_
         est, guess = lookup.offer(np.concatenate([prompt, np.asarray(reply, dtype=np.int32)]), 4, rng)
         return est, list(guess.tokens), lookup.key()
 
-    echo, guess, key = offer([203, 204, 205])  # the reply repeats the question's words...
-    assert guess == [206, 207, 208, 209] and key == (3, "end") and len(question) <= PROMPT_TAIL
-    text, guess, key = offer([120, 121, 122])  # ... or quotes the document
-    assert guess == [123, 124, 125, 126] and key == (3, "text")
+    echo, guess, key = offer([2003, 2004, 2005])  # the reply repeats the question's words...
+    assert guess == [2006, 2007, 2008, 2009] and key == (3, "end") and len(question) <= PROMPT_TAIL
+    text, guess, key = offer([1020, 1021, 1022])  # ... or quotes the document
+    assert guess == [1023, 1024, 1025, 1026] and key == (3, "text")
     before = text.alpha
     for _ in range(3):  # the echo keeps stopping short
         echo.update(4, 0)
-    assert echo.alpha < 0.4 and text.alpha == before
-    mine, guess, key = offer([300, 301, 302, 303, 300, 301, 302])  # the reply repeats itself
-    assert guess == [303, 300, 301, 302] and key == (3, "reply") and mine.alpha < before
-    assert echo is lookup.estimates[(3, "end")]
+    assert echo.alpha < 0.4 and text.alpha == before and echo is lookup.estimates[(3, "end")]
+    mine, guess, key = offer([3000, 3001, 3002, 3003, 3000, 3001, 3002])  # the reply repeats itself
+    assert guess == [3003, 3000, 3001, 3002] and key == (3, "reply") and mine.alpha < before
+    # a short prompt (an extraction from a few lines) ends with its material, not a question
+    assert lookup_source(LONG_PROMPT - 2, LONG_PROMPT) == "text" and lookup_source(LONG_PROMPT, LONG_PROMPT) == "reply"
 
 
 def _auto(profile, model=None, explore_every=32, prior=0.45):
