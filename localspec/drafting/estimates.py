@@ -94,11 +94,10 @@ LOOKUP_PRIOR_WEIGHT = 8.0
 #: Where a lookup match's source lies, each with its own estimates: in the supplied text, in the last
 #: ``PROMPT_TAIL`` tokens of a prompt longer than ``LONG_PROMPT`` (where a question about the text stands: an answer
 #: that echoes its words leaves them where the question goes on; in a shorter prompt the end is the text itself),
-#: or in the reply itself. Their priors start this much below a match in the supplied text, as a replay of
-#: the real pair's recorded replies measured them (a first guessed token kept 87-93% of the time after a match of 3
-#: or more tokens in the supplied text, 78-80% in the prompt's tail, 63% or less in the reply); kept apart, an echo
-#: that stops short no longer talks auto out of a copy of the document that follows it
-#: (``benchmarks/results/2026-12-07-short-answers-replay.md``).
+#: or in the reply itself. Their priors start this much below a match in the supplied text, where the real pair's
+#: recorded replies keep the first guessed token less often (``benchmarks/lookup_sources.py``); kept apart, an
+#: echo of the question that stops short no longer talks auto out of the copy of the document that follows it
+#: (``benchmarks/results/2026-12-07-short-answers.md``).
 LOOKUP_SOURCES = {"text": 0.0, "end": -0.1, "reply": -0.2}
 PROMPT_TAIL = 32
 
