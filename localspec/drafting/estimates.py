@@ -56,16 +56,25 @@ _COPY_CUES = re.compile(
 )
 
 
-#: The request is read for copy cues where an instruction stands: in paragraphs this short, and in the first
-#: clause of longer ones ("Rewrite this paragraph: ..."). A document's own words ("a configuration change", "the
-#: bug fix") say nothing of what is asked about it.
+#: The request is read for copy cues where an instruction stands: in lines this short, and in the first clause of
+#: longer ones ("Rewrite this paragraph: ..."). A document's own words ("a configuration change", "the bug fix")
+#: say nothing of what is asked about it. Lines, not paragraphs: chat templates join a system prompt and the
+#: user's words with single line breaks.
 INSTRUCTION_CHARS = 300
-_FIRST_CLAUSE = re.compile(r"[^.:;!?\n]{0,150}")
+#: How far into a long line its first clause is read, and how long a lead before a colon is a label ("Task:",
+#: "Note:") after which the clause goes on rather than ends.
+FIRST_CLAUSE_CHARS = 150
+LABEL_CHARS = 16
+#: A clause ends at a sentence's end or a colon followed by space ("config.yaml" or "3.10" do not end it).
+_CLAUSE_END = re.compile(r"[.!?;](?=\s|$)|:(?=\s)")
 
 
-def _first_clause(paragraph: str) -> str:
-    match = _FIRST_CLAUSE.match(paragraph)
-    return match.group(0) if match else ""
+def _first_clause(line: str) -> str:
+    line = line.lstrip()[:FIRST_CLAUSE_CHARS]
+    for end in _CLAUSE_END.finditer(line):
+        if end.group(0) != ":" or end.start() > LABEL_CHARS:
+            return line[: end.start()]
+    return line
 
 
 def prompt_prior(text: str, prompt_tokens: np.ndarray) -> float:
@@ -75,8 +84,8 @@ def prompt_prior(text: str, prompt_tokens: np.ndarray) -> float:
     make the answer repeat the prompt; otherwise lookup mostly finds
     incidental matches.
     """
-    copy_request = any(_COPY_CUES.search(part if len(part) <= INSTRUCTION_CHARS else _first_clause(part))
-                       for part in text.split("\n\n"))
+    copy_request = any(_COPY_CUES.search(line if len(line) <= INSTRUCTION_CHARS else _first_clause(line))
+                       for line in text.splitlines())
     long_material = len(prompt_tokens) > LONG_PROMPT
     if copy_request and long_material:
         return 0.7

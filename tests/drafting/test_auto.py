@@ -87,6 +87,14 @@ def test_prompt_prior_reads_copy_requests():
     assert prompt_prior(f"Here is a document:\n\n{report}\n\nQuestion: how long did the outage last?", long) < 0.5
     assert prompt_prior(f"Here is a document:\n\n{report}\n\nQuote every sentence about the pool.", long) > 0.6
     assert prompt_prior(f"Fix the spelling in this report and return the whole text: {report}", long) > 0.6
+    # as a chat template renders it: a long system prompt on the lines before the user's, joined by single breaks
+    system = ("You are a careful assistant for a software team. Answer precisely, keep the user's formatting, never "
+              "invent facts, and say when something is not in the text; prefer short answers unless asked for more.")
+    for ask in (f"Rewrite this report in plain English: {report}", f"Task: rewrite the report below. {report}",
+                f"In config.yaml, change the pool size as this report says. {report}",
+                f"{report}\r\n\r\nFix the spelling in the report above."):
+        chat = f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{ask}<|im_end|>\n<|im_start|>assistant\n"
+        assert prompt_prior(chat, long) > 0.6, ask[:40]
 
 
 def test_lookup_learns_apart_what_it_copies_from_the_document_from_the_question_and_from_the_reply():
