@@ -5,7 +5,8 @@ The choice maximises expected tokens per second under the cost model
 
 * each method's per-token acceptance alpha is **estimated online** with a
   prior (from a look at the prompt) and exponential decay, separately for
-  lookup matches of each n-gram length and history matches of each length
+  lookup matches of each n-gram length and source (the supplied text, a
+  long prompt's closing words, the reply) and history matches of each length
   band (history's estimates outlive one generation: the pair keeps them;
   see ``localspec.drafting.estimates``).
   Lookup and history are also scored in rounds they sit out: the first

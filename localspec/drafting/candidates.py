@@ -50,7 +50,8 @@ class Candidate:
         drafter: its drafter.
         estimates: acceptance estimates by key; updated in place (a caller may keep them).
         free: guessing costs nothing, so the guess is made before choosing (False: a model runs).
-        key: the estimate that backs the drafter's last guess (default: the first).
+        key: the estimate that backs the drafter's last guess, by what backs it (lookup: the match's length and
+            where its source lies; default: the first).
         names: how the report names each estimate (default: the method's name).
         ceiling: the most of its guessed tokens it is taken to keep when auto chooses (see ``ALPHA_CEILING``).
     """

@@ -348,6 +348,7 @@ class PromptLookupDrafter(Drafter):
     def propose(self, context: np.ndarray, k: int, rng: np.random.Generator) -> Draft:
         """The ``k`` tokens after the first match of the longest n-gram, or none when nothing matches."""
         n_ctx = len(context)
+        self.last_source = -1
         if k <= 0 or n_ctx < 2:
             self.last_match = 0
             return EMPTY_DRAFT

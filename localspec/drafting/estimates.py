@@ -1,7 +1,8 @@
 """Auto mode's acceptance estimates: each method's per-token acceptance learnt online, and the priors it starts from.
 
 An estimate starts from a prior (for prompt lookup, from a look at the prompt) and follows the rounds with
-exponential decay. Lookup has one per n-gram length of its match, history one per length band of its match,
+exponential decay. Lookup has one per n-gram length of its match and where the match's source lies (the supplied
+text, a long prompt's closing words, the reply), history one per length band of its match,
 and history's outlive one generation (the pair keeps them). ``ALPHA_CEILING`` caps what auto takes any of them
 for.
 """
