@@ -144,4 +144,6 @@ def test_any_texts_give_one_unit_vector_each_in_order(embedder, texts):
     rows = embedder.embed(texts)
     assert rows.shape == (len(texts), embedder.dim)
     np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, atol=1e-5)
-    np.testing.assert_allclose(rows[-1], embedder.embed(texts[-1])[0], atol=1e-5)
+    # a text in a batch is rounded as the batch's shape makes llama.cpp's kernels round it (seen: 2e-5), not bit for
+    # bit as alone; far below what a ranking by similarity could notice
+    np.testing.assert_allclose(rows[-1], embedder.embed(texts[-1])[0], atol=1e-4)
