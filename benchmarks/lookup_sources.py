@@ -21,10 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.drafting.drafters import suffix_matches
+from localspec.drafting.drafters import PromptLookupDrafter
 from localspec.drafting.estimates import lookup_source
 from localspec.drafting.replay import Recorded, kept_prefix
-from localspec.options import LOOKUP_NGRAM
 
 GUESS = 4  # tokens per guess, as a plain round's unused guess is scored
 
@@ -37,16 +36,15 @@ def main() -> None:
     args = ap.parse_args()
     requests = [Recorded(**r) for path in args.traces for r in json.loads(path.read_text())["requests"]]
     counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # kept, misses, first kept, n
+    lookup, rng = PromptLookupDrafter(), np.random.default_rng(0)
     for req in requests:
         group = "short" if len(req.reply) < args.short else "long"
         for i in range(1, len(req.reply)):
-            context = np.asarray(req.prompt + req.reply[:i], dtype=np.int32)
-            ends, n = suffix_matches(context[:-1], context, LOOKUP_NGRAM[1], LOOKUP_NGRAM[0])
-            if not ends.size or n < args.min_ngram:
+            guess = lookup.propose(np.asarray(req.prompt + req.reply[:i], dtype=np.int32), GUESS, rng)
+            if not guess.tokens or lookup.last_match < args.min_ngram:
                 continue
-            source = int(ends[0])
-            kept = kept_prefix([int(t) for t in context[source + 1: source + 1 + GUESS]], req.reply[i:])
-            c = counts[(group, lookup_source(source, len(req.prompt)))]
+            kept = kept_prefix(list(guess.tokens), req.reply[i:])
+            c = counts[(group, lookup_source(lookup.last_source, len(req.prompt)))]
             c[0] += kept
             c[1] += kept < GUESS
             c[2] += kept > 0
