@@ -18,12 +18,10 @@ import time
 
 import numpy as np
 
+from localspec.cli.shared import FLASH_ATTN, FLASH_ATTN_SHOWN
 from localspec.runtime.model import Model
 
-SETTINGS = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}
-
-#: How a model's flash attention setting reads (None: llama.cpp chose, on a GPU).
-ON_OFF = {True: "on", False: "off", None: "llama.cpp's choice"}
+SETTINGS = {**{name: [value] for name, value in FLASH_ATTN.items()}, "both": [False, True]}
 
 
 def main() -> int:
@@ -62,7 +60,7 @@ def main() -> int:
     for i, m in enumerate(models):
         alone, beside = times[(i, False)], times[(i, True)]
         step = statistics.median(b[1] / a[1] for a, b in zip(alone, beside, strict=True))
-        line = (f"  flash attention {ON_OFF[m.flash_attn]}: a token "
+        line = (f"  flash attention {FLASH_ATTN_SHOWN[m.flash_attn]}: a token "
                 f"{statistics.median(a[1] for a in alone):.1f} ms alone, "
                 f"{statistics.median(b[1] for b in beside):.1f} beside ({step:.3f}x paired)")
         if read:

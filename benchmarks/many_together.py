@@ -22,16 +22,13 @@ import time
 
 import localspec
 from localspec.bench.together import COPY, MODULE, NEW
-from localspec.cli.shared import FLASH_ATTN
+from localspec.cli.shared import FLASH_ATTN, FLASH_ATTN_SHOWN
 
 FAN = "Read this module and answer in one sentence: {}\n\n" + MODULE * 6
 ASKS = ("what does compute_total_0 return?", "which loop variable is used?", "how many functions are there?",
         "what does compute_total_3 multiply?")
 WORKLOADS = {"new": list(NEW), "copy": list(COPY * 2), "mixed": [*NEW[:2], *COPY],
              "subagents": [FAN.format(a) for a in ASKS]}
-
-#: How a model's flash attention setting reads (None: llama.cpp chose, on a GPU).
-ON_OFF = {True: "on", False: "off", None: "llama.cpp's choice"}
 
 
 def main() -> int:
@@ -81,7 +78,7 @@ def main() -> int:
     alone, together = (statistics.median(seconds[k]) for k in ("one after another", "together"))
     print(f"{len(prompts)} {args.workload} requests, {args.method}, {args.max_tokens} tokens each, "
           f"{args.threads} threads, parallel {args.parallel}, context {args.ctx}, flash attention "
-          f"{ON_OFF[pair.target.flash_attn]}: one after another {alone:.1f} s, "
+          f"{FLASH_ATTN_SHOWN[pair.target.flash_attn]}: one after another {alone:.1f} s, "
           f"together {together:.1f} s: {alone / together:.2f}x (medians of {args.reps})")
     return 0
 

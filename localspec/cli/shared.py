@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 #: ``--flash-attn`` values and what ``load`` is given for each.
 FLASH_ATTN = {"auto": None, "on": True, "off": False}
+#: How a context's flash attention setting reads (None: left to llama.cpp, on a GPU).
+FLASH_ATTN_SHOWN = {True: "on", False: "off", None: "llama.cpp's choice"}
 
 
 @contextlib.contextmanager
