@@ -30,7 +30,7 @@ from pathlib import Path
 
 from localspec.drafting.costs import CostCorrection, CostProfile
 from localspec.drafting.drafters import PromptLookupDrafter
-from localspec.drafting.replay import Recorded, Round, auto_rounds, replay_auto, replay_method, replay_rounds
+from localspec.drafting.replay import Recorded, Round, auto_rounds, replay_auto_median, replay_method, replay_rounds
 
 #: verify(n)/verify(1) and a draft step over a target step, per machine: the measured 2-core curves and GPU-like
 #: ones, made up (one file, which tests/drafting/test_replay.py reads too).
@@ -48,10 +48,9 @@ def sweep(requests: list[Recorded], verify: list[float], draft_step: float, reps
     """Per request: auto's predicted speedup over plain (the median of ``reps`` passes, the first one with
     nothing learnt yet included) and lookup K=2's; ``correction``: the one kept across the passes (a new one)."""
     profile = CostProfile.synthetic(verify, draft_step)
-    correction = correction if correction is not None else CostCorrection()
-    passes = [replay_auto(profile, requests, False, correction=correction) for _ in range(reps)]
+    auto = replay_auto_median(profile, requests, reps, correction)
     lookup = replay_method(profile, requests, "lookup", 2)
-    return [(req.name, statistics.median(p[i] for p in passes), lookup[i]) for i, req in enumerate(requests)]
+    return [(req.name, auto[i], lookup[i]) for i, req in enumerate(requests)]
 
 
 def shown(rounds: list[Round]) -> str:

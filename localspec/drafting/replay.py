@@ -18,6 +18,7 @@ this one pass tells how much of any draft of any length the target keeps.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Optional
 
@@ -192,6 +193,20 @@ def replay_auto(profile: CostProfile, requests: list[Recorded], shared_history: 
         out.append(_replay_one(profile, req, auto, kmax, overhead))
         index.add(np.asarray(req.prompt[-PROMPT_KEEP:] + req.reply, dtype=np.int32))
     return out
+
+
+def replay_auto_median(profile: CostProfile, requests: list[Recorded], passes: int = 3,
+                       correction: Optional[CostCorrection] = None) -> list[float]:
+    """Auto's predicted speedup per request (empty histories), the median of ``passes`` passes over the requests
+    with one cost correction kept across them all, as a pair keeps it through a bench (so what auto learns from
+    its rounds' costs and gains counts as it does for a user; the first pass, with nothing learnt, included).
+
+    Args:
+        correction: the one to keep (and leave as the passes left it); None: a new one.
+    """
+    correction = correction if correction is not None else CostCorrection()
+    runs = [replay_auto(profile, requests, False, correction=correction) for _ in range(passes)]
+    return [statistics.median(run[i] for run in runs) for i in range(len(requests))]
 
 
 def auto_rounds(profile: CostProfile, req: Recorded, kmax: int = AUTO_KMAX,

@@ -130,15 +130,10 @@ SHORT_REPLY_GAP = ("not met on every curve: on a short reply auto's first bets, 
 def _median_over_passes(profile: CostProfile, requests: list[Recorded]) -> tuple[list[float], list[float]]:
     """Auto's speedup per request, the median of three passes with one cost correction kept across them (as
     ``benchmarks/auto_sweep.py`` replays them), and the better of plain decoding and lookup with K = 2."""
-    import statistics
+    from localspec.drafting.replay import replay_auto_median, replay_method
 
-    from localspec.drafting.costs import CostCorrection
-    from localspec.drafting.replay import replay_method
-
-    correction = CostCorrection()
-    passes = [replay_auto(profile, requests, False, correction=correction) for _ in range(3)]
     better = [max(1.0, x) for x in replay_method(profile, requests, "lookup", 2)]
-    return [statistics.median(p[i] for p in passes) for i in range(len(requests))], better
+    return replay_auto_median(profile, requests), better
 
 
 def test_on_short_answers_about_documents_auto_keeps_up_with_plain_and_lookup_on_every_curve():
