@@ -51,8 +51,12 @@ def record(args: argparse.Namespace) -> None:
     from localspec.bench import load_related, load_suite
     from localspec.bench.traces import record as record_traces
     from localspec.bench.traces import save
+    from localspec.errors import ConfigError
 
-    prompts = load_related() if args.related else load_suite(args.prompts)
+    try:
+        prompts = load_related() if args.related else load_suite(args.prompts)
+    except ConfigError as exc:  # a --prompts file that cannot be read, or a line that is not a prompt
+        sys.exit(f"replay.py: {exc}")
     with localspec.load(args.target, args.draft, n_threads=args.threads, history=False) as pair:
         recorded = record_traces(pair, prompts, args.max_tokens, say=print)
     import datetime
