@@ -45,7 +45,11 @@ def test_chat_session_in_a_terminal(tmp_path, localspec_home):
         child.sendline("/stats")
         child.expect(r"turns 2, tokens \d+")
         child.expect(">>>")
-        # Ctrl-C in the middle of a long reply
+        # Ctrl-C in the middle of a long reply: long enough that it cannot end before the interrupt
+        # arrives, even when a loaded machine hands the screen over late
+        child.sendline("/max-tokens 400")
+        child.expect("max-tokens: 400")
+        child.expect(">>>")
         child.sendline("Write a long poem about the sea, at least twenty lines.")
         child.expect_exact("twenty lines.")  # the echo of the line as typed
         child.expect_exact("\x1b[?2004l")  # the input prompt has finished (bracketed paste off)
@@ -53,6 +57,9 @@ def test_chat_session_in_a_terminal(tmp_path, localspec_home):
         child.sendintr()
         child.expect(r"\[interrupted\]")
         child.expect(SUMMARY)
+        child.expect(">>>")
+        child.sendline("/max-tokens 48")  # the next turn is compared with a fresh chat of 48 tokens
+        child.expect("max-tokens: 48")
         child.expect(">>>")
         after = turn("Now say just the word 'done'.")
         saved = tmp_path / "conv.json"
